@@ -1,0 +1,1 @@
+"""inferq gateway: a stateless FastAPI app that validates, enqueues and streams jobs."""

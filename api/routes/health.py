@@ -1,0 +1,30 @@
+"""Liveness and readiness."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+
+from api.deps import Service
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz")
+async def healthz() -> dict[str, str]:
+    """The process is alive (no dependency is checked)."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz")
+async def readyz(service: Service) -> JSONResponse:
+    """Redis answers and at least one live worker serves the default model; 503 otherwise."""
+    model = service.settings.model_name
+    try:
+        await service.redis.ping()
+        workers = await service.live_workers(model)
+    except Exception as e:
+        return JSONResponse({"status": "unavailable", "redis": f"unreachable: {e}", "model": model}, 503)
+    body = {"status": "ready" if workers else "unavailable", "redis": "ok", "model": model,
+            "workers": len(workers)}
+    return JSONResponse(body, 200 if workers else 503)

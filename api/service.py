@@ -1,0 +1,140 @@
+"""JobService: what the gateway does with a job, independent of the protocol that asked.
+
+Submit = resolve the model, check the request against the model's context window and the
+queue's depth, write the job record, send the Celery task (task id = job id). REST, WebSocket
+and OpenAI routes all go through here.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from celery import Celery
+from redis.asyncio import Redis
+from starlette.concurrency import run_in_threadpool
+
+from shared import keys
+from shared.errors import ContextLengthExceeded, NotFound, QueueFull
+from shared.schemas import (
+    ChoiceView,
+    ControlMessage,
+    JobLinks,
+    JobMessage,
+    JobRecord,
+    JobRequest,
+    JobStatus,
+    JobView,
+    WorkerInfo,
+)
+from shared.settings import Settings
+from shared.store import JobStore
+
+log = logging.getLogger(__name__)
+
+
+def new_job_id() -> str:
+    """128 random bits: job ids are unguessable."""
+    return "job-" + secrets.token_hex(16)
+
+
+def links(job_id: str) -> JobLinks:
+    return JobLinks(self=f"/v1/jobs/{job_id}", stream=f"/v1/jobs/{job_id}/stream")
+
+
+@lru_cache(maxsize=8)
+def _tokenizer(path: str) -> Any:
+    """The model's fast tokenizer, when the gateway can see the worker's model folder."""
+    from tokenizers import Tokenizer
+
+    file = Path(path) / "tokenizer.json"
+    return Tokenizer.from_file(str(file)) if file.is_file() else None
+
+
+class JobService:
+    def __init__(self, settings: Settings, redis: Redis, store: JobStore, celery: Celery) -> None:
+        self.settings = settings
+        self.redis = redis
+        self.store = store
+        self.celery = celery
+
+    async def live_workers(self, model: str) -> list[WorkerInfo]:
+        ids = await self.redis.zrangebyscore(keys.workers(model), time.time() - self.settings.worker_ttl_s, "+inf")
+        raw = await self.redis.mget([keys.worker(i) for i in ids]) if ids else []
+        return [WorkerInfo.model_validate_json(r) for r in raw if r]
+
+    async def live_models(self) -> list[str]:
+        return list(await self.redis.zrangebyscore(keys.MODELS, time.time() - self.settings.worker_ttl_s, "+inf"))
+
+    async def resolve_model(self, requested: str | None) -> tuple[str, WorkerInfo | None]:
+        """The model name to queue for, and one live worker's description of it (if any)."""
+        model = requested or self.settings.model_name
+        workers = await self.live_workers(model)
+        if not workers and model != self.settings.model_name:
+            raise NotFound(f"model {model!r} is not served here", param="model", code="model_not_found")
+        return model, (workers[0] if workers else None)
+
+    def check_context(self, req: JobRequest, info: WorkerInfo) -> None:
+        """Refuse what cannot fit the context window before it is queued (the worker re-checks)."""
+        limit = info.max_model_len
+        if req.max_tokens is not None and req.max_tokens >= limit:
+            raise ContextLengthExceeded(0, req.max_tokens, limit)
+        tok = _tokenizer(info.tokenizer) if info.tokenizer and req.prompt is not None else None
+        if tok is not None and req.prompt is not None:
+            n = len(tok.encode(req.prompt).ids)
+            if n + (req.max_tokens or 1) > limit:
+                raise ContextLengthExceeded(n, req.max_tokens or 1, limit)
+
+    async def submit(self, req: JobRequest) -> JobRecord:
+        model, info = await self.resolve_model(req.model)
+        if info is not None:
+            self.check_context(req, info)
+        depth = await self.redis.llen(keys.queue(model))
+        if depth >= self.settings.max_queue_depth:
+            raise QueueFull(f"model {model!r} has {depth} jobs queued (limit "
+                            f"{self.settings.max_queue_depth}); retry later", retry_after=1.0)
+        record = JobRecord(id=new_job_id(), model=model, request=req)
+        await self.store.create(record)
+        msg = JobMessage(id=record.id, model=model, request=req, created_at=record.created_at)
+        await run_in_threadpool(
+            self.celery.send_task, keys.TASK_NAME, args=[msg.model_dump_json(exclude_none=True)],
+            task_id=record.id, queue=keys.queue(model),
+        )
+        return record
+
+    async def record(self, job_id: str) -> JobRecord:
+        rec = await self.store.get(job_id)
+        if rec is None:
+            raise NotFound(f"job {job_id} not found", param="id")
+        return rec
+
+    async def view(self, job_id: str) -> JobView:
+        rec = await self.record(job_id)
+        choices = rec.choices
+        if choices is None:  # still running: the text so far is in the log
+            texts: dict[int, str] = {}
+            for ev in await self.store.read_log(job_id):
+                if ev.type == "token":
+                    texts[ev.index] = texts.get(ev.index, "") + ev.text
+            choices = [ChoiceView(index=i, text=texts.get(i, "")) for i in range(rec.request.n)]
+        return JobView(
+            id=rec.id, model=rec.model, status=rec.status, text=choices[0].text if choices else "",
+            choices=choices, finish_reason=rec.finish_reason, usage=rec.usage,
+            created_at=rec.created_at, started_at=rec.started_at, first_token_at=rec.first_token_at,
+            finished_at=rec.finished_at, error=rec.error, links=links(rec.id),
+        )
+
+    async def cancel(self, job_id: str) -> JobStatus:
+        """Cancel the job: a queued one never runs; a running one is aborted by its worker."""
+        prev = await self.store.request_cancel(job_id)
+        if prev is None:
+            raise NotFound(f"job {job_id} not found", param="id")
+        if prev is JobStatus.running:
+            await self.redis.publish(keys.CONTROL_CHANNEL, ControlMessage(job_id=job_id).model_dump_json())
+        log.info("job %s: cancel requested (was %s)", job_id, prev.value)
+        return prev
+

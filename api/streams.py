@@ -1,0 +1,123 @@
+"""StreamHub: one Redis pub/sub connection per gateway process, fanned out to every local client.
+
+Lossless delivery of a job's events from any ``seq`` on:
+
+1. subscribe to the job's channel and wait until Redis confirms it;
+2. replay the job's log after the requested ``seq``;
+3. forward live messages, dropping any ``seq`` already sent; a gap in ``seq`` (a message lost
+   while the connection was re-established) is filled from the log, and so is a quiet spell.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from redis.asyncio import Redis
+from redis.exceptions import ConnectionError, TimeoutError
+
+from shared import keys
+from shared.errors import NotFound
+from shared.schemas import is_terminal, parse_event
+from shared.store import Event, JobStore
+
+log = logging.getLogger(__name__)
+
+
+class StreamHub:
+    def __init__(self, redis: Redis, store: JobStore, idle_check_s: float = 2.0) -> None:
+        self.redis = redis
+        self.store = store
+        self.idle_check_s = idle_check_s
+        self._ps = redis.pubsub()
+        self._listeners: dict[str, set[asyncio.Queue[str]]] = {}
+        self._confirmed: dict[str, asyncio.Event] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._home = f"{keys.PREFIX}:gateway:{uuid.uuid4().hex}"
+
+    async def start(self) -> None:
+        await self._ps.subscribe(self._home)  # keeps the connection in subscribed mode
+        self._task = asyncio.get_running_loop().create_task(self._read(), name="stream-hub")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        await self._ps.aclose()
+
+    @property
+    def channels(self) -> int:
+        return len(self._listeners)
+
+    async def _read(self) -> None:
+        while True:
+            try:
+                msg = await self._ps.get_message(timeout=1.0)
+            except (ConnectionError, TimeoutError, OSError) as e:
+                log.warning("pub/sub connection lost (%s); reconnecting", e)
+                await asyncio.sleep(0.5)
+                continue
+            if msg is None:
+                continue
+            channel = msg["channel"]
+            if msg["type"] == "subscribe" and (ev := self._confirmed.get(channel)) is not None:
+                ev.set()
+            elif msg["type"] == "message":
+                for q in self._listeners.get(channel, ()):
+                    q.put_nowait(msg["data"])
+
+    @asynccontextmanager
+    async def _listen(self, job_id: str) -> AsyncIterator[asyncio.Queue[str]]:
+        channel = keys.job_channel(job_id)
+        q: asyncio.Queue[str] = asyncio.Queue()
+        listeners = self._listeners.setdefault(channel, set())
+        listeners.add(q)
+        if len(listeners) == 1:
+            self._confirmed[channel] = asyncio.Event()
+            await self._ps.subscribe(channel)
+        try:
+            await asyncio.wait_for(self._confirmed[channel].wait(), timeout=5.0)
+        except asyncio.TimeoutError:
+            log.warning("no subscribe confirmation for %s; relying on the log", channel)
+        try:
+            yield q
+        finally:
+            listeners.discard(q)
+            if not listeners and self._listeners.get(channel) is listeners:
+                del self._listeners[channel]
+                self._confirmed.pop(channel, None)
+                try:
+                    await self._ps.unsubscribe(channel)
+                except (ConnectionError, TimeoutError, OSError):
+                    pass
+
+    async def events(self, job_id: str, after: int = 0) -> AsyncIterator[Event]:
+        """Every event of the job with ``seq > after``, exactly once and in order, up to the last."""
+        async with self._listen(job_id) as q:
+            last = after
+            while True:
+                backlog = await self.store.read_log(job_id, last)
+                for ev in backlog:
+                    yield ev
+                    last = ev.seq
+                    if is_terminal(ev):
+                        return
+                if not backlog and not await self.redis.exists(keys.job(job_id)):
+                    raise NotFound(f"job {job_id} not found (or expired)")
+                # Live: forward until a gap or a quiet spell sends us back to the log.
+                while True:
+                    try:
+                        raw = await asyncio.wait_for(q.get(), timeout=self.idle_check_s)
+                    except asyncio.TimeoutError:
+                        break
+                    ev = parse_event(raw)
+                    if ev.seq <= last:
+                        continue
+                    if ev.seq > last + 1:
+                        break
+                    yield ev
+                    last = ev.seq
+                    if is_terminal(ev):
+                        return

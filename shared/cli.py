@@ -1,0 +1,60 @@
+"""The ``inferq`` command: ``api``, ``worker``, ``up`` (all in one) and ``bench``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from shared.settings import get_settings
+
+
+def _logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def cmd_api(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from api.app import create_app
+
+    s = get_settings()
+    uvicorn.run(create_app(s), host=args.host or s.host, port=args.port or s.port,
+                log_level=s.log_level.lower(), ws="websockets", ws_max_size=s.max_body_bytes,
+                timeout_graceful_shutdown=5)
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from worker.main import run_worker
+
+    run_worker(get_settings().log_level)
+    return 0
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from shared.launcher import up
+
+    return up(get_settings(), host=args.host, port=args.port)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="inferq", description="Queue-based LLM inference on vLLM.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("api", help="run the gateway (FastAPI on uvicorn)")
+    p.add_argument("--host")
+    p.add_argument("--port", type=int)
+    p.set_defaults(func=cmd_api)
+    p = sub.add_parser("worker", help="run a worker: Celery threads pool + one vLLM engine")
+    p.set_defaults(func=cmd_worker)
+    p = sub.add_parser("up", help="Redis (if needed) + one worker + the gateway; Ctrl-C stops all")
+    p.add_argument("--host")
+    p.add_argument("--port", type=int)
+    p.set_defaults(func=cmd_up)
+    args = parser.parse_args(argv)
+    _logging(get_settings().log_level)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

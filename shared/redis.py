@@ -1,0 +1,24 @@
+"""Redis client construction, with the same options in every process."""
+
+from __future__ import annotations
+
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError, TimeoutError
+
+
+def make_redis(url: str, *, max_connections: int = 64) -> Redis:
+    """An asyncio client that decodes to str, retries dropped connections, and waits for a free
+    connection instead of failing when all ``max_connections`` are busy."""
+    pool = BlockingConnectionPool.from_url(
+        url,
+        decode_responses=True,
+        max_connections=max_connections,
+        timeout=30,
+        health_check_interval=15,
+        socket_keepalive=True,
+        retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=5),
+        retry_on_error=[ConnectionError, TimeoutError],
+    )
+    return Redis(connection_pool=pool)

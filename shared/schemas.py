@@ -1,0 +1,310 @@
+"""Every message that crosses Redis or the public API, as pydantic models (JSON on the wire).
+
+- :class:`JobRequest` is what a client submits to ``POST /v1/jobs`` (and what the OpenAI routes
+  translate to); :class:`JobMessage` is the Celery task payload.
+- :data:`StreamEvent` is the tagged union of events a job emits (``token | done | error``), each
+  with a per-job ``seq`` that starts at 1 and grows by one.
+- :class:`JobRecord` is the job's Redis hash; :class:`JobView` is what ``GET /v1/jobs/{id}`` returns.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from enum import Enum
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
+
+from shared.settings import get_settings
+
+
+class JobStatus(str, Enum):
+    queued = "queued"
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+    cancelled = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled)
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str
+
+
+class SamplingOptions(BaseModel):
+    """Sampling knobs mirroring vLLM's ``SamplingParams``; bounds are checked here, at the gateway."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_tokens: int | None = Field(default=None, ge=1, description="Default: INFERQ_DEFAULT_MAX_TOKENS.")
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=-1, ge=-1, le=100_000, description="-1 or 0 disables top-k.")
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
+    stop: list[str] = Field(default_factory=list)
+    seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = Field(default=1.0, gt=0.0, le=2.0)
+    ignore_eos: bool = False
+    n: int = Field(default=1, ge=1)
+    logprobs: int | None = Field(default=None, ge=0, le=20, description="Top log-probs per token.")
+    json_schema: dict[str, Any] | None = Field(default=None, description="Constrain output to this schema.")
+    json_object: bool = Field(default=False, description="Constrain output to any JSON object.")
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop_list(cls, v: Any) -> Any:
+        return [v] if isinstance(v, str) else ([] if v is None else v)
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_limits(cls, v: list[str]) -> list[str]:
+        s = get_settings()
+        if len(v) > s.max_stop_sequences:
+            raise ValueError(f"at most {s.max_stop_sequences} stop sequences")
+        if any(not x or len(x) > s.max_stop_chars for x in v):
+            raise ValueError(f"each stop sequence must be 1 to {s.max_stop_chars} characters")
+        return v
+
+    @field_validator("max_tokens")
+    @classmethod
+    def _max_tokens_limit(cls, v: int | None) -> int | None:
+        limit = get_settings().max_tokens_limit
+        if v is not None and v > limit:
+            raise ValueError(f"must be <= {limit}")
+        return v
+
+    @field_validator("n")
+    @classmethod
+    def _n_limit(cls, v: int) -> int:
+        if v > (limit := get_settings().max_n):
+            raise ValueError(f"must be <= {limit}")
+        return v
+
+    @model_validator(mode="after")
+    def _greedy_n(self) -> SamplingOptions:
+        if self.n > 1 and self.temperature == 0:
+            raise ValueError("n > 1 needs temperature > 0 (greedy sampling gives one answer)")
+        return self
+
+
+class JobRequest(SamplingOptions):
+    """Body of ``POST /v1/jobs``: exactly one of ``prompt`` or ``messages``."""
+
+    prompt: str | None = Field(default=None, min_length=1)
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1, max_length=1024)
+    model: str | None = Field(default=None, min_length=1, max_length=256)
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt_chars(cls, v: str | None) -> str | None:
+        if v is not None and len(v) > (limit := get_settings().max_prompt_chars):
+            raise ValueError(f"is {len(v)} characters; the limit is {limit}")
+        return v
+
+    @field_validator("messages")
+    @classmethod
+    def _messages_chars(cls, v: list[ChatMessage] | None) -> list[ChatMessage] | None:
+        chars = sum(len(m.content) for m in v or [])
+        if chars > (limit := get_settings().max_prompt_chars):
+            raise ValueError(f"hold {chars} characters; the limit is {limit}")
+        return v
+
+    @model_validator(mode="after")
+    def _one_input(self) -> JobRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of 'prompt' or 'messages'")
+        return self
+
+    def sampling(self) -> SamplingOptions:
+        return SamplingOptions.model_validate(self.model_dump(include=set(SamplingOptions.model_fields)))
+
+
+class JobMessage(BaseModel):
+    """The Celery task payload: everything a worker needs to run the job."""
+
+    id: str
+    model: str
+    request: JobRequest
+    created_at: float
+
+
+class Usage(BaseModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class ErrorInfo(BaseModel):
+    type: str
+    message: str
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+
+
+class TokenLogprob(BaseModel):
+    token: str
+    logprob: float
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class TokenEvent(BaseModel):
+    type: Literal["token"] = "token"
+    seq: int
+    index: int = Field(default=0, description="Which completion (0..n-1) the text belongs to.")
+    text: str
+    n_tokens: int = 0
+    logprobs: list[TokenLogprob] | None = None
+
+
+class ChoiceEnd(BaseModel):
+    index: int
+    finish_reason: str | None
+    stop_reason: str | int | None = None
+
+
+class DoneEvent(BaseModel):
+    type: Literal["done"] = "done"
+    seq: int
+    status: Literal[JobStatus.succeeded, JobStatus.cancelled] = JobStatus.succeeded
+    finish_reason: str | None
+    choices: list[ChoiceEnd] = Field(default_factory=list)
+    usage: Usage = Field(default_factory=Usage)
+
+
+class ErrorEvent(BaseModel):
+    type: Literal["error"] = "error"
+    seq: int
+    error: ErrorInfo
+
+
+StreamEvent = Annotated[Union[TokenEvent, DoneEvent, ErrorEvent], Field(discriminator="type")]
+_EVENT = TypeAdapter(StreamEvent)
+
+
+def parse_event(data: str | bytes) -> TokenEvent | DoneEvent | ErrorEvent:
+    """Decode one event from its JSON form."""
+    return _EVENT.validate_json(data)
+
+
+def is_terminal(event: TokenEvent | DoneEvent | ErrorEvent) -> bool:
+    return event.type != "token"
+
+
+class AcceptedMessage(BaseModel):
+    """First message on ``WS /v1/generate``: the id the job got (not part of the job's log)."""
+
+    type: Literal["accepted"] = "accepted"
+    id: str
+    model: str
+
+
+class ControlMessage(BaseModel):
+    """Published on the control channel; every worker holding ``job_id`` acts on it."""
+
+    type: Literal["cancel"] = "cancel"
+    job_id: str
+
+
+class ChoiceView(BaseModel):
+    index: int
+    text: str
+    finish_reason: str | None = None
+
+
+class JobRecord(BaseModel):
+    """The job's Redis hash. Every field is stored as a string; JSON-valued ones are JSON."""
+
+    id: str
+    model: str
+    status: JobStatus = JobStatus.queued
+    request: JobRequest
+    created_at: float = Field(default_factory=time.time)
+    started_at: float | None = None
+    first_token_at: float | None = None
+    finished_at: float | None = None
+    worker: str | None = None
+    finish_reason: str | None = None
+    choices: list[ChoiceView] | None = None
+    usage: Usage | None = None
+    error: ErrorInfo | None = None
+    cancel_requested: bool = False
+
+    def to_hash(self) -> dict[str, str]:
+        return hash_fields(**self.model_dump(mode="json", exclude_none=True))
+
+    @classmethod
+    def from_hash(cls, h: dict[str, str]) -> JobRecord:
+        return cls.model_validate({k: json.loads(v) for k, v in h.items() if k in cls.model_fields})
+
+
+def hash_fields(**values: Any) -> dict[str, str]:
+    """Encode fields for the job hash: every value is stored as JSON (a str as a JSON string)."""
+    return {k: json.dumps(v.model_dump(mode="json") if isinstance(v, BaseModel) else
+                          v.value if isinstance(v, Enum) else v) for k, v in values.items()}
+
+
+class JobLinks(BaseModel):
+    self: str
+    stream: str
+
+
+class JobAccepted(BaseModel):
+    id: str
+    status: JobStatus
+    model: str
+    links: JobLinks
+
+
+class JobView(BaseModel):
+    """Body of ``GET /v1/jobs/{id}``."""
+
+    id: str
+    model: str
+    status: JobStatus
+    text: str
+    choices: list[ChoiceView]
+    finish_reason: str | None
+    usage: Usage | None
+    created_at: float
+    started_at: float | None
+    first_token_at: float | None
+    finished_at: float | None
+    error: ErrorInfo | None
+    links: JobLinks
+
+
+class EngineStats(BaseModel):
+    running: int = 0
+    waiting: int = 0
+    kv_cache_usage: float = 0.0
+    peak_running: int = Field(default=0, description="Largest running batch seen since start.")
+    engine_requests: int = Field(default=0, description="Requests the engine holds right now.")
+    jobs_started: int = 0
+    jobs_finished: int = 0
+    steps: int = 0
+
+
+class WorkerInfo(BaseModel):
+    """What a worker publishes about itself on every heartbeat."""
+
+    id: str
+    model: str
+    host: str
+    pid: int
+    max_model_len: int
+    max_num_seqs: int
+    tokenizer: str | None = None
+    started_at: float
+    last_seen: float
+    stats: EngineStats = Field(default_factory=EngineStats)

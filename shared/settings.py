@@ -1,0 +1,73 @@
+"""All of inferq's configuration: one pydantic-settings class, read from ``INFERQ_*`` variables.
+
+Gateway, worker and launcher read the same class so that they agree on names that both sides
+use (model name, Redis URL, queue names, limits). Create it once with :func:`get_settings`.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+#: Served name of the built-in demo model (used when ``INFERQ_MODEL`` is unset).
+TINY_MODEL_NAME = "inferq-tiny"
+
+
+class Settings(BaseSettings):
+    """Every knob of inferq. Environment variables are the field names upper-cased with ``INFERQ_``."""
+
+    model_config = SettingsConfigDict(env_prefix="INFERQ_", extra="ignore")
+
+    # --- shared -------------------------------------------------------------------------------
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    model: str | None = Field(
+        default=None,
+        description="HF model id or local folder the worker serves; unset = the built-in tiny demo model.",
+    )
+    served_model_name: str | None = Field(
+        default=None, description="Name clients use for the model; defaults to INFERQ_MODEL."
+    )
+    job_ttl_s: int = Field(default=24 * 3600, ge=60, description="How long job records and logs live.")
+    cache_dir: Path = Field(default=Path.home() / ".cache" / "inferq")
+    log_level: str = "INFO"
+
+    # --- gateway ------------------------------------------------------------------------------
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_body_bytes: int = Field(default=1 << 20, ge=1024, description="Largest request body accepted.")
+    max_prompt_chars: int = Field(default=200_000, ge=1)
+    max_tokens_limit: int = Field(default=32_768, ge=1, description="Upper bound on max_tokens.")
+    max_stop_sequences: int = Field(default=8, ge=0)
+    max_stop_chars: int = Field(default=256, ge=1)
+    max_n: int = Field(default=8, ge=1, description="Upper bound on completions per request (n).")
+    max_queue_depth: int = Field(default=10_000, ge=1, description="Queued jobs per model before 429.")
+    default_max_tokens: int = Field(default=256, ge=1)
+
+    # --- worker / engine ----------------------------------------------------------------------
+    max_model_len: int | None = None
+    gpu_memory_utilization: float = Field(default=0.90, gt=0, le=1)
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    max_num_seqs: int = Field(default=128, ge=1, description="Engine batch size = Celery job slots.")
+    max_num_batched_tokens: int | None = None
+    dtype: str = "auto"
+    load_format: str = Field(default="auto", description="'dummy' serves random weights (benchmarks).")
+    cpu_kv_cache_gib: float = Field(default=1.0, gt=0, description="KV cache size on the CPU build.")
+    enforce_eager: bool | None = Field(default=None, description="Default: true on CPU, false on GPU.")
+    heartbeat_s: float = Field(default=2.0, gt=0)
+    worker_ttl_s: float = Field(default=10.0, gt=0, description="A worker silent this long is dead.")
+    visibility_timeout_s: int = Field(default=6 * 3600, ge=60)
+    worker_id: str | None = None
+
+    @property
+    def model_name(self) -> str:
+        """The name clients send in ``model`` and the suffix of the model's queue."""
+        return self.served_model_name or self.model or TINY_MODEL_NAME
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings, read from the environment once."""
+    return Settings()

@@ -1,0 +1,1 @@
+"""inferq's GPU worker: a Celery worker holding one vLLM AsyncLLM engine."""

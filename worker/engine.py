@@ -1,0 +1,113 @@
+"""EngineHost: one vLLM ``AsyncLLM`` per worker process, on a background asyncio loop.
+
+This module is the only place inferq imports vLLM. Celery's threads pool hands each job to
+:meth:`EngineHost.run`, which schedules the job's coroutine on the engine's loop; every coroutine
+shares the one engine, so new requests join the running batch at the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from shared.schemas import EngineStats
+from shared.settings import Settings
+from worker.models import resolve_model
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def _stats_logger_class(stats: EngineStats) -> type:
+    """A vLLM stat logger that copies each step's scheduler stats into ``stats``."""
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class InferqStatLogger(StatLoggerBase):
+        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+            self.stats = stats
+
+        def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
+                   engine_idx: int = 0) -> None:
+            if scheduler_stats is None:
+                return
+            s = self.stats
+            s.steps += 1
+            s.running = scheduler_stats.num_running_reqs
+            s.waiting = scheduler_stats.num_waiting_reqs
+            s.kv_cache_usage = float(scheduler_stats.kv_cache_usage)
+            s.peak_running = max(s.peak_running, s.running)
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+    return InferqStatLogger
+
+
+class EngineHost:
+    """Owns the engine, its event loop thread, and the model's tokenizer."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.stats = EngineStats()
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="engine-loop", daemon=True)
+        self.engine: Any = None
+        self.tokenizer: Any = None
+        self.model_path = ""
+        self.max_model_len = 0
+
+    def start(self) -> None:
+        """Build the engine (blocks until it is ready to serve)."""
+        self._thread.start()
+        self.run(self._create())
+        log.info("engine ready: model=%s max_model_len=%d max_num_seqs=%d", self.model_path,
+                 self.max_model_len, self.settings.max_num_seqs)
+
+    def engine_args(self) -> Any:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.platforms import current_platform
+
+        s = self.settings
+        cpu = current_platform.is_cpu()
+        kv_bytes = int(s.cpu_kv_cache_gib * (1 << 30)) if cpu else None
+        return AsyncEngineArgs(
+            model=self.model_path,
+            served_model_name=[s.model_name],
+            max_model_len=s.max_model_len,
+            gpu_memory_utilization=s.gpu_memory_utilization,
+            kv_cache_memory_bytes=kv_bytes,
+            tensor_parallel_size=s.tensor_parallel_size,
+            max_num_seqs=s.max_num_seqs,
+            max_num_batched_tokens=s.max_num_batched_tokens,
+            dtype=s.dtype,
+            load_format=s.load_format,
+            enforce_eager=cpu if s.enforce_eager is None else s.enforce_eager,
+            disable_log_stats=False,
+        )
+
+    async def _create(self) -> None:
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self.model_path = resolve_model(self.settings)
+        self.engine = AsyncLLM.from_engine_args(
+            self.engine_args(), stat_loggers=[_stats_logger_class(self.stats)]
+        )
+        self.tokenizer = self.engine.get_tokenizer()
+        self.max_model_len = int(self.engine.model_config.max_model_len)
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the engine loop from another thread and wait for its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def unfinished_requests(self) -> int:
+        return int(self.engine.get_num_unfinished_requests()) if self.engine is not None else 0
+
+    def stop(self) -> None:
+        if self.engine is not None:
+            self.engine.shutdown()
+            self.engine = None
+        if self.loop.is_running():
+            self.loop.call_soon_threadsafe(self.loop.stop)
