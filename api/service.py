@@ -125,7 +125,7 @@ class JobService:
             id=rec.id, model=rec.model, status=rec.status, text=choices[0].text if choices else "",
             choices=choices, finish_reason=rec.finish_reason, usage=rec.usage,
             created_at=rec.created_at, started_at=rec.started_at, first_token_at=rec.first_token_at,
-            finished_at=rec.finished_at, error=rec.error, links=links(rec.id),
+            finished_at=rec.finished_at, worker=rec.worker, error=rec.error, links=links(rec.id),
         )
 
     async def cancel(self, job_id: str) -> JobStatus:

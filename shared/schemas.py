@@ -280,6 +280,7 @@ class JobView(BaseModel):
     started_at: float | None
     first_token_at: float | None
     finished_at: float | None
+    worker: str | None = Field(default=None, description="The worker that ran the job.")
     error: ErrorInfo | None
     links: JobLinks
 

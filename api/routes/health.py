@@ -6,6 +6,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
 from api.deps import Service
+from shared.schemas import WorkerInfo
 
 router = APIRouter(tags=["health"])
 
@@ -28,3 +29,9 @@ async def readyz(service: Service) -> JSONResponse:
     body = {"status": "ready" if workers else "unavailable", "redis": "ok", "model": model,
             "workers": len(workers)}
     return JSONResponse(body, 200 if workers else 503)
+
+
+@router.get("/v1/workers", response_model=list[WorkerInfo])
+async def workers(service: Service, model: str | None = None) -> list[WorkerInfo]:
+    """Live workers of a model (default: the default model), with their engine statistics."""
+    return await service.live_workers(model or service.settings.model_name)

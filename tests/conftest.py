@@ -1,0 +1,169 @@
+"""Fixtures that start real processes: redis-server, Celery workers with vLLM (CPU), the gateway.
+
+Every process is started on a free port with its own environment and stopped at the end of the
+session, whatever happened in between.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(predicate, timeout: float, what: str, procs: list[subprocess.Popen] | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        for p in procs or []:
+            if p.poll() is not None:
+                raise RuntimeError(f"{what}: process {p.args} exited with {p.returncode}")
+        time.sleep(0.2)
+    raise TimeoutError(f"timed out waiting for {what}")
+
+
+@dataclass
+class Service:
+    name: str
+    proc: subprocess.Popen
+    log: Path
+
+    def stop(self, sig: int = signal.SIGTERM, grace: float = 20.0) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, sig)
+                self.proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+            except ProcessLookupError:
+                pass
+
+    def tail(self, n: int = 40) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+
+
+def spawn(name: str, cmd: list[str], env: dict[str, str], logdir: Path) -> Service:
+    log = logdir / f"{name}.log"
+    with open(log, "wb") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+                                start_new_session=True)
+    return Service(name, proc, log)
+
+
+@dataclass
+class RedisServer:
+    url: str
+    port: int
+    service: Service
+
+    def client(self) -> redis.Redis:
+        return redis.Redis.from_url(self.url, decode_responses=True)
+
+
+@pytest.fixture(scope="session")
+def logdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("logs")
+
+
+@pytest.fixture(scope="session")
+def redis_server(logdir: Path) -> Iterator[RedisServer]:
+    exe = shutil.which("redis-server")
+    assert exe, "redis-server is not installed (Debian package redis-server)"
+    port = free_port()
+    svc = spawn("redis", [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                          "--appendonly", "no"], dict(os.environ), logdir)
+    server = RedisServer(f"redis://127.0.0.1:{port}/0", port, svc)
+
+    def pings() -> bool:
+        try:
+            return bool(server.client().ping())
+        except redis.RedisError:
+            return False
+
+    wait_for(pings, 10, "redis-server", [svc.proc])
+    yield server
+    svc.stop(signal.SIGKILL)
+
+
+def inferq_env(redis_url: str, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INFERQ_")}
+    env.update(
+        INFERQ_REDIS_URL=redis_url,
+        INFERQ_MAX_NUM_SEQS="64",
+        INFERQ_CPU_KV_CACHE_GIB="0.5",
+        INFERQ_HEARTBEAT_S="0.5",
+        INFERQ_WORKER_TTL_S="3",
+        INFERQ_DEFAULT_MAX_TOKENS="32",
+        PYTHONUNBUFFERED="1",
+        VLLM_NO_USAGE_STATS="1",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+    )
+    env.update(extra)
+    return env
+
+
+@dataclass
+class Stack:
+    base: str
+    ws: str
+    redis: RedisServer
+    workers: dict[str, Service] = field(default_factory=dict)
+    gateway: Service | None = None
+
+    def http(self) -> httpx.Client:
+        return httpx.Client(base_url=self.base, timeout=60)
+
+
+@pytest.fixture(scope="session")
+def stack(redis_server: RedisServer, logdir: Path) -> Iterator[Stack]:
+    """Two workers on the default model's queue and one gateway, all real processes."""
+    py = [sys.executable, "-m", "shared.cli"]
+    port = free_port()
+    st = Stack(f"http://127.0.0.1:{port}", f"ws://127.0.0.1:{port}", redis_server)
+    try:
+        for wid in ("w1", "w2"):
+            st.workers[wid] = spawn(f"worker-{wid}", [*py, "worker"],
+                                    inferq_env(redis_server.url, INFERQ_WORKER_ID=wid), logdir)
+        st.gateway = spawn("gateway", [*py, "api", "--port", str(port)], inferq_env(redis_server.url), logdir)
+
+        def ready() -> bool:
+            try:
+                r = httpx.get(f"{st.base}/readyz", timeout=2)
+                return r.status_code == 200 and r.json()["workers"] == 2
+            except httpx.HTTPError:
+                return False
+
+        procs = [s.proc for s in [*st.workers.values(), st.gateway]]
+        try:
+            wait_for(ready, 240, "two workers and the gateway", procs)
+        except Exception:
+            for s in [*st.workers.values(), st.gateway]:
+                print(f"--- {s.name} ---\n{s.tail()}", file=sys.stderr)
+            raise
+        yield st
+    finally:
+        for s in [st.gateway, *st.workers.values()]:
+            if s is not None:
+                s.stop()

@@ -1,0 +1,53 @@
+"""Small clients for the tests: submit, poll, and read a WebSocket to its end."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import httpx
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosedError
+
+TERMINAL = {"succeeded", "failed", "cancelled"}
+
+
+def submit(http: httpx.Client, **body: Any) -> str:
+    r = http.post("/v1/jobs", json=body)
+    assert r.status_code == 202, r.text
+    return str(r.json()["id"])
+
+
+def wait_status(http: httpx.Client, job_id: str, statuses: set[str] = TERMINAL, timeout: float = 120) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        view = http.get(f"/v1/jobs/{job_id}").json()
+        if view["status"] in statuses:
+            return view
+        time.sleep(0.05)
+    raise TimeoutError(f"job {job_id} never reached {statuses}: {view}")
+
+
+async def ws_events(url: str, send: dict | None = None, timeout: float = 120) -> list[dict]:
+    """Every message a WebSocket sends until the server closes it."""
+    out = []
+    async with connect(url, open_timeout=10, close_timeout=5) as ws:
+        if send is not None:
+            await ws.send(json.dumps(send))
+        try:
+            async for msg in ws:
+                out.append(json.loads(msg))
+        except ConnectionClosedError:  # closed with an error code: the events say why
+            pass
+    return out
+
+
+def token_text(events: list[dict], index: int = 0) -> str:
+    return "".join(e["text"] for e in events if e["type"] == "token" and e.get("index", 0) == index)
+
+
+def assert_seq_exact(events: list[dict], after: int = 0) -> None:
+    """Job events carry seq after+1, after+2, ... with no gap and no duplicate."""
+    seqs = [e["seq"] for e in events if e["type"] in ("token", "done", "error")]
+    assert seqs == list(range(after + 1, after + 1 + len(seqs))), seqs

@@ -1,0 +1,115 @@
+"""Bad input: a clear 4xx naming the field, and nothing that hurts a worker or another job."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from websockets.asyncio.client import connect
+
+from tests.helpers import submit, wait_status, ws_events
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
+    ({"prompt": "x", "max_tokens": 10**7}, "max_tokens"),
+    ({"prompt": "x", "temperature": 3}, "temperature"),
+    ({"prompt": "x", "top_p": 0}, "top_p"),
+    ({"prompt": "x", "top_k": -5}, "top_k"),
+    ({"prompt": "x", "stop": [""]}, "stop"),
+    ({"prompt": "x", "stop": ["s"] * 50}, "stop"),
+    ({"prompt": "x", "seed": -1}, "seed"),
+    ({"prompt": "x", "presence_penalty": 9}, "presence_penalty"),
+    ({"prompt": "x", "frequency_penalty": -9}, "frequency_penalty"),
+    ({"prompt": "x", "n": 1000}, "n"),
+    ({"prompt": "x", "ignore_eos": "maybe"}, "ignore_eos"),
+    ({"prompt": ""}, "prompt"),
+    ({"prompt": 5}, "prompt"),
+    ({"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
+    ({"messages": []}, "messages"),
+    ({"prompt": "x", "unknown_field": 1}, "unknown_field"),
+])
+def test_invalid_field_is_422_naming_it(stack, body, param) -> None:
+    with stack.http() as http:
+        r = http.post("/v1/jobs", json=body)
+    assert r.status_code == 422, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and param.split(".")[0] in err["message"], err
+
+
+def test_neither_or_both_inputs_is_422(stack) -> None:
+    with stack.http() as http:
+        for body in ({"max_tokens": 3}, {"prompt": "x", "messages": [{"role": "user", "content": "y"}]}):
+            r = http.post("/v1/jobs", json=body)
+            assert r.status_code == 422 and "prompt" in r.json()["error"]["message"]
+
+
+def test_malformed_json_is_422(stack) -> None:
+    with stack.http() as http:
+        r = http.post("/v1/jobs", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 422 and r.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_oversized_body_is_413(stack) -> None:
+    with stack.http() as http:
+        r = http.post("/v1/jobs", json={"prompt": "x" * (2 << 20)})
+    assert r.status_code == 413 and "bytes" in r.json()["error"]["message"]
+
+
+def test_prompt_plus_max_tokens_over_context_is_400_before_queueing(stack) -> None:
+    with stack.http() as http:
+        r = http.post("/v1/jobs", json={"prompt": "word " * 1500, "max_tokens": 1000})
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["code"] == "context_length_exceeded" and "2048" in err["message"]
+        r = http.post("/v1/jobs", json={"prompt": "x", "max_tokens": 4096})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
+
+
+def test_chat_over_context_fails_the_job_with_the_reason(stack) -> None:
+    """Where only the worker can count (chat template), the job ends failed, the worker lives on."""
+    with stack.http() as http:
+        job_id = submit(http, messages=[{"role": "user", "content": "word " * 1900}], max_tokens=500)
+        view = wait_status(http, job_id)
+        assert view["status"] == "failed"
+        assert view["error"]["type"] == "context_length_exceeded" and "2048" in view["error"]["message"]
+        ok = wait_status(http, submit(http, prompt="still alive", max_tokens=4))
+        assert ok["status"] == "succeeded"
+
+
+def test_unknown_job_and_model_are_404(stack) -> None:
+    with stack.http() as http:
+        assert http.get("/v1/jobs/job-nope").status_code == 404
+        assert http.delete("/v1/jobs/job-nope").status_code == 404
+        r = http.post("/v1/jobs", json={"prompt": "x", "model": "no-such-model"})
+        assert r.status_code == 404 and r.json()["error"]["param"] == "model"
+
+
+async def test_ws_unknown_job_gets_error_event(stack) -> None:
+    events = await ws_events(f"{stack.ws}/v1/jobs/job-nope/stream")
+    assert events == [{"type": "error", "seq": 0, "error": {"type": "not_found_error",
+                                                            "message": "job job-nope not found (or expired)"}}]
+
+
+@pytest.mark.parametrize("payload", ["{broken", json.dumps({"prompt": "x", "max_tokens": -1}), "[]", ""])
+async def test_ws_malformed_message_gets_error_and_clean_close(stack, payload) -> None:
+    async with connect(f"{stack.ws}/v1/generate") as ws:
+        await ws.send(payload)
+        msg = json.loads(await ws.recv())
+        await ws.wait_closed()
+    assert msg["type"] == "error" and msg["error"]["type"] == "invalid_request_error"
+    assert ws.close_code == 1008
+
+
+async def test_ws_bad_after_is_rejected(stack) -> None:
+    events = await ws_events(f"{stack.ws}/v1/jobs/job-x/stream?after=-3")
+    assert events[0]["type"] == "error" and "after" in events[0]["error"]["message"]
+
+
+def test_health_and_readiness(stack) -> None:
+    with stack.http() as http:
+        assert http.get("/healthz").json() == {"status": "ok"}
+        ready = http.get("/readyz")
+        assert ready.status_code == 200 and ready.json()["workers"] == 2

@@ -1,0 +1,107 @@
+"""Cancellation reaches the engine; batching and several workers, shown from engine statistics."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+
+import httpx
+import pytest
+from websockets.asyncio.client import connect
+
+from tests.helpers import submit, wait_status
+
+pytestmark = pytest.mark.integration
+
+
+def engine_requests(http: httpx.Client) -> dict[str, int]:
+    return {w["id"]: w["stats"]["engine_requests"] for w in http.get("/v1/workers").json()}
+
+
+def wait_engines_idle(http: httpx.Client, timeout: float = 15) -> dict[str, int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        held = engine_requests(http)
+        if len(held) == 2 and not any(held.values()):
+            return held
+        time.sleep(0.2)
+    raise AssertionError(f"engines still hold requests: {held}")
+
+
+def test_cancel_running_job_aborts_it_in_the_engine(stack) -> None:
+    with stack.http() as http:
+        job_id = submit(http, prompt="def long():", max_tokens=1900, ignore_eos=True)
+        wait_status(http, job_id, {"running"})
+        deadline = time.monotonic() + 10
+        while sum(engine_requests(http).values()) < 1:  # the engine holds it now
+            assert time.monotonic() < deadline, "the job never showed up in an engine"
+            time.sleep(0.1)
+        r = http.delete(f"/v1/jobs/{job_id}")
+        assert r.status_code == 202
+        view = wait_status(http, job_id, timeout=10)
+        assert view["status"] == "cancelled", view
+        assert view["finish_reason"] == "cancelled"
+        assert 0 < view["usage"]["completion_tokens"] < 1900
+        wait_engines_idle(http)
+
+
+def test_cancel_queued_job_never_runs(stack) -> None:
+    for w in stack.workers.values():  # freeze the workers: nothing is taken from the queue
+        os.kill(w.proc.pid, signal.SIGSTOP)
+    try:
+        with stack.http() as http:
+            job_id = submit(http, prompt="never", max_tokens=8)
+            assert http.get(f"/v1/jobs/{job_id}").json()["status"] == "queued"
+            assert http.delete(f"/v1/jobs/{job_id}").json()["status"] == "cancelled"
+    finally:
+        for w in stack.workers.values():
+            os.kill(w.proc.pid, signal.SIGCONT)
+    with stack.http() as http:
+        deadline = time.monotonic() + 10
+        while stack.redis.client().llen("inferq.q.inferq-tiny") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1.0)  # a worker that took it has had time to look at it
+        view = http.get(f"/v1/jobs/{job_id}").json()
+    assert view["status"] == "cancelled" and view["started_at"] is None and view["worker"] is None
+    assert view["text"] == "" and view["usage"] is None
+
+
+async def test_closing_generate_socket_cancels_the_job(stack) -> None:
+    async with connect(f"{stack.ws}/v1/generate") as ws:
+        await ws.send(json.dumps({"prompt": "stream", "max_tokens": 1900, "ignore_eos": True}))
+        accepted = json.loads(await ws.recv())
+        for _ in range(3):
+            assert json.loads(await ws.recv())["type"] == "token"
+    with stack.http() as http:
+        view = wait_status(http, accepted["id"], timeout=10)
+        assert view["status"] == "cancelled", view
+        assert view["usage"]["completion_tokens"] < 1900
+        wait_engines_idle(http)
+
+
+def test_64_concurrent_jobs_batch_in_the_engine_and_spread_over_workers(stack) -> None:
+    async def run() -> list[dict]:
+        async with httpx.AsyncClient(base_url=stack.base, timeout=120) as http:
+            async def one(i: int) -> dict:
+                r = await http.post("/v1/jobs", json={"prompt": f"job {i}:", "max_tokens": 64, "ignore_eos": True})
+                assert r.status_code == 202, r.text
+                job_id = r.json()["id"]
+                while True:
+                    view = (await http.get(f"/v1/jobs/{job_id}")).json()
+                    if view["status"] not in ("queued", "running"):
+                        return view
+                    await asyncio.sleep(0.1)
+            return await asyncio.gather(*(one(i) for i in range(64)))
+
+    views = asyncio.run(run())
+    assert all(v["status"] == "succeeded" for v in views), [v["status"] for v in views]
+    assert all(v["usage"]["completion_tokens"] == 64 for v in views)
+    assert {v["worker"] for v in views} == set(stack.workers), "both workers take jobs from the queue"
+    with stack.http() as http:
+        workers = http.get("/v1/workers").json()
+    peaks = {w["id"]: w["stats"]["peak_running"] for w in workers}
+    # engine statistics: each engine ran more than one request in the same batch at once
+    assert all(p > 1 for p in peaks.values()), peaks
