@@ -1,0 +1,157 @@
+"""JobRunner with a scripted engine (real Redis): event sequencing, usage, failure and cancel."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import dataclass, field
+
+import pytest
+
+from shared.redis import make_redis
+from shared.schemas import EngineStats, JobMessage, JobRecord, JobRequest, JobStatus
+from shared.store import JobStore
+from worker.runner import JobRunner
+from worker.writer import EventWriter
+
+
+@dataclass
+class Out:
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None
+    stop_reason: str | None = None
+    logprobs: None = None
+
+
+@dataclass
+class Step:
+    outputs: list[Out]
+    finished: bool = False
+
+
+class ScriptedTokenizer:
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(range(len(text.split())))
+
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True) -> str:
+        return " ".join(m["content"] for m in messages)
+
+    def decode(self, ids: list[int]) -> str:
+        return "?"
+
+
+@dataclass
+class ScriptedEngine:
+    steps: list[Step]
+    delay: float = 0.0
+    aborted: list[str] = field(default_factory=list)
+
+    async def generate(self, prompt, params, request_id: str):
+        try:
+            for s in self.steps:
+                await asyncio.sleep(self.delay)
+                yield s
+        except (asyncio.CancelledError, GeneratorExit):
+            self.aborted.append(request_id)
+            raise
+
+
+@dataclass
+class ScriptedHost:
+    engine: ScriptedEngine
+    tokenizer: ScriptedTokenizer = field(default_factory=ScriptedTokenizer)
+    max_model_len: int = 64
+    stats: EngineStats = field(default_factory=EngineStats)
+
+
+@pytest.fixture
+async def rig(redis_server):
+    r = make_redis(redis_server.url)
+    store = JobStore(r, ttl_s=60)
+    writer = EventWriter(store)
+    writer.start()
+    yield store, writer
+    await writer.stop()
+    await r.aclose()
+
+
+async def queued(store: JobStore, **req) -> JobMessage:
+    request = JobRequest(**req)
+    rec = JobRecord(id=f"job-{uuid.uuid4().hex}", model="m", request=request)
+    await store.create(rec)
+    return JobMessage(id=rec.id, model="m", request=request, created_at=rec.created_at)
+
+
+def script(n: int) -> list[Step]:
+    steps = [Step([Out(0, f"t{i} ", [i])]) for i in range(n)]
+    steps[-1].outputs[0].finish_reason = "length"
+    steps[-1].finished = True
+    return steps
+
+
+async def test_events_are_numbered_and_the_end_is_recorded(rig) -> None:
+    store, writer = rig
+    engine = ScriptedEngine(script(5))
+    runner = JobRunner(ScriptedHost(engine), store, writer, "w", default_max_tokens=8)
+    msg = await queued(store, prompt="one two three", max_tokens=5)
+    assert await runner.run(msg) is JobStatus.succeeded
+    log = await store.read_log(msg.id)
+    assert [e.seq for e in log] == [1, 2, 3, 4, 5, 6]
+    assert log[-1].type == "done" and log[-1].usage.prompt_tokens == 3 and log[-1].usage.completion_tokens == 5
+    rec = await store.get(msg.id)
+    assert rec.status is JobStatus.succeeded and rec.choices[0].text == "t0 t1 t2 t3 t4 "
+    assert rec.finish_reason == "length" and rec.first_token_at is not None and not runner.active
+
+
+async def test_context_overflow_fails_the_job_without_touching_the_engine(rig) -> None:
+    store, writer = rig
+    engine = ScriptedEngine(script(3))
+    runner = JobRunner(ScriptedHost(engine), store, writer, "w", default_max_tokens=8)
+    msg = await queued(store, prompt="w " * 60, max_tokens=10)
+    assert await runner.run(msg) is JobStatus.failed
+    rec = await store.get(msg.id)
+    assert rec.error.type == "context_length_exceeded" and "64" in rec.error.message
+    assert (await store.read_log(msg.id))[-1].type == "error"
+
+
+async def test_engine_error_ends_the_job_failed(rig) -> None:
+    store, writer = rig
+
+    class Broken(ScriptedEngine):
+        async def generate(self, prompt, params, request_id):
+            yield Step([Out(0, "a", [1])])
+            raise RuntimeError("device lost")
+
+    runner = JobRunner(ScriptedHost(Broken([])), store, writer, "w", default_max_tokens=8)
+    msg = await queued(store, prompt="x", max_tokens=4)
+    assert await runner.run(msg) is JobStatus.failed
+    log = await store.read_log(msg.id)
+    assert [e.type for e in log] == ["token", "error"] and "device lost" in log[-1].error.message
+
+
+async def test_cancel_aborts_the_engine_request(rig) -> None:
+    store, writer = rig
+    engine = ScriptedEngine(script(1000), delay=0.01)
+    runner = JobRunner(ScriptedHost(engine, max_model_len=4096), store, writer, "w", default_max_tokens=8)
+    msg = await queued(store, prompt="x", max_tokens=1000)
+    task = asyncio.create_task(runner.run(msg))
+    await asyncio.sleep(0.2)
+    assert runner.cancel(msg.id)
+    assert await task is JobStatus.cancelled
+    assert engine.aborted == [msg.id]
+    rec = await store.get(msg.id)
+    assert rec.status is JobStatus.cancelled and 0 < rec.usage.completion_tokens < 1000
+    done = (await store.read_log(msg.id))[-1]
+    assert done.type == "done" and done.status is JobStatus.cancelled
+
+
+async def test_a_job_cancelled_while_queued_is_skipped(rig) -> None:
+    store, writer = rig
+    engine = ScriptedEngine(script(3))
+    runner = JobRunner(ScriptedHost(engine), store, writer, "w", default_max_tokens=8)
+    msg = await queued(store, prompt="x")
+    await store.request_cancel(msg.id)
+    assert await runner.run(msg) is None
+    assert (await store.get(msg.id)).started_at is None and engine.aborted == []

@@ -1,0 +1,114 @@
+"""Job state transitions and lossless event delivery, against a real redis-server."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+
+from api.streams import StreamHub
+from shared import keys
+from shared.errors import NotFound
+from shared.redis import make_redis
+from shared.schemas import DoneEvent, JobRecord, JobRequest, JobStatus, TokenEvent
+from shared.store import JobStore, is_duplicate_id
+
+
+@pytest.fixture
+async def store(redis_server):
+    r = make_redis(redis_server.url)
+    yield JobStore(r, ttl_s=120)
+    await r.aclose()
+
+
+async def new_job(store: JobStore) -> str:
+    rec = JobRecord(id=f"job-{uuid.uuid4().hex}", model="m", request=JobRequest(prompt="p"))
+    await store.create(rec)
+    return rec.id
+
+
+async def test_claim_then_cancel_flags_the_running_job(store) -> None:
+    job = await new_job(store)
+    assert await store.claim(job, "w1") is JobStatus.queued
+    assert await store.claim(job, "w2") is JobStatus.running  # a second claim does not take it
+    assert await store.request_cancel(job) is JobStatus.running
+    rec = await store.get(job)
+    assert rec.status is JobStatus.running and rec.cancel_requested and rec.worker == "w1"
+
+
+async def test_cancel_before_claim_wins_and_logs_one_event(store) -> None:
+    job = await new_job(store)
+    assert await store.request_cancel(job) is JobStatus.queued
+    assert await store.claim(job, "w1") is JobStatus.cancelled
+    log = await store.read_log(job)
+    assert len(log) == 1 and log[0].type == "done" and log[0].status is JobStatus.cancelled
+    assert 0 < await store.redis.ttl(keys.job_log(job)) <= 120
+
+
+async def test_finish_only_writes_a_running_job(store) -> None:
+    job = await new_job(store)
+    assert not await store.finish(job, status=JobStatus.succeeded)
+    await store.claim(job, "w")
+    assert await store.finish(job, status=JobStatus.succeeded)
+    assert not await store.finish(job, status=JobStatus.failed)
+    assert (await store.get(job)).status is JobStatus.succeeded
+
+
+async def test_log_refuses_a_seq_it_already_has(store) -> None:
+    job = await new_job(store)
+    errs = await store.append([(job, TokenEvent(seq=1, text="a")), (job, TokenEvent(seq=2, text="b")),
+                               (job, TokenEvent(seq=2, text="dup")), (job, TokenEvent(seq=1, text="old"))])
+    assert errs[:2] == [None, None] and all(is_duplicate_id(e) for e in errs[2:])
+    assert [e.text for e in await store.read_log(job)] == ["a", "b"]
+    assert await store.last_seq(job) == 2
+    assert [e.seq for e in await store.read_log(job, after=1)] == [2]
+
+
+async def collect(hub: StreamHub, job: str, after: int = 0) -> list:
+    return [e async for e in hub.events(job, after)]
+
+
+async def test_hub_replays_then_follows_live_exactly_once(store) -> None:
+    hub = StreamHub(store.redis, store, idle_check_s=0.3)
+    await hub.start()
+    try:
+        job = await new_job(store)
+        await store.append([(job, TokenEvent(seq=i, text=str(i))) for i in (1, 2, 3)])
+        reader = asyncio.create_task(collect(hub, job, after=1))
+        await asyncio.sleep(0.2)
+        # live: a duplicate of a logged event, then the next ones
+        await store.append([(job, TokenEvent(seq=3, text="3"))])
+        await store.append([(job, TokenEvent(seq=4, text="4")), (job, DoneEvent(seq=5, finish_reason="stop"))])
+        got = await asyncio.wait_for(reader, 5)
+        assert [e.seq for e in got] == [2, 3, 4, 5]
+        assert hub.channels == 0  # unsubscribed once the last listener left
+    finally:
+        await hub.stop()
+
+
+async def test_hub_fills_a_gap_from_the_log(store) -> None:
+    """An event that was logged but whose publish was missed is recovered from the log."""
+    hub = StreamHub(store.redis, store, idle_check_s=5.0)
+    await hub.start()
+    try:
+        job = await new_job(store)
+        reader = asyncio.create_task(collect(hub, job))
+        await asyncio.sleep(0.2)
+        await store.redis.xadd(keys.job_log(job), {"e": TokenEvent(seq=1, text="silent").model_dump_json()},
+                               id="1-0")  # logged, never published
+        await store.append([(job, TokenEvent(seq=2, text="b")), (job, DoneEvent(seq=3, finish_reason="stop"))])
+        got = await asyncio.wait_for(reader, 3)  # well before the idle check
+        assert [(e.seq, getattr(e, "text", None)) for e in got] == [(1, "silent"), (2, "b"), (3, None)]
+    finally:
+        await hub.stop()
+
+
+async def test_hub_unknown_job_raises_not_found(store) -> None:
+    hub = StreamHub(store.redis, store)
+    await hub.start()
+    try:
+        with pytest.raises(NotFound):
+            await collect(hub, "job-missing")
+    finally:
+        await hub.stop()
