@@ -9,7 +9,7 @@ from fastapi import FastAPI
 
 from api import errors
 from api.limits import BodyLimit
-from api.routes import health, jobs, stream
+from api.routes import health, jobs, openai, stream
 from api.service import JobService
 from api.streams import StreamHub
 from shared.redis import make_redis
@@ -39,7 +39,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="inferq", version="0.1.0", lifespan=lifespan,
                   description="Queue-based LLM inference: REST, WebSocket and OpenAI-compatible APIs.")
     errors.install(app)
-    for module in (jobs, stream, health):
+    for module in (jobs, stream, openai, health):
         app.include_router(module.router)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     return app

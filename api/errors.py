@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from shared.errors import InferqError
@@ -32,6 +33,8 @@ def validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
         field = ".".join(loc) or None
         first = first or field
         msg = str(e.get("msg", "invalid")).removeprefix("Value error, ")
+        if e.get("type") == "extra_forbidden":
+            msg = "is not a supported parameter"
         parts.append(f"{field}: {msg}" if field else msg)
     return "; ".join(parts), first
 
@@ -41,7 +44,7 @@ def to_response(exc: Exception) -> JSONResponse:
     if isinstance(exc, InferqError):
         headers = {"Retry-After": str(max(1, round(exc.retry_after)))} if exc.retry_after else None
         return JSONResponse(error_body(exc.message, exc.type, exc.param, exc.code), exc.status, headers)
-    if isinstance(exc, RequestValidationError):
+    if isinstance(exc, (RequestValidationError, ValidationError)):
         message, param = validation_message(list(exc.errors()))
         return JSONResponse(error_body(message, "invalid_request_error", param, "invalid_value"), 422)
     if isinstance(exc, StarletteHTTPException):
@@ -55,5 +58,5 @@ def install(app: FastAPI) -> None:
     async def handler(_: Request, exc: Exception) -> JSONResponse:
         return to_response(exc)
 
-    for exc_type in (InferqError, RequestValidationError, StarletteHTTPException, Exception):
+    for exc_type in (InferqError, RequestValidationError, ValidationError, StarletteHTTPException, Exception):
         app.add_exception_handler(exc_type, handler)

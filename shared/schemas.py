@@ -101,6 +101,7 @@ class JobRequest(SamplingOptions):
     prompt: str | None = Field(default=None, min_length=1)
     messages: list[ChatMessage] | None = Field(default=None, min_length=1, max_length=1024)
     model: str | None = Field(default=None, min_length=1, max_length=256)
+    user: str | None = Field(default=None, max_length=256, description="End-user id, for your logs.")
 
     @field_validator("prompt")
     @classmethod

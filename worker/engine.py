@@ -67,6 +67,7 @@ class EngineHost:
                  self.max_model_len, self.settings.max_num_seqs)
 
     def engine_args(self) -> Any:
+        from vllm.config import StructuredOutputsConfig
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.platforms import current_platform
 
@@ -86,6 +87,8 @@ class EngineHost:
             load_format=s.load_format,
             enforce_eager=cpu if s.enforce_eager is None else s.enforce_eager,
             disable_log_stats=False,
+            # JSON modes emit compact JSON: a model is never steered into endless whitespace
+            structured_outputs_config=StructuredOutputsConfig(backend="xgrammar", disable_any_whitespace=True),
         )
 
     async def _create(self) -> None:

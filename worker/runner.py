@@ -165,7 +165,7 @@ class JobRunner:
                     p.tokens[c.index] = p.tokens.get(c.index, 0) + len(c.token_ids)
                     self.writer.emit(job_id, TokenEvent(seq=p.seq, index=c.index, text=c.text,
                                                         n_tokens=len(c.token_ids),
-                                                        logprobs=_logprobs(c, self.host.tokenizer)))
+                                                        logprobs=_logprobs(c, self.host.tokenizer, params.logprobs or 0)))
                 if c.finish_reason is not None:
                     p.finish[c.index] = ChoiceEnd(index=c.index, finish_reason=c.finish_reason,
                                                   stop_reason=c.stop_reason)
@@ -197,13 +197,14 @@ class JobRunner:
             log.exception("job %s: could not record its end (%s)", job_id, status.value)
 
 
-def _logprobs(c: Any, tokenizer: Any) -> list[TokenLogprob] | None:
+def _logprobs(c: Any, tokenizer: Any, k: int) -> list[TokenLogprob] | None:
+    """The sampled tokens' log-probs with the ``k`` most likely alternatives each."""
     if not c.logprobs:
         return None
     out = []
     for tid, entry in zip(c.token_ids, c.logprobs):
         chosen = entry.get(tid)
-        top = sorted(entry.items(), key=lambda kv: kv[1].rank or 0)
+        top = sorted(entry.items(), key=lambda kv: kv[1].rank or 0)[:k]
         out.append(TokenLogprob(
             token=_tok(chosen, tid, tokenizer),
             logprob=float(chosen.logprob) if chosen else float("-inf"),

@@ -8,9 +8,11 @@ input can crash a worker thread or poison the queue.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 from celery import signals
+from celery.exceptions import Reject
 from pydantic import ValidationError
 
 from shared import keys
@@ -26,9 +28,16 @@ _runtime: WorkerRuntime | None = None
 
 @signals.worker_init.connect
 def _start_engine(**_: Any) -> None:
+    """Start the engine before the worker consumes anything; if it cannot start, exit non-zero
+    (Celery would otherwise log the error and go on taking jobs it cannot run)."""
     global _runtime
-    _runtime = WorkerRuntime(get_settings())
-    _runtime.start()
+    try:
+        _runtime = WorkerRuntime(get_settings())
+        _runtime.start()
+    except BaseException:
+        log.critical("the engine could not start; exiting", exc_info=True)
+        logging.shutdown()
+        os._exit(3)
 
 
 @signals.worker_shutdown.connect
@@ -44,7 +53,7 @@ def generate(payload: str) -> str | None:
     except ValidationError as e:
         log.error("dropped a malformed job message: %s", e)
         return None
-    if _runtime is None:
-        raise RuntimeError("engine not started")
+    if _runtime is None:  # not reachable once worker_init succeeded; never lose the job
+        raise Reject("engine not started", requeue=True)
     status = _runtime.run_job(msg)
     return status.value if status else None

@@ -1,0 +1,208 @@
+"""Translate OpenAI requests into inferq jobs, and job events into OpenAI responses and chunks.
+
+The completion id is the job id, so every completion can also be polled and streamed through
+``/v1/jobs``. Several prompts in one ``/v1/completions`` request become one job each; choice
+``i`` of prompt ``p`` is OpenAI's choice ``p * n + i``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from api.openai_schemas import (
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatLogprobs,
+    ChatTokenLogprob,
+    ChunkChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    Delta,
+    TextChoice,
+    TextCompletion,
+    TopLogprobOut,
+)
+from api.streams import StreamHub
+from shared.errors import ContextLengthExceeded, EngineError, InferqError, InvalidRequest
+from shared.schemas import ErrorInfo, JobRequest, TokenEvent, TokenLogprob, Usage
+
+
+def chat_job(req: ChatCompletionRequest) -> JobRequest:
+    fields = req.sampling_fields()
+    if req.max_completion_tokens is not None:
+        fields["max_tokens"] = req.max_completion_tokens
+    if req.logprobs:
+        fields["logprobs"] = req.top_logprobs or 0
+    if (rf := req.response_format) is not None and rf.type == "json_object":
+        fields["json_object"] = True
+    elif rf is not None and rf.type == "json_schema" and rf.json_schema is not None:
+        fields["json_schema"] = rf.json_schema.schema_
+    return JobRequest(messages=[m.to_chat() for m in req.messages], model=req.model, user=req.user, **fields)
+
+
+def completion_jobs(req: CompletionRequest) -> list[JobRequest]:
+    prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
+    fields = req.sampling_fields()
+    if req.logprobs is not None:
+        fields["logprobs"] = req.logprobs
+    return [JobRequest(prompt=p, model=req.model, user=req.user, **fields) for p in prompts]
+
+
+def add_usage(a: Usage, b: Usage) -> Usage:
+    return Usage(prompt_tokens=a.prompt_tokens + b.prompt_tokens,
+                 completion_tokens=a.completion_tokens + b.completion_tokens,
+                 total_tokens=a.total_tokens + b.total_tokens)
+
+
+def error_from(info: ErrorInfo) -> InferqError:
+    """The typed error a failed job's ``error`` event stands for (so HTTP status matches)."""
+    if info.type == "context_length_exceeded":
+        err: InferqError = InvalidRequest(info.message, param="max_tokens", code=info.type)
+    elif info.type in (InvalidRequest.type, ContextLengthExceeded.type):
+        err = InvalidRequest(info.message)
+    else:
+        err = EngineError(info.message, code=info.type)
+    return err
+
+
+def _chat_logprobs(lps: list[TokenLogprob] | None, k: int) -> ChatLogprobs | None:
+    if lps is None:
+        return None
+    return ChatLogprobs(content=[
+        ChatTokenLogprob(token=lp.token, logprob=lp.logprob, bytes=list(lp.token.encode()),
+                         top_logprobs=[TopLogprobOut(token=t.token, logprob=t.logprob, bytes=list(t.token.encode()))
+                                       for t in lp.top_logprobs[:k]])
+        for lp in lps
+    ])
+
+
+@dataclass
+class Choice:
+    text: str = ""
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: str | None = None
+
+
+@dataclass
+class Collected:
+    """Everything one job produced, gathered from its events."""
+
+    choices: dict[int, Choice] = field(default_factory=dict)
+    usage: Usage = field(default_factory=Usage)
+
+    def add(self, ev: TokenEvent) -> None:
+        c = self.choices.setdefault(ev.index, Choice())
+        c.text += ev.text
+        c.logprobs.extend(ev.logprobs or [])
+
+
+async def collect(hub: StreamHub, job_id: str, n: int) -> Collected:
+    out = Collected(choices={i: Choice() for i in range(n)})
+    async for ev in hub.events(job_id):
+        if ev.type == "token":
+            out.add(ev)
+        elif ev.type == "done":
+            for end in ev.choices:
+                out.choices.setdefault(end.index, Choice()).finish_reason = end.finish_reason
+            out.usage = ev.usage
+        else:
+            raise error_from(ev.error)
+    return out
+
+
+def chat_response(job_id: str, model: str, req: ChatCompletionRequest, got: Collected) -> ChatCompletion:
+    k = req.top_logprobs or 0
+    return ChatCompletion(
+        id=job_id, created=int(time.time()), model=model, usage=got.usage,
+        choices=[ChatChoice(index=i, message=AssistantMessage(content=c.text), finish_reason=c.finish_reason,
+                            logprobs=_chat_logprobs(c.logprobs, k) if req.logprobs else None)
+                 for i, c in sorted(got.choices.items())],
+    )
+
+
+def _completion_logprobs(c: Choice, k: int) -> CompletionLogprobs:
+    offsets, pos = [], 0
+    for lp in c.logprobs:
+        offsets.append(pos)
+        pos += len(lp.token)
+    return CompletionLogprobs(
+        tokens=[lp.token for lp in c.logprobs], token_logprobs=[lp.logprob for lp in c.logprobs],
+        top_logprobs=[{t.token: t.logprob for t in lp.top_logprobs[:k]} for lp in c.logprobs],
+        text_offset=offsets,
+    )
+
+
+def completion_response(job_id: str, model: str, req: CompletionRequest, parts: list[Collected]) -> TextCompletion:
+    choices, usage = [], Usage()
+    for p, got in enumerate(parts):
+        for i, c in sorted(got.choices.items()):
+            choices.append(TextChoice(index=p * req.n + i, text=c.text, finish_reason=c.finish_reason,
+                                      logprobs=_completion_logprobs(c, req.logprobs or 0)
+                                      if req.logprobs is not None else None))
+        usage = add_usage(usage, got.usage)
+    return TextCompletion(id=job_id, created=int(time.time()), model=model, choices=choices, usage=usage)
+
+
+async def chat_chunks(hub: StreamHub, job_id: str, model: str, req: ChatCompletionRequest) -> AsyncIterator[str]:
+    """The SSE ``data`` payloads of a streamed chat completion, ``[DONE]`` last."""
+    created, k = int(time.time()), req.top_logprobs or 0
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    started: set[int] = set()
+
+    def chunk(choices: list[ChunkChoice], usage: Usage | None = None) -> str:
+        return ChatCompletionChunk(id=job_id, created=created, model=model, choices=choices,
+                                   usage=usage).model_dump_json(exclude_none=True)
+
+    async for ev in hub.events(job_id):
+        if ev.type == "token":
+            role = None if ev.index in started else "assistant"
+            started.add(ev.index)
+            yield chunk([ChunkChoice(index=ev.index, delta=Delta(role=role, content=ev.text),
+                                     logprobs=_chat_logprobs(ev.logprobs, k) if req.logprobs else None)])
+        elif ev.type == "done":
+            for end in ev.choices:
+                yield chunk([ChunkChoice(index=end.index, delta=Delta(), finish_reason=end.finish_reason)])
+            if include_usage:
+                yield chunk([], ev.usage)
+        else:
+            yield _error_payload(error_from(ev.error))
+            return
+    yield "[DONE]"
+
+
+def _error_payload(err: InferqError) -> str:
+    return json.dumps({"error": {"message": err.message, "type": err.type, "param": err.param, "code": err.code}})
+
+
+async def completion_chunks(hub: StreamHub, job_ids: list[str], model: str,
+                            req: CompletionRequest) -> AsyncIterator[str]:
+    """SSE payloads of a streamed text completion; several prompts stream one after another."""
+    created, k = int(time.time()), req.logprobs or 0
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    total = Usage()
+    for p, job_id in enumerate(job_ids):
+        async for ev in hub.events(job_id):
+            if ev.type == "token":
+                lp = _completion_logprobs(Choice(logprobs=ev.logprobs or []), k) if req.logprobs is not None else None
+                choice = TextChoice(index=p * req.n + ev.index, text=ev.text, logprobs=lp)
+            elif ev.type == "done":
+                total = add_usage(total, ev.usage)
+                for end in ev.choices:
+                    yield TextCompletion(id=job_ids[0], created=created, model=model, choices=[TextChoice(
+                        index=p * req.n + end.index, text="", finish_reason=end.finish_reason)]
+                    ).model_dump_json(exclude_none=True)
+                continue
+            else:
+                yield _error_payload(error_from(ev.error))
+                return
+            yield TextCompletion(id=job_ids[0], created=created, model=model,
+                                 choices=[choice]).model_dump_json(exclude_none=True)
+    if include_usage:
+        yield TextCompletion(id=job_ids[0], created=created, model=model, choices=[], usage=total).model_dump_json()
+    yield "[DONE]"

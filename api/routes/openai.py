@@ -1,0 +1,114 @@
+"""OpenAI-compatible endpoints, served through the same queue as ``/v1/jobs``."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable
+from typing import TypeVar
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from sse_starlette import EventSourceResponse
+
+from api import openai_compat as oc
+from api.deps import Hub, Service
+from api.openai_schemas import (
+    ChatCompletion,
+    ChatCompletionRequest,
+    CompletionRequest,
+    ModelCard,
+    ModelList,
+    TextCompletion,
+)
+from api.service import JobService
+from shared.errors import NotFound
+
+router = APIRouter(prefix="/v1", tags=["openai"])
+T = TypeVar("T")
+_background: set[asyncio.Task[object]] = set()
+
+
+def _cancel_later(service: JobService, job_ids: list[str]) -> None:
+    """Cancel jobs from a cleanup path that may itself be cancelled (a client that went away)."""
+    for job_id in job_ids:
+        task = asyncio.get_running_loop().create_task(service.cancel(job_id))
+        _background.add(task)
+        task.add_done_callback(_background.discard)
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[T], service: JobService,
+                               job_ids: list[str]) -> T | None:
+    """Await ``work``; if the client disconnects first, cancel its jobs and return None."""
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(disconnected())
+    await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    if task.done():
+        watcher.cancel()
+        return task.result()
+    task.cancel()
+    _cancel_later(service, job_ids)
+    return None
+
+
+def _sse(chunks: AsyncIterator[str], service: JobService, job_ids: list[str]) -> EventSourceResponse:
+    async def events() -> AsyncIterator[dict[str, str]]:
+        finished = False
+        try:
+            async for data in chunks:
+                finished = data == "[DONE]" or data.startswith('{"error"')
+                yield {"data": data}
+        finally:
+            if not finished:  # the client went away mid-stream: abort its jobs
+                _cancel_later(service, job_ids)
+
+    return EventSourceResponse(events(), sep="\n", ping=15, headers={"X-Inferq-Job-Id": job_ids[0]})
+
+
+@router.post("/chat/completions", response_model=ChatCompletion)
+async def chat_completions(req: ChatCompletionRequest, request: Request, service: Service, hub: Hub) -> Response:
+    rec = await service.submit(oc.chat_job(req))
+    if req.stream:
+        return _sse(oc.chat_chunks(hub, rec.id, rec.model, req), service, [rec.id])
+    got = await _unless_disconnected(request, oc.collect(hub, rec.id, req.n), service, [rec.id])
+    if got is None:
+        return Response(status_code=499)
+    return Response(oc.chat_response(rec.id, rec.model, req, got).model_dump_json(), media_type="application/json")
+
+
+@router.post("/completions", response_model=TextCompletion)
+async def completions(req: CompletionRequest, request: Request, service: Service, hub: Hub) -> Response:
+    records = []
+    try:
+        for job in oc.completion_jobs(req):
+            records.append(await service.submit(job))
+    except Exception:
+        _cancel_later(service, [r.id for r in records])
+        raise
+    ids, model = [r.id for r in records], records[0].model
+    if req.stream:
+        return _sse(oc.completion_chunks(hub, ids, model, req), service, ids)
+    gathered = asyncio.gather(*(oc.collect(hub, i, req.n) for i in ids))
+    parts = await _unless_disconnected(request, gathered, service, ids)
+    if parts is None:
+        return Response(status_code=499)
+    return Response(oc.completion_response(ids[0], model, req, parts).model_dump_json(),
+                    media_type="application/json")
+
+
+@router.get("/models", response_model=ModelList)
+async def list_models(service: Service) -> ModelList:
+    now = int(time.time())
+    return ModelList(data=[ModelCard(id=m, created=now) for m in sorted(await service.live_models())])
+
+
+@router.get("/models/{model:path}", response_model=ModelCard)
+async def get_model(model: str, service: Service) -> ModelCard:
+    if model not in await service.live_models():
+        raise NotFound(f"model {model!r} is not served here", param="model", code="model_not_found")
+    return ModelCard(id=model, created=int(time.time()))

@@ -1,0 +1,68 @@
+"""``python -m bench run --config FILE [--out DIR] [--base-url URL]`` and ``python -m bench report``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+
+from bench.stack import ROOT
+
+
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt  # so that every started process is stopped on SIGTERM too
+
+
+def cmd_run(a: argparse.Namespace) -> int:
+    from bench.config import load_workload
+    from bench.report import write_report
+    from bench.runner import run
+
+    w = load_workload(a.config)
+    out = Path(a.out) if a.out else ROOT / "bench" / "results" / f"{w.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    signal.signal(signal.SIGTERM, _interrupt)
+    doc = run(w, out, a.base_url)
+    md = write_report(doc, out / "results.md", out)
+    print("\n" + md)
+    print(f"results: {out / 'results.json'}  table: {out / 'results.md'}  plots: {out}/*.png")
+    failed = [r for r in doc["summary"] if r.get("failed") or r.get("level") == "-"]
+    return 1 if failed and a.strict else 0
+
+
+def cmd_report(a: argparse.Namespace) -> int:
+    from bench.report import write_report
+
+    doc = json.loads(Path(a.results).read_text())
+    md = write_report(doc, Path(a.md) if a.md else None, Path(a.png_dir) if a.png_dir else None, a.prefix)
+    print(md)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench", description="inferq benchmark harness")
+    sub = p.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="run a workload against every target in its config")
+    r.add_argument("--config", required=True, help="workload JSON (bench/configs/*.json)")
+    r.add_argument("--out", help="output folder (default bench/results/NAME-TIMESTAMP)")
+    r.add_argument("--base-url", help="use this running gateway instead of starting a stack")
+    r.add_argument("--strict", action="store_true", help="exit 1 if any request or target failed")
+    r.set_defaults(func=cmd_run)
+    r = sub.add_parser("report", help="markdown table and PNG plots from a results.json")
+    r.add_argument("results")
+    r.add_argument("--md", help="write the markdown here")
+    r.add_argument("--png-dir", help="write throughput.png and ttft.png here")
+    r.add_argument("--prefix", default="", help="file name prefix of the plots")
+    r.set_defaults(func=cmd_report)
+    a = p.parse_args(argv)
+    try:
+        return int(a.func(a))
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

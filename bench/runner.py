@@ -1,0 +1,198 @@
+"""``bench run``: build the prompts, run every target at every level, write the results.
+
+Order: the in-process engine first (its own subprocess, so its memory is freed), then each inferq
+stack variant (started, measured through every client path that uses it, stopped), then the naive
+servers. A target that fails is recorded with its error; the others still run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import clients
+from bench.config import INFERQ_KINDS, STREAMING_KINDS, Target, Workload
+from bench.load import drive
+from bench.metrics import add_ratios, summarize_level, summary_rows
+from bench.prompts import PromptBuilder, load_tokenizer, resolve_model_path
+from bench.stack import ROOT, Procs, base_env, start_inferq, start_naive
+from bench.sysinfo import environment
+
+
+class Prompts:
+    """Index layout shared by all targets: warm-up prompts, then one distinct slice per level."""
+
+    def __init__(self, w: Workload, builder: PromptBuilder) -> None:
+        self.w, self.b = w, builder
+        self.offsets: dict[str, int] = {}
+        n = w.warmup_requests
+        for lv in w.all_levels():
+            self.offsets[lv.label] = n
+            n += max(w.requests_for(t, lv) for t in w.targets if lv in w.levels(t))
+
+    def indices(self, t: Target) -> tuple[list[int], list[tuple[Any, list[int]]]]:
+        plan = [(lv, list(range(self.offsets[lv.label], self.offsets[lv.label] + self.w.requests_for(t, lv))))
+                for lv in self.w.levels(t)]
+        return list(range(self.w.warmup_requests)), plan
+
+    def payloads(self, t: Target, salt: int, make: Any) -> tuple[list[tuple[int, Any]], Any]:
+        """(warm-up requests, plan) with ``make(index, text)`` as each request's payload."""
+        chat = t.kind == "inferq-sse" and t.endpoint == "chat"
+        text = self.b.chat_content if chat else self.b.text
+        warm, plan = self.indices(t)
+        build = lambda ids: [(i, make(i, text(i, salt))) for i in ids]  # noqa: E731
+        return build(warm), [(lv, build(ids)) for lv, ids in plan]
+
+
+def _log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def _levels_json(levels: dict[str, dict[str, Any]], streaming: bool) -> dict[str, Any]:
+    out = {}
+    for label, lv in levels.items():
+        raw = [r if isinstance(r, dict) else r.to_json() for r in lv["results"]]
+        out[label] = {"mode": lv["mode"], "value": lv["value"], "wall_s": lv["wall_s"],
+                      "summary": summarize_level(raw, lv["wall_s"], streaming), "requests": raw}
+    return out
+
+
+def run_inprocess(w: Workload, t: Target, prompts: Prompts, salt: int, model_path: str, out: Path) -> dict:
+    spec_stack = w.stack_for(t)
+    settings = {"model": w.model, "load_format": w.load_format, "max_num_seqs": spec_stack.max_num_seqs,
+                "cpu_kv_cache_gib": spec_stack.kv_cache_gib, "dtype": w.dtype,
+                "gpu_memory_utilization": spec_stack.gpu_memory_utilization, "max_model_len": w.max_model_len}
+    warm, plan = prompts.payloads(t, salt, lambda i, text: prompts.b.ids(text))
+    spec = {"model_path": model_path, "settings": settings, "output_len": w.output_len,
+            "temperature": w.temperature, "timeout_s": w.request_timeout_s, "seed": w.seed, "warmup": warm,
+            "plan": [{"mode": lv.mode, "value": lv.value, "requests": reqs} for lv, reqs in plan]}
+    spec_path, res_path = out / f"{t.name}.spec.json", out / f"{t.name}.raw.json"
+    spec_path.write_text(json.dumps(spec))
+    env = base_env(**{k: v for k, v in spec_stack.env.items() if k.startswith("INFERQ_")},
+                   **w.inprocess_env, **t.env)
+    cmd = [sys.executable, "-m", "bench.inprocess", str(spec_path), str(res_path)]
+    with open(out / "logs" / f"{t.name}.log", "w") as log:
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+                             text=True, start_new_session=True)
+        try:
+            assert p.stdout is not None
+            for line in p.stdout:
+                log.write(line)
+                if line.startswith("    "):
+                    _log(line.rstrip())
+            p.wait()
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    if p.returncode != 0:
+        raise RuntimeError(f"in-process engine exited with code {p.returncode}; see {log.name}")
+    return _levels_json(json.loads(res_path.read_text())["levels"], True)
+
+
+async def _fill_queued(base: str, levels: dict[str, dict[str, Any]]) -> None:
+    """After a level: read each job's record for its queue time (outside the measured window)."""
+    sem = asyncio.Semaphore(32)
+    async with clients.http_client(base) as http:
+        async def one(r: Any) -> None:
+            async with sem:
+                try:
+                    r.queued = await clients.job_queued(http, r.job_id)
+                except Exception:
+                    r.queued = None
+        await asyncio.gather(*(one(r) for lv in levels.values() for r in lv["results"]
+                               if r.ok and r.job_id and r.queued is None))
+
+
+async def run_http_target(w: Workload, t: Target, prompts: Prompts, salt: int, base: str) -> dict:
+    """An inferq client path or a naive server, driven from this process."""
+    common = {"max_tokens": w.output_len, "temperature": w.temperature, "ignore_eos": True}
+    ws_base = base.replace("http://", "ws://").replace("https://", "wss://")
+    async with clients.http_client(base) as http:
+        if t.kind == "inferq-sse":
+            model = (await http.get("/readyz")).json().get("model")
+            path = "/v1/chat/completions" if t.endpoint == "chat" else "/v1/completions"
+            extra = {"model": model, "stream": True, "stream_options": {"include_usage": True}, **common}
+            if t.endpoint == "chat":
+                make = lambda i, text: {"messages": [{"role": "user", "content": text}], **extra}  # noqa: E731
+            else:
+                make = lambda i, text: {"prompt": text, **extra}  # noqa: E731
+        else:
+            make = lambda i, text: {"prompt": text, **common}  # noqa: E731
+        warm, plan = prompts.payloads(t, salt, make)
+        exp = w.output_len
+
+        async def send(i: int, body: dict[str, Any]) -> Any:
+            if t.kind == "inferq-ws":
+                return await clients.ws_generate(ws_base, i, body, exp)
+            if t.kind == "inferq-sse":
+                return await clients.sse_stream(http, path, i, body, exp)
+            if t.kind == "inferq-rest":
+                return await clients.rest_poll(http, i, body, exp, t.poll_interval_ms / 1000)
+            return await clients.naive_generate(http, i, body, exp)
+
+        levels = await drive(send, warm, plan, w.request_timeout_s, w.seed, _log)
+    if t.kind in ("inferq-ws", "inferq-sse"):
+        await _fill_queued(base, levels)
+    return _levels_json(levels, t.kind in STREAMING_KINDS)
+
+
+def run(w: Workload, out: Path, base_url: str | None = None) -> dict[str, Any]:
+    """Run the whole workload; write ``results.json`` into ``out`` and return it."""
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    t_start = time.time()
+    model_path = resolve_model_path(w.model)
+    _log(f"bench {w.name}: model {model_path}, prompt {w.prompt_len} tokens, output {w.output_len} tokens")
+    prompts = Prompts(w, PromptBuilder(load_tokenizer(model_path), w.prompt_len, w.seed))
+    salts = {t.name: i for i, t in enumerate(w.targets)}
+    order = sorted(w.targets, key=lambda t: (t.kind != "inprocess", t.kind.startswith("naive"),
+                                             t.stack, w.targets.index(t)))
+    results: dict[str, dict[str, Any]] = {
+        t.name: {"kind": t.kind, "stack": t.stack, "error": None, "levels": {}} for t in w.targets}
+    jobs: list[list[Target]] = []  # inferq targets of one stack variant share one stack
+    for t in order:
+        same = [j for j in jobs if t.kind in INFERQ_KINDS and j[0].kind in INFERQ_KINDS and j[0].stack == t.stack]
+        if same:
+            same[0].append(t)
+        else:
+            jobs.append([t])
+    for group in jobs:
+        t = group[0]
+        try:
+            with Procs(out / "logs") as procs:
+                if t.kind == "inprocess":
+                    _log(f"[{t.name}] vLLM AsyncLLM in-process")
+                    results[t.name]["levels"] = run_inprocess(w, t, prompts, salts[t.name], model_path, out)
+                    continue
+                if t.kind in INFERQ_KINDS:
+                    spec = w.stack_for(t)
+                    _log(f"[stack {t.stack}] starting redis + {spec.workers} worker(s) + gateway"
+                         if base_url is None else f"[stack] using {base_url}")
+                    base = base_url or start_inferq(procs, w, spec, t.stack)
+                else:
+                    mode = "static" if t.kind == "naive-hf-static" else "serial"
+                    _log(f"[{t.name}] starting the naive HF server ({mode})")
+                    base = start_naive(procs, w, model_path, mode, t.batch_size or w.naive_batch_size,
+                                       t.env, t.name)
+                for g in group:
+                    _log(f"[{g.name}]")
+                    try:
+                        results[g.name]["levels"] = asyncio.run(run_http_target(w, g, prompts, salts[g.name], base))
+                    except Exception as e:
+                        results[g.name]["error"] = f"{type(e).__name__}: {e}"
+                        _log(f"[{g.name}] FAILED: {results[g.name]['error']}")
+        except Exception as e:  # the stack or server did not start: every target in the group failed
+            for g in group:
+                results[g.name]["error"] = results[g.name]["error"] or f"{type(e).__name__}: {e}"
+            _log(f"[{t.name}] FAILED: {type(e).__name__}: {str(e)[:2000]}")
+    add_ratios(results)
+    doc = {"workload": w.to_json(), "model_path": model_path, "environment": environment(),
+           "started_at": t_start, "duration_s": time.time() - t_start, "base_url": base_url,
+           "targets": results, "summary": summary_rows(results)}
+    (out / "results.json").write_text(json.dumps(doc, indent=1))
+    return doc

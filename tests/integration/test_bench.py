@@ -1,0 +1,42 @@
+"""The benchmark harness end to end on the tiny model: it starts its own stack and naive servers.
+
+Asserts only completeness (every target and level present, nothing failed, tokens flowed), never
+timings: this machine's speed says nothing about the code.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.config import load_workload
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "bench" / "configs" / "tiny-test.json"
+
+pytestmark = pytest.mark.integration
+
+
+def test_bench_tiny_end_to_end(tmp_path: Path) -> None:
+    out = tmp_path / "bench"
+    proc = subprocess.run([sys.executable, "-m", "bench", "run", "--config", str(CONFIG), "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads((out / "results.json").read_text())
+    w = load_workload(CONFIG)
+    for t in w.targets:
+        got = doc["targets"][t.name]
+        assert got["error"] is None, f"{t.name}: {got['error']}"
+        for level in w.levels(t):
+            s = got["levels"][level.label]["summary"]
+            assert s["requests"] == w.requests_for(t, level), (t.name, level.label)
+            assert s["failed"] == 0, (t.name, level.label, s["errors"])
+            assert s["output_tok_s"] > 0 and s["req_s"] > 0, (t.name, level.label)
+            assert s["output_tokens"] == s["ok"] * w.output_len, (t.name, level.label)
+            if t.kind in ("inferq-ws", "inferq-rest"):
+                assert s["queued_p50"] is not None, (t.name, level.label)
+    assert (out / "results.md").read_text().count("| c=") == sum(len(w.levels(t)) for t in w.targets)
