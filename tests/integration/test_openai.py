@@ -1,0 +1,189 @@
+"""The OpenAI-compatible API, driven by the official openai SDK (sync and async) and raw SSE."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import openai
+import pytest
+
+from tests.helpers import wait_status
+
+pytestmark = pytest.mark.integration
+MODEL = "inferq-tiny"
+CHAT = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say hi"}]
+
+
+@pytest.fixture
+def client(stack) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{stack.base}/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture
+def aclient(stack) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=f"{stack.base}/v1", api_key="unused", max_retries=0)
+
+
+def test_models_list_and_retrieve(client) -> None:
+    assert [m.id for m in client.models.list()] == [MODEL]
+    assert client.models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("nope")
+
+
+def test_chat_completion(client, stack) -> None:
+    r = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=12, temperature=0,
+                                       extra_body={"ignore_eos": True})
+    assert r.object == "chat.completion" and r.model == MODEL
+    c = r.choices[0]
+    assert c.message.role == "assistant" and c.message.content and c.finish_reason == "length"
+    assert r.usage.completion_tokens == 12 and r.usage.total_tokens == r.usage.prompt_tokens + 12
+    with stack.http() as http:  # the completion is an inferq job too
+        job = wait_status(http, r.id)
+    assert job["status"] == "succeeded" and job["text"] == c.message.content
+
+
+def test_chat_stream_matches_non_stream(client) -> None:
+    kw = dict(model=MODEL, messages=CHAT, max_completion_tokens=16, temperature=0, seed=1)
+    whole = client.chat.completions.create(**kw).choices[0].message.content
+    chunks = list(client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == whole
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] in ("stop", "length")
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens >= 1
+
+
+def test_completions_with_prompt_list_and_n(client) -> None:
+    r = client.completions.create(model=MODEL, prompt=["def a():", "def b():"], n=2, max_tokens=5,
+                                  seed=3, extra_body={"ignore_eos": True})
+    assert r.object == "text_completion"
+    assert sorted(c.index for c in r.choices) == [0, 1, 2, 3]
+    assert all(c.text and c.finish_reason == "length" for c in r.choices)
+    assert r.usage.completion_tokens == 20
+
+
+def test_stop_sequence(client) -> None:
+    kw = dict(model=MODEL, prompt="class A:", max_tokens=20, temperature=0, extra_body={"ignore_eos": True})
+    text = client.completions.create(**kw).choices[0].text
+    stop = text[4:7]
+    r = client.completions.create(stop=[stop], **kw).choices[0]
+    assert r.finish_reason == "stop" and stop not in r.text and text.startswith(r.text)
+
+
+def test_chat_logprobs(client) -> None:
+    r = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=5, logprobs=True, top_logprobs=3)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens
+    assert "".join(t.token for t in content) == r.choices[0].message.content
+    for t in content:
+        assert t.logprob <= 0 and len(t.top_logprobs) == 3
+        assert max(x.logprob for x in t.top_logprobs) >= t.logprob - 1e-4
+
+
+def test_completion_logprobs(client) -> None:
+    r = client.completions.create(model=MODEL, prompt="x =", max_tokens=4, logprobs=2)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 4
+    assert lp.text_offset[0] == 0 and all(len(t) == 2 for t in lp.top_logprobs)
+
+
+def test_json_schema_response_parses(client) -> None:
+    schema = {"type": "object", "additionalProperties": False, "required": ["answer", "score"],
+              "properties": {"answer": {"type": "string", "enum": ["yes", "no"]},
+                             "score": {"type": "integer", "minimum": 0, "maximum": 9}}}
+    r = client.chat.completions.create(
+        model=MODEL, messages=CHAT, max_tokens=40,
+        response_format={"type": "json_schema", "json_schema": {"name": "verdict", "schema": schema}})
+    data = json.loads(r.choices[0].message.content)
+    assert data["answer"] in ("yes", "no") and 0 <= data["score"] <= 9
+
+
+def test_json_object_mode(client) -> None:
+    r = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=200, seed=5,
+                                       response_format={"type": "json_object"})
+    if r.choices[0].finish_reason == "stop":  # a random model may run out of tokens mid-object
+        assert isinstance(json.loads(r.choices[0].message.content), dict)
+    else:
+        assert r.choices[0].message.content.startswith("{")
+
+
+@pytest.mark.parametrize(("kwargs", "exc", "param"), [
+    ({"temperature": 9}, openai.UnprocessableEntityError, "temperature"),
+    ({"max_tokens": 0}, openai.UnprocessableEntityError, "max_tokens"),
+    ({"n": 100}, openai.UnprocessableEntityError, "n"),
+    ({"top_logprobs": 50, "logprobs": True}, openai.UnprocessableEntityError, "top_logprobs"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, openai.UnprocessableEntityError, "tools"),
+    ({"logit_bias": {"1": 5}}, openai.UnprocessableEntityError, "logit_bias"),
+    ({"max_tokens": 4000}, openai.BadRequestError, "max_tokens"),
+    ({"model": "no-such-model"}, openai.NotFoundError, "model"),
+])
+def test_bad_requests_raise_the_sdk_exception(client, kwargs, exc, param) -> None:
+    body = {"model": MODEL, "messages": CHAT, **kwargs}
+    with pytest.raises(exc) as e:
+        client.chat.completions.create(**body)
+    assert e.value.body["param"] == param, e.value.body
+
+
+def test_completion_prompt_of_token_ids_is_rejected(client) -> None:
+    with pytest.raises(openai.UnprocessableEntityError) as e:
+        client.completions.create(model=MODEL, prompt=[1, 2, 3], max_tokens=3)
+    assert e.value.body["param"].startswith("prompt")
+
+
+async def test_async_client_chat_and_stream(aclient) -> None:
+    r = await aclient.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=6)
+    assert r.choices[0].message.content
+    stream = await aclient.completions.create(model=MODEL, prompt="import", max_tokens=6, stream=True,
+                                              extra_body={"ignore_eos": True})
+    pieces = [c.choices[0].text async for c in stream if c.choices]
+    assert len("".join(pieces)) > 0
+
+
+def test_sse_disconnect_cancels_the_job(stack) -> None:
+    body = {"model": MODEL, "messages": CHAT, "max_tokens": 1900, "stream": True, "ignore_eos": True}
+    with httpx.Client(base_url=stack.base, timeout=30) as http:
+        with http.stream("POST", "/v1/chat/completions", json=body) as r:
+            job_id = r.headers["x-inferq-job-id"]
+            lines = r.iter_lines()
+            got = [next(lines) for _ in range(6)]
+            assert any(x.startswith("data: {") for x in got)
+        view = wait_status(http, job_id, timeout=15)
+    assert view["status"] == "cancelled" and view["usage"]["completion_tokens"] < 1900
+
+
+def test_raw_sse_framing(stack) -> None:
+    body = {"model": MODEL, "prompt": "a", "max_tokens": 3, "stream": True, "ignore_eos": True}
+    with httpx.Client(base_url=stack.base, timeout=30) as http:
+        r = http.post("/v1/completions", json=body)
+    assert r.headers["content-type"].startswith("text/event-stream")
+    data = [x[len("data: "):] for x in r.text.splitlines() if x.startswith("data: ")]
+    assert data[-1] == "[DONE]" and all(json.loads(d)["object"] == "text_completion" for d in data[:-1])
+
+
+VLLM_BENCH = """
+import argparse, sys
+from vllm.benchmarks.serve import add_cli_args, main
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))
+"""
+
+
+def test_vllm_bench_serve_runs_clean_against_the_gateway(stack, tmp_path) -> None:
+    """`vllm bench serve --backend openai-chat`, as shipped with vLLM, with zero failed requests."""
+    import subprocess
+    import sys
+
+    with stack.http() as http:
+        tokenizer = http.get("/v1/workers").json()[0]["tokenizer"]
+    cmd = [sys.executable, "-c", VLLM_BENCH, "--backend", "openai-chat", "--base-url", stack.base,
+           "--endpoint", "/v1/chat/completions", "--model", MODEL, "--tokenizer", tokenizer,
+           "--dataset-name", "random", "--random-input-len", "32", "--random-output-len", "16",
+           "--num-prompts", "24", "--ignore-eos", "--save-result", "--result-dir", str(tmp_path),
+           "--result-filename", "bench.json"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    result = json.loads((tmp_path / "bench.json").read_text())
+    assert result["completed"] == 24 and result["failed"] == 0
+    assert result["total_output_tokens"] == 24 * 16
