@@ -38,6 +38,24 @@ def cmd_up(args: argparse.Namespace) -> int:
     return up(get_settings(), host=args.host, port=args.port)
 
 
+def _ws_base(args: argparse.Namespace) -> str:
+    s = get_settings()
+    return args.url or f"ws://{s.host}:{s.port}"
+
+
+def cmd_stream(args: argparse.Namespace) -> int:
+    from shared.wsclient import stream
+
+    return stream(_ws_base(args), args.job_id, args.after, args.raw)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from shared.wsclient import generate
+
+    body = {"prompt": args.prompt, "max_tokens": args.max_tokens, "temperature": args.temperature}
+    return generate(_ws_base(args), body, args.raw)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="inferq", description="Queue-based LLM inference on vLLM.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -51,6 +69,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host")
     p.add_argument("--port", type=int)
     p.set_defaults(func=cmd_up)
+    p = sub.add_parser("stream", help="print a job's tokens as they arrive")
+    p.add_argument("job_id")
+    p.add_argument("--after", type=int, default=0, help="resume after this seq")
+    p.set_defaults(func=cmd_stream)
+    p = sub.add_parser("generate", help="submit a prompt over WebSocket and print its tokens")
+    p.add_argument("prompt")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.set_defaults(func=cmd_generate)
+    for name in ("stream", "generate"):
+        sub.choices[name].add_argument("--url", help="gateway WebSocket base, e.g. ws://127.0.0.1:8000")
+        sub.choices[name].add_argument("--raw", action="store_true", help="print the JSON events")
     args = parser.parse_args(argv)
     _logging(get_settings().log_level)
     return int(args.func(args))

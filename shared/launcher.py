@@ -96,7 +96,8 @@ def up(settings: Settings, host: str | None = None, port: int | None = None) -> 
                       f"  curl -s {base}/v1/jobs -H 'content-type: application/json' "
                       f"-d '{{\"prompt\": \"Hello\", \"max_tokens\": 32}}'\n"
                       f"  curl -s {base}/v1/jobs/<id>\n"
-                      f"  python -m websockets {base.replace('http', 'ws')}/v1/jobs/<id>/stream\n"
+                      f"  inferq stream <id>          (tokens over WebSocket)\n"
+                      f"  inferq generate 'Hello'     (submit + stream on one socket)\n"
                       f"API docs: {base}/docs   Ctrl-C stops everything.", flush=True)
             time.sleep(0.5)
     except KeyboardInterrupt:
