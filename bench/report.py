@@ -75,8 +75,11 @@ def plots(doc: dict[str, Any], png_dir: Path, prefix: str = "") -> list[Path]:
     modes = {r["mode"] for rows in by_target.values() for r in rows}
     xlabel = "concurrent clients" if modes == {"closed"} else "load level (clients or requests/s)"
     out = []
-    for key, ylabel, fname, logy in (("output_tok_s", "output tokens/s", "throughput.png", False),
-                                     ("ttft_p50", "TTFT p50 (ms)", "ttft.png", True)):
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
+
+    xs = sorted({r["value"] for rows in by_target.values() for r in rows})
+    for key, ylabel, fname in (("output_tok_s", "output tokens/s", "throughput.png"),
+                               ("ttft_p50", "TTFT p50 (ms)", "ttft.png")):
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for name, rows in by_target.items():
             rows = sorted(rows, key=lambda r: r["value"])
@@ -84,13 +87,16 @@ def plots(doc: dict[str, Any], png_dir: Path, prefix: str = "") -> list[Path]:
             if all(y is not None for y in ys):
                 ax.plot([r["value"] for r in rows], ys, marker="o", label=name)
         ax.set_xscale("log", base=2)
-        if logy:
-            ax.set_yscale("log")
+        ax.set_yscale("log")
+        ax.set_xticks(xs)
+        ax.xaxis.set_major_formatter(ScalarFormatter())
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         ax.set_title(f"{doc['workload']['name']}: {ylabel}")
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.lines:
+            ax.legend(fontsize=8)
         fig.tight_layout()
         path = png_dir / f"{prefix}{fname}"
         fig.savefig(path, dpi=110)
