@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import time
@@ -24,7 +25,7 @@ def cmd_run(a: argparse.Namespace) -> int:
     w = load_workload(a.config)
     out = Path(a.out) if a.out else ROOT / "bench" / "results" / f"{w.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     signal.signal(signal.SIGTERM, _interrupt)
-    doc = run(w, out, a.base_url)
+    doc = run(w, out, a.base_url, a.api_key or os.environ.get("INFERQ_BENCH_API_KEY"))
     md = write_report(doc, out / "results.md", out)
     print("\n" + md)
     print(f"results: {out / 'results.json'}  table: {out / 'results.md'}  plots: {out}/*.png")
@@ -48,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--config", required=True, help="workload JSON (bench/configs/*.json)")
     r.add_argument("--out", help="output folder (default bench/results/NAME-TIMESTAMP)")
     r.add_argument("--base-url", help="use this running gateway instead of starting a stack")
+    r.add_argument("--api-key", help="API key for --base-url (default: $INFERQ_BENCH_API_KEY)")
     r.add_argument("--strict", action="store_true", help="exit 1 if any request or target failed")
     r.set_defaults(func=cmd_run)
     r = sub.add_parser("report", help="markdown table and PNG plots from a results.json")

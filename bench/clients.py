@@ -19,13 +19,19 @@ from bench.load import RequestResult, Timer
 TERMINAL = {"succeeded", "failed", "cancelled"}
 
 
-def http_client(base_url: str) -> httpx.AsyncClient:
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def http_client(base_url: str, headers: dict[str, str] | None = None) -> httpx.AsyncClient:
     """One pooled client per target; no limit on connections (the level sets the concurrency)."""
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=2048)
-    return httpx.AsyncClient(base_url=base_url, limits=limits, timeout=httpx.Timeout(None, connect=30.0))
+    return httpx.AsyncClient(base_url=base_url, limits=limits, headers=headers,
+                             timeout=httpx.Timeout(None, connect=30.0))
 
 
-async def ws_generate(ws_url: str, index: int, body: dict[str, Any], expected: int) -> RequestResult:
+async def ws_generate(ws_url: str, index: int, body: dict[str, Any], expected: int,
+                      headers: dict[str, str] | None = None) -> RequestResult:
     """``WS /v1/generate``: send the job, read ``accepted``, ``token``... and ``done``."""
     from websockets.asyncio.client import connect
     from websockets.exceptions import ConnectionClosed
@@ -33,7 +39,8 @@ async def ws_generate(ws_url: str, index: int, body: dict[str, Any], expected: i
     r = RequestResult(index=index)
     timer = Timer(r)
     finished = False
-    async with connect(f"{ws_url}/v1/generate", open_timeout=60, close_timeout=5, max_size=None) as ws:
+    async with connect(f"{ws_url}/v1/generate", open_timeout=60, close_timeout=5, max_size=None,
+                       additional_headers=headers) as ws:
         await ws.send(json.dumps(body))
         try:
             async for raw in ws:

@@ -95,10 +95,10 @@ def run_inprocess(w: Workload, t: Target, prompts: Prompts, salt: int, model_pat
     return _levels_json(json.loads(res_path.read_text())["levels"], True)
 
 
-async def _fill_queued(base: str, levels: dict[str, dict[str, Any]]) -> None:
+async def _fill_queued(base: str, levels: dict[str, dict[str, Any]], headers: dict[str, str]) -> None:
     """After a level: read each job's record for its queue time (outside the measured window)."""
     sem = asyncio.Semaphore(32)
-    async with clients.http_client(base) as http:
+    async with clients.http_client(base, headers) as http:
         async def one(r: Any) -> None:
             async with sem:
                 try:
@@ -109,11 +109,13 @@ async def _fill_queued(base: str, levels: dict[str, dict[str, Any]]) -> None:
                                if r.ok and r.job_id and r.queued is None))
 
 
-async def run_http_target(w: Workload, t: Target, prompts: Prompts, salt: int, base: str) -> dict:
+async def run_http_target(w: Workload, t: Target, prompts: Prompts, salt: int, base: str,
+                          api_key: str | None = None) -> dict:
     """An inferq client path or a naive server, driven from this process."""
     common = {"max_tokens": w.output_len, "temperature": w.temperature, "ignore_eos": True}
     ws_base = base.replace("http://", "ws://").replace("https://", "wss://")
-    async with clients.http_client(base) as http:
+    headers = clients.auth_headers(api_key) if t.kind in INFERQ_KINDS else {}
+    async with clients.http_client(base, headers) as http:
         if t.kind == "inferq-sse":
             model = (await http.get("/readyz")).json().get("model")
             path = "/v1/chat/completions" if t.endpoint == "chat" else "/v1/completions"
@@ -129,7 +131,7 @@ async def run_http_target(w: Workload, t: Target, prompts: Prompts, salt: int, b
 
         async def send(i: int, body: dict[str, Any]) -> Any:
             if t.kind == "inferq-ws":
-                return await clients.ws_generate(ws_base, i, body, exp)
+                return await clients.ws_generate(ws_base, i, body, exp, headers)
             if t.kind == "inferq-sse":
                 return await clients.sse_stream(http, path, i, body, exp)
             if t.kind == "inferq-rest":
@@ -138,12 +140,14 @@ async def run_http_target(w: Workload, t: Target, prompts: Prompts, salt: int, b
 
         levels = await drive(send, warm, plan, w.request_timeout_s, w.seed, _log)
     if t.kind in ("inferq-ws", "inferq-sse"):
-        await _fill_queued(base, levels)
+        await _fill_queued(base, levels, headers)
     return _levels_json(levels, t.kind in STREAMING_KINDS)
 
 
-def run(w: Workload, out: Path, base_url: str | None = None) -> dict[str, Any]:
-    """Run the whole workload; write ``results.json`` into ``out`` and return it."""
+def run(w: Workload, out: Path, base_url: str | None = None, api_key: str | None = None) -> dict[str, Any]:
+    """Run the whole workload; write ``results.json`` into ``out`` and return it.
+
+    ``base_url``: measure this running gateway instead of starting stacks (``api_key`` for it)."""
     (out / "logs").mkdir(parents=True, exist_ok=True)
     t_start = time.time()
     model_path = resolve_model_path(w.model)
@@ -182,7 +186,8 @@ def run(w: Workload, out: Path, base_url: str | None = None) -> dict[str, Any]:
                 for g in group:
                     _log(f"[{g.name}]")
                     try:
-                        results[g.name]["levels"] = asyncio.run(run_http_target(w, g, prompts, salts[g.name], base))
+                        results[g.name]["levels"] = asyncio.run(
+                            run_http_target(w, g, prompts, salts[g.name], base, api_key))
                     except Exception as e:
                         results[g.name]["error"] = f"{type(e).__name__}: {e}"
                         _log(f"[{g.name}] FAILED: {results[g.name]['error']}")
