@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI
 
 from api import errors
+from api.admission import Admission
+from api.auth import KeyRing
+from api.deps import Caller
 from api.limits import BodyLimit
 from api.routes import health, jobs, openai, stream
 from api.service import JobService
@@ -20,24 +24,38 @@ from worker.celery_app import make_celery
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
+    keyring = KeyRing.from_settings(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         redis = make_redis(settings.redis_url, max_connections=128)
         store = JobStore(redis, settings.job_ttl_s)
-        hub = StreamHub(redis, store)
+        # the hub's pub/sub connection gets a client of its own, without periodic health checks
+        # (a PING sent while the reader waits for a message would race it)
+        pubsub_redis = make_redis(settings.redis_url, max_connections=4, health_check_interval=0)
+        hub = StreamHub(pubsub_redis, store)
         await hub.start()
         app.state.settings = settings
         app.state.service = JobService(settings, redis, store, make_celery(settings))
+        app.state.admission = Admission(settings, redis, app.state.service)
         app.state.hub = hub
         try:
             yield
         finally:
             await hub.stop()
+            await pubsub_redis.aclose()
             await redis.aclose()
 
+    # With API keys, the schema needs a key too and the browser docs (which cannot send one) are off.
     app = FastAPI(title="inferq", version="0.1.0", lifespan=lifespan,
-                  description="Queue-based LLM inference: REST, WebSocket and OpenAI-compatible APIs.")
+                  description="Queue-based LLM inference: REST, WebSocket and OpenAI-compatible APIs.",
+                  **({"openapi_url": None, "docs_url": None, "redoc_url": None} if keyring.enabled else {}))
+    app.state.keyring = keyring
+    if keyring.enabled:
+        @app.get("/openapi.json", include_in_schema=False)
+        async def openapi(_: Caller) -> dict[str, Any]:
+            return app.openapi()
+
     errors.install(app)
     for module in (jobs, stream, openai, health):
         app.include_router(module.router)

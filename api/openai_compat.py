@@ -107,6 +107,8 @@ async def collect(hub: StreamHub, job_id: str, n: int) -> Collected:
     async for ev in hub.events(job_id):
         if ev.type == "token":
             out.add(ev)
+        elif ev.type == "restart":  # a lost attempt: start over
+            out = Collected(choices={i: Choice() for i in range(n)})
         elif ev.type == "done":
             for end in ev.choices:
                 out.choices.setdefault(end.index, Choice()).finish_reason = end.finish_reason
@@ -170,10 +172,19 @@ async def chat_chunks(hub: StreamHub, job_id: str, model: str, req: ChatCompleti
                 yield chunk([ChunkChoice(index=end.index, delta=Delta(), finish_reason=end.finish_reason)])
             if include_usage:
                 yield chunk([], ev.usage)
+        elif ev.type == "restart":
+            yield _error_payload(_restarted(job_id))
+            return
         else:
             yield _error_payload(error_from(ev.error))
             return
     yield "[DONE]"
+
+
+def _restarted(job_id: str) -> InferqError:
+    """A stream cannot take back text it sent: end it, and say where the new attempt can be read."""
+    return EngineError(f"the worker generating this completion was lost and generation restarted; "
+                       f"retry, or read the new attempt at /v1/jobs/{job_id}", code="restarted")
 
 
 def _error_payload(err: InferqError) -> str:
@@ -198,6 +209,9 @@ async def completion_chunks(hub: StreamHub, job_ids: list[str], model: str,
                         index=p * req.n + end.index, text="", finish_reason=end.finish_reason)]
                     ).model_dump_json(exclude_none=True)
                 continue
+            elif ev.type == "restart":
+                yield _error_payload(_restarted(job_id))
+                return
             else:
                 yield _error_payload(error_from(ev.error))
                 return

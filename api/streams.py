@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 from redis.asyncio import Redis
@@ -76,10 +76,10 @@ class StreamHub:
         listeners.add(q)
         if len(listeners) == 1:
             self._confirmed[channel] = asyncio.Event()
-            await self._ps.subscribe(channel)
+            await self._command(self._ps.subscribe, channel)
         try:
             await asyncio.wait_for(self._confirmed[channel].wait(), timeout=5.0)
-        except asyncio.TimeoutError:
+        except (asyncio.TimeoutError, KeyError):
             log.warning("no subscribe confirmation for %s; relying on the log", channel)
         try:
             yield q
@@ -88,10 +88,14 @@ class StreamHub:
             if not listeners and self._listeners.get(channel) is listeners:
                 del self._listeners[channel]
                 self._confirmed.pop(channel, None)
-                try:
-                    await self._ps.unsubscribe(channel)
-                except (ConnectionError, TimeoutError, OSError):
-                    pass
+                await self._command(self._ps.unsubscribe, channel)
+
+    async def _command(self, command: Callable[[str], Awaitable[object]], channel: str) -> None:
+        """(Un)subscribe, never waiting long: the log is always there to fall back on."""
+        try:
+            await asyncio.wait_for(command(channel), timeout=5.0)
+        except (ConnectionError, TimeoutError, OSError, asyncio.TimeoutError) as e:
+            log.warning("pub/sub %s %s failed (%r); relying on the log", command.__name__, channel, e)
 
     async def events(self, job_id: str, after: int = 0) -> AsyncIterator[Event]:
         """Every event of the job with ``seq > after``, exactly once and in order, up to the last."""
@@ -104,7 +108,7 @@ class StreamHub:
                     last = ev.seq
                     if is_terminal(ev):
                         return
-                if not backlog and not await self.redis.exists(keys.job(job_id)):
+                if not backlog and not await self.store.redis.exists(keys.job(job_id)):
                     raise NotFound(f"job {job_id} not found (or expired)")
                 # Live: forward until a gap or a quiet spell sends us back to the log.
                 while True:

@@ -11,8 +11,13 @@ inferq:job:{id}:chan            pub/sub   the same events, live
 inferq:control                  pub/sub   control messages to all workers (cancel)
 inferq:workers:{model}          zset      worker id -> last heartbeat (unix s)
 inferq:worker:{wid}             string    the worker's :class:`shared.schemas.WorkerInfo` (TTL)
+inferq:worker:{wid}:jobs        set       ids of the jobs the worker is running (for the reaper)
+inferq:reaper                   string    lock: one worker at a time looks for dead workers (TTL)
 inferq:models                   zset      served model name -> last heartbeat (unix s)
-inferq.q.{model}                list      the model's Celery queue (kombu's Redis transport)
+inferq.q.{model}[:{p}]          list      the model's Celery queue, one list per priority p (kombu)
+inferq:rate:{subject}           zset      submission times of the last minute (sliding window; TTL)
+inferq:active:{subject}         zset      the subject's unfinished job ids -> submit time (TTL)
+inferq:idem:{subject}:{hash}    string    an Idempotency-Key's request fingerprint and job ids (TTL)
 ==============================  ========  ==========================================================
 """
 
@@ -21,7 +26,11 @@ from __future__ import annotations
 PREFIX = "inferq"
 CONTROL_CHANNEL = f"{PREFIX}:control"
 MODELS = f"{PREFIX}:models"
+REAPER_LOCK = f"{PREFIX}:reaper"
 TASK_NAME = "inferq.generate"
+#: Job priorities, 0 (most urgent) .. 9; kombu keeps one Redis list per priority.
+PRIORITIES = range(10)
+PRIORITY_SEP = ":"
 
 
 def job(job_id: str) -> str:
@@ -50,8 +59,37 @@ def worker(worker_id: str) -> str:
 
 
 def queue(model: str) -> str:
-    """The Celery queue that feeds the model's workers (also the Redis list of queued messages)."""
+    """The Celery queue that feeds the model's workers."""
     return f"{PREFIX}.q.{model}"
+
+
+def queue_lists(model: str) -> list[str]:
+    """The Redis lists holding the queue's messages, one per priority (kombu's naming)."""
+    q = queue(model)
+    return [q if p == 0 else f"{q}{PRIORITY_SEP}{p}" for p in PRIORITIES]
+
+
+def worker_jobs(worker_id: str) -> str:
+    """Ids of the jobs a worker is running; the reaper requeues them if the worker dies."""
+    return f"{PREFIX}:worker:{worker_id}:jobs"
+
+
+def rate(subject: str) -> str:
+    """Sliding-window log of the subject's submissions; expires a minute after the last one.
+
+    ``subject`` is an API key's hash id, or ``ip:ADDRESS`` when auth is off."""
+    return f"{PREFIX}:rate:{subject}"
+
+
+def active_jobs(subject: str) -> str:
+    """The subject's jobs not known to be finished, scored by submit time; expires ``job_ttl_s``."""
+    return f"{PREFIX}:active:{subject}"
+
+
+def idempotency(subject: str, key_hash: str) -> str:
+    """One Idempotency-Key of one subject (the key itself is stored hashed); expires
+    ``Settings.idempotency_ttl_s``."""
+    return f"{PREFIX}:idem:{subject}:{key_hash}"
 
 
 def job_id_from_channel(channel: str) -> str:

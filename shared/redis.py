@@ -8,7 +8,7 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError, TimeoutError
 
 
-def make_redis(url: str, *, max_connections: int = 64) -> Redis:
+def make_redis(url: str, *, max_connections: int = 64, health_check_interval: int = 15) -> Redis:
     """An asyncio client that decodes to str, retries dropped connections, and waits for a free
     connection instead of failing when all ``max_connections`` are busy."""
     pool = BlockingConnectionPool.from_url(
@@ -16,7 +16,7 @@ def make_redis(url: str, *, max_connections: int = 64) -> Redis:
         decode_responses=True,
         max_connections=max_connections,
         timeout=30,
-        health_check_interval=15,
+        health_check_interval=health_check_interval,
         socket_keepalive=True,
         retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=5),
         retry_on_error=[ConnectionError, TimeoutError],

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from typing import Sequence
 
 from redis.asyncio import Redis
@@ -22,25 +23,37 @@ from shared.schemas import (
     ErrorEvent,
     JobRecord,
     JobStatus,
+    RestartEvent,
     TokenEvent,
     hash_fields,
     parse_event,
 )
 
-Event = TokenEvent | DoneEvent | ErrorEvent
+Event = TokenEvent | DoneEvent | ErrorEvent | RestartEvent
 _Q = json.dumps  # stored form of a string field: JSON
 
-# KEYS[1]=job hash. ARGV[1]=worker id, ARGV[2]=now. Returns the status before the call (JSON) or nil.
-_CLAIM = f"""
-local st = redis.call('HGET', KEYS[1], 'status')
-if not st then return nil end
-if st == '{_Q("queued")}' then
-  redis.call('HSET', KEYS[1], 'status', '{_Q("running")}', 'worker', ARGV[1], 'started_at', ARGV[2])
+_LAST_SEQ = """
+local function last_seq(log)
+  local last = redis.call('XREVRANGE', log, '+', '-', 'COUNT', 1)
+  if #last == 0 then return 0 end
+  return tonumber(string.match(last[1][1], '^(%d+)'))
 end
-return st
 """
 
-# KEYS[1]=job hash, KEYS[2]=log, KEYS[3]=channel. ARGV[1]=now, ARGV[2]=cancelled event JSON, ARGV[3]=ttl.
+# KEYS: job hash, log, worker's job set. ARGV: worker id (JSON), now, job id.
+# queued -> running, attempt + 1. Returns {status before (JSON), attempt, last seq in the log}.
+_CLAIM = _LAST_SEQ + f"""
+local st = redis.call('HGET', KEYS[1], 'status')
+if not st then return nil end
+if st ~= '{_Q("queued")}' then return {{st, 0, 0}} end
+local attempt = tonumber(redis.call('HGET', KEYS[1], 'attempt') or '0') + 1
+redis.call('HSET', KEYS[1], 'status', '{_Q("running")}', 'worker', ARGV[1], 'started_at', ARGV[2],
+           'attempt', attempt)
+redis.call('SADD', KEYS[3], ARGV[3])
+return {{st, attempt, last_seq(KEYS[2])}}
+"""
+
+# KEYS: job hash, log, channel. ARGV: now, (unused), ttl.
 # queued -> cancelled at once (with its final event); running -> flag it; else: nothing.
 _CANCEL = f"""
 local st = redis.call('HGET', KEYS[1], 'status')
@@ -48,21 +61,86 @@ if not st then return nil end
 if st == '{_Q("queued")}' then
   redis.call('HSET', KEYS[1], 'status', '{_Q("cancelled")}', 'finished_at', ARGV[1],
              'finish_reason', '{_Q("cancelled")}')
-  redis.call('XADD', KEYS[2], '1-0', 'e', ARGV[2])
+  local seq = 1
+  local last = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
+  if #last > 0 then seq = tonumber(string.match(last[1][1], '^(%d+)')) + 1 end
+  local data = cjson.encode({{type='done', seq=seq, status='cancelled', finish_reason='cancelled'}})
+  redis.call('XADD', KEYS[2], seq .. '-0', 'e', data)
   redis.call('EXPIRE', KEYS[2], ARGV[3])
-  redis.call('PUBLISH', KEYS[3], ARGV[2])
+  redis.call('PUBLISH', KEYS[3], data)
 elseif st == '{_Q("running")}' then
   redis.call('HSET', KEYS[1], 'cancel_requested', 'true')
 end
 return st
 """
 
-# KEYS[1]=job hash. ARGV = field, value, ... Writes only while the job is running.
+# KEYS: job hash, worker's job set, log, channel. ARGV: attempt, job id, final event seq, final
+# event JSON, ttl, field, value, ... Writes the end (fields + final event) only while this attempt
+# owns the running job: a worker that lost the job is fenced out.
 _FINISH = f"""
 if redis.call('HGET', KEYS[1], 'status') ~= '{_Q("running")}' then return 0 end
-redis.call('HSET', KEYS[1], unpack(ARGV))
+if redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], unpack(ARGV, 6))
+redis.call('SREM', KEYS[2], ARGV[2])
+redis.call('XADD', KEYS[3], ARGV[3] .. '-0', 'e', ARGV[4])
+redis.call('EXPIRE', KEYS[3], ARGV[5])
+redis.call('PUBLISH', KEYS[4], ARGV[4])
 return 1
 """
+
+# KEYS: job hash, log, channel. ARGV: attempt, seq, event JSON, ttl ('' = leave the TTL).
+# Appends one event of the given attempt; 0 if that attempt no longer owns the job.
+_APPEND = f"""
+if redis.call('HGET', KEYS[1], 'status') ~= '{_Q("running")}' then return 0 end
+if redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[1] then return 0 end
+redis.call('XADD', KEYS[2], ARGV[2] .. '-0', 'e', ARGV[3])
+if ARGV[4] ~= '' then redis.call('EXPIRE', KEYS[2], ARGV[4]) end
+redis.call('PUBLISH', KEYS[3], ARGV[3])
+return 1
+"""
+
+# KEYS: job hash, log, channel, worker's job set. ARGV: worker id (JSON) or '', attempt or '',
+# max attempts, now, reason, job id, ttl. Takes a running job back from a worker that died, drains
+# or lost its engine: cancelled if a cancel was pending, failed after max attempts, else queued
+# again with a `restart` event. Returns 'requeued', 'failed', 'cancelled' or 'skip'.
+_REQUEUE = _LAST_SEQ + f"""
+redis.call('SREM', KEYS[4], ARGV[6])
+if redis.call('HGET', KEYS[1], 'status') ~= '{_Q("running")}' then return 'skip' end
+if ARGV[1] ~= '' and redis.call('HGET', KEYS[1], 'worker') ~= ARGV[1] then return 'skip' end
+if ARGV[2] ~= '' and redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[2] then return 'skip' end
+local attempt = tonumber(redis.call('HGET', KEYS[1], 'attempt') or '0')
+local seq = last_seq(KEYS[2]) + 1
+local ev, outcome
+if redis.call('HGET', KEYS[1], 'cancel_requested') == 'true' then
+  ev = {{type='done', seq=seq, status='cancelled', finish_reason='cancelled'}}
+  redis.call('HSET', KEYS[1], 'status', '{_Q("cancelled")}', 'finished_at', ARGV[4],
+             'finish_reason', '{_Q("cancelled")}')
+  outcome = 'cancelled'
+elseif attempt >= tonumber(ARGV[3]) then
+  local err = {{type='worker_lost', message='the job was interrupted ' .. attempt ..
+    ' times (last: ' .. ARGV[5] .. '); giving up'}}
+  ev = {{type='error', seq=seq, error=err}}
+  redis.call('HSET', KEYS[1], 'status', '{_Q("failed")}', 'finished_at', ARGV[4], 'error', cjson.encode(err))
+  outcome = 'failed'
+else
+  ev = {{type='restart', seq=seq, attempt=attempt, reason=ARGV[5]}}
+  redis.call('HSET', KEYS[1], 'status', '{_Q("queued")}')
+  redis.call('HDEL', KEYS[1], 'worker')
+  outcome = 'requeued'
+end
+local data = cjson.encode(ev)
+redis.call('XADD', KEYS[2], seq .. '-0', 'e', data)
+redis.call('EXPIRE', KEYS[2], ARGV[7])
+redis.call('PUBLISH', KEYS[3], data)
+return outcome
+"""
+
+
+@dataclass
+class Claim:
+    previous: JobStatus
+    attempt: int = 0
+    last_seq: int = 0
 
 
 class JobStore:
@@ -74,6 +152,8 @@ class JobStore:
         self._claim = redis.register_script(_CLAIM)
         self._cancel = redis.register_script(_CANCEL)
         self._finish = redis.register_script(_FINISH)
+        self._append = redis.register_script(_APPEND)
+        self._requeue = redis.register_script(_REQUEUE)
 
     async def create(self, record: JobRecord) -> None:
         key = keys.job(record.id)
@@ -86,47 +166,51 @@ class JobStore:
         h = await self.redis.hgetall(keys.job(job_id))
         return JobRecord.from_hash(h) if h else None
 
-    async def claim(self, job_id: str, worker_id: str) -> JobStatus | None:
-        """queued -> running for ``worker_id``. Returns the status the job had (None: no such job)."""
-        st = await self._claim(keys=[keys.job(job_id)], args=[_Q(worker_id), str(time.time())])
-        return JobStatus(json.loads(st)) if st else None
+    async def claim(self, job_id: str, worker_id: str) -> Claim | None:
+        """queued -> running for ``worker_id`` (a new attempt). None: no such job."""
+        res = await self._claim(keys=[keys.job(job_id), keys.job_log(job_id), keys.worker_jobs(worker_id)],
+                                args=[_Q(worker_id), str(time.time()), job_id])
+        if res is None:
+            return None
+        return Claim(JobStatus(json.loads(res[0])), int(res[1]), int(res[2]))
 
     async def request_cancel(self, job_id: str) -> JobStatus | None:
         """Cancel: a queued job ends now; a running one is flagged (its worker aborts it)."""
-        done = DoneEvent(seq=1, status=JobStatus.cancelled, finish_reason="cancelled")
-        st = await self._cancel(
-            keys=[keys.job(job_id), keys.job_log(job_id), keys.job_channel(job_id)],
-            args=[str(time.time()), done.model_dump_json(), self.ttl_s],
-        )
+        st = await self._cancel(keys=[keys.job(job_id), keys.job_log(job_id), keys.job_channel(job_id)],
+                                args=[str(time.time()), "", self.ttl_s])
         return JobStatus(json.loads(st)) if st else None
 
     async def update(self, job_id: str, **fields: object) -> None:
         await self.redis.hset(keys.job(job_id), mapping=hash_fields(**fields))
 
-    async def finish(self, job_id: str, **fields: object) -> bool:
-        """Write terminal fields, only while the job is still running. True if written."""
+    async def finish(self, job_id: str, worker_id: str, attempt: int, event: Event, **fields: object) -> bool:
+        """Write the job's end (terminal fields and final event) atomically, while this attempt
+        still owns the running job. True if written."""
         flat: list[str] = [x for kv in hash_fields(**fields).items() for x in kv]
-        return bool(await self._finish(keys=[keys.job(job_id)], args=flat))
+        return bool(await self._finish(
+            keys=[keys.job(job_id), keys.worker_jobs(worker_id), keys.job_log(job_id), keys.job_channel(job_id)],
+            args=[str(attempt), job_id, event.seq, event.model_dump_json(exclude_none=True), self.ttl_s, *flat]))
 
-    async def append(self, items: Sequence[tuple[str, Event]]) -> list[Exception | None]:
-        """Log and publish many jobs' events in one round trip. Returns a per-item error or None."""
-        counts: list[int] = []
+    async def requeue(self, job_id: str, worker_id: str | None, attempt: int | None, reason: str,
+                      max_attempts: int) -> str:
+        """Take a running job back from its worker: 'requeued', 'failed', 'cancelled' or 'skip'."""
+        wid = worker_id or ""
+        return str(await self._requeue(
+            keys=[keys.job(job_id), keys.job_log(job_id), keys.job_channel(job_id), keys.worker_jobs(wid)],
+            args=[_Q(wid) if wid else "", "" if attempt is None else str(attempt), max_attempts,
+                  str(time.time()), reason, job_id, self.ttl_s]))
+
+    async def append(self, items: Sequence[tuple[str, int, Event]]) -> list[Exception | bool]:
+        """Log and publish many jobs' events (job id, attempt, event) in one round trip.
+        Per item: True (written), False (that attempt no longer owns the job) or the error."""
         async with self.redis.pipeline(transaction=False) as p:
-            for job_id, ev in items:
-                data = ev.model_dump_json(exclude_none=True)
-                p.xadd(keys.job_log(job_id), {"e": data}, id=f"{ev.seq}-0")
-                p.publish(keys.job_channel(job_id), data)
-                counts.append(2)
-                if ev.seq == 1 or ev.type != "token":
-                    p.expire(keys.job_log(job_id), self.ttl_s)
-                    counts[-1] += 1
+            for job_id, attempt, ev in items:
+                ttl = str(self.ttl_s) if ev.seq == 1 or ev.type != "token" else ""
+                await self._append(keys=[keys.job(job_id), keys.job_log(job_id), keys.job_channel(job_id)],
+                                   args=[str(attempt), ev.seq, ev.model_dump_json(exclude_none=True), ttl],
+                                   client=p)
             res = await p.execute(raise_on_error=False)
-        out: list[Exception | None] = []
-        i = 0
-        for n in counts:
-            out.append(next((r for r in res[i : i + n] if isinstance(r, Exception)), None))
-            i += n
-        return out
+        return [r if isinstance(r, Exception) else bool(r) for r in res]
 
     async def read_log(self, job_id: str, after: int = 0) -> list[Event]:
         """Every logged event with ``seq > after``, in order."""

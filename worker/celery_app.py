@@ -8,6 +8,7 @@ from __future__ import annotations
 from celery import Celery
 
 from shared import keys
+from shared.schemas import JobMessage
 from shared.settings import Settings
 
 
@@ -24,10 +25,19 @@ def make_celery(settings: Settings) -> Celery:
         broker_connection_retry_on_startup=True,
         broker_transport_options={
             # Redis redelivers an unacked job after this long, even if it is still running:
-            # keep it far above the longest job (see docs).
+            # keep it far above the longest job. Lost workers are detected by heartbeat instead.
             "visibility_timeout": settings.visibility_timeout_s,
+            "priority_steps": list(keys.PRIORITIES),
+            "sep": keys.PRIORITY_SEP,
+            "queue_order_strategy": "priority",
         },
         worker_hijack_root_logger=False,
         worker_send_task_events=False,
     )
     return app
+
+
+def send_job(app: Celery, msg: JobMessage) -> None:
+    """Put the job on its model's queue (blocking: call it from a thread in async code)."""
+    app.send_task(keys.TASK_NAME, args=[msg.model_dump_json(exclude_none=True)], task_id=msg.id,
+                  queue=keys.queue(msg.model), priority=msg.request.priority)

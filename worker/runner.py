@@ -13,6 +13,7 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +33,7 @@ from shared.schemas import (
 )
 from shared.store import JobStore
 from worker.engine import EngineHost
-from worker.writer import EventWriter
+from worker.writer import EventWriter, FencedOut
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,12 @@ log = logging.getLogger(__name__)
 class ActiveJob:
     task: asyncio.Task[Any] | None = None
     cancel_requested: bool = False
+    attempt: int = 0
+    handed_back: bool = False  # requeued by this worker (drain, engine failure): write no end
+
+
+class DeadlineExceeded(InferqError):
+    type = "deadline_exceeded"
 
 
 @dataclass
@@ -61,12 +68,15 @@ class Progress:
 
 class JobRunner:
     def __init__(self, host: EngineHost, store: JobStore, writer: EventWriter, worker_id: str,
-                 default_max_tokens: int) -> None:
+                 default_max_tokens: int, priority_scheduling: bool = False,
+                 on_engine_dead: Callable[[str, int], Awaitable[None]] | None = None) -> None:
         self.host = host
         self.store = store
         self.writer = writer
         self.worker_id = worker_id
         self.default_max_tokens = default_max_tokens
+        self.priority_scheduling = priority_scheduling
+        self.on_engine_dead = on_engine_dead
         self.active: dict[str, ActiveJob] = {}
         self._tok_lock = threading.Lock()
 
@@ -117,53 +127,73 @@ class JobRunner:
 
     # --- running a job (on the engine loop) ---------------------------------------------------
     async def run(self, msg: JobMessage) -> JobStatus | None:
-        """Run the job to a terminal state. Returns that state, or None if it was not ours to run."""
+        """Run the job to a terminal state. Returns that state, or None if it was not ours to end."""
         job = self.active.setdefault(msg.id, ActiveJob())
         job.task = asyncio.current_task()
         progress = Progress()
         status: JobStatus | None = None
         error: ErrorInfo | None = None
         try:
-            prev = await self.store.claim(msg.id, self.worker_id)
-            if prev is not JobStatus.queued:
-                log.info("job %s skipped: status %s", msg.id, prev and prev.value)
+            claim = await self.store.claim(msg.id, self.worker_id)
+            if claim is None or claim.previous is not JobStatus.queued:
+                log.info("job %s skipped: status %s", msg.id, claim and claim.previous.value)
                 return None
-            status = JobStatus.running
+            job.attempt, progress.seq, status = claim.attempt, claim.last_seq, JobStatus.running
             self.host.stats.jobs_started += 1
+            left = (msg.deadline or float("inf")) - time.time()
+            if left <= 0:
+                raise DeadlineExceeded("the job was still queued at its deadline; it never started")
             if job.cancel_requested:
                 raise asyncio.CancelledError
             ids = await asyncio.to_thread(self.prompt_ids, msg)
             progress.prompt_tokens = len(ids)
             params = self.sampling_params(msg, len(ids))
-            await self._generate(msg.id, ids, params, progress)
+            try:
+                async with asyncio.timeout(left if left != float("inf") else None):
+                    await self._generate(msg.id, job.attempt, ids, params, progress, msg.request.priority)
+            except TimeoutError:
+                raise DeadlineExceeded("the job ran past its deadline and was aborted") from None
             status = JobStatus.succeeded
         except asyncio.CancelledError:
-            status = JobStatus.cancelled  # _finish writes only if our claim went through
+            status = None if job.handed_back else JobStatus.cancelled
+        except FencedOut:
+            log.warning("job %s: attempt %d no longer owns it; stopped", msg.id, job.attempt)
+            status = None
         except InferqError as e:
             status, error = JobStatus.failed, ErrorInfo(type=e.code or e.type, message=e.message)
         except Exception as e:
-            log.exception("job %s failed", msg.id)
-            status, error = JobStatus.failed, ErrorInfo(type=EngineError.type, message=f"{type(e).__name__}: {e}")
+            if _engine_dead(e) and self.on_engine_dead is not None:
+                log.error("job %s: the engine died; handing the job back", msg.id)
+                job.handed_back, status = True, None
+                await self.on_engine_dead(msg.id, job.attempt)
+            else:
+                log.exception("job %s failed", msg.id)
+                status, error = JobStatus.failed, ErrorInfo(type=EngineError.type, message=f"{type(e).__name__}: {e}")
         finally:
             self.active.pop(msg.id, None)
             if status is not None:
-                await self._finish(msg.id, status, progress, error)
-                self.writer.forget(msg.id)
+                await self._finish(msg.id, job.attempt, status, progress, error)
+            self.writer.forget(msg.id)
         return status
 
-    async def _generate(self, job_id: str, ids: list[int], params: Any, p: Progress) -> None:
+    async def _generate(self, job_id: str, attempt: int, ids: list[int], params: Any, p: Progress,
+                        priority: int) -> None:
         from vllm.inputs import TokensPrompt
 
         first = True
-        async for out in self.host.engine.generate(TokensPrompt(prompt_token_ids=ids), params, request_id=job_id):
+        extra = {"priority": priority} if self.priority_scheduling else {}
+        async for out in self.host.engine.generate(TokensPrompt(prompt_token_ids=ids), params,
+                                                   request_id=job_id, **extra):
             if (err := self.writer.failed.get(job_id)) is not None:
+                if isinstance(err, FencedOut):
+                    raise err
                 raise EngineError(f"could not publish tokens: {err}")
             for c in out.outputs:
                 if c.text or c.token_ids:
                     p.seq += 1
                     p.texts[c.index] = p.texts.get(c.index, "") + c.text
                     p.tokens[c.index] = p.tokens.get(c.index, 0) + len(c.token_ids)
-                    self.writer.emit(job_id, TokenEvent(seq=p.seq, index=c.index, text=c.text,
+                    self.writer.emit(job_id, attempt, TokenEvent(seq=p.seq, index=c.index, text=c.text,
                                                         n_tokens=len(c.token_ids),
                                                         logprobs=_logprobs(c, self.host.tokenizer, params.logprobs or 0)))
                 if c.finish_reason is not None:
@@ -173,7 +203,8 @@ class JobRunner:
                 first = False
                 await self.store.update(job_id, first_token_at=time.time())
 
-    async def _finish(self, job_id: str, status: JobStatus, p: Progress, error: ErrorInfo | None) -> None:
+    async def _finish(self, job_id: str, attempt: int, status: JobStatus, p: Progress,
+                      error: ErrorInfo | None) -> None:
         n = max([*p.texts, *p.finish, 0]) + 1
         ends = [p.finish.get(i, ChoiceEnd(index=i, finish_reason=None)) for i in range(n)]
         if status is JobStatus.cancelled:
@@ -190,8 +221,8 @@ class JobRunner:
             event = DoneEvent(seq=p.seq + 1, status=status, finish_reason=ends[0].finish_reason,
                               choices=ends, usage=p.usage())
         try:
-            if await self.store.finish(job_id, **fields):
-                await self.writer.write(job_id, event)
+            await self.writer.barrier()  # every token event is in the log before the end
+            if await self.store.finish(job_id, self.worker_id, attempt, event, **fields):
                 self.host.stats.jobs_finished += 1
         except Exception:
             log.exception("job %s: could not record its end (%s)", job_id, status.value)
@@ -217,3 +248,13 @@ def _tok(lp: Any, tid: int, tokenizer: Any) -> str:
     if lp is not None and lp.decoded_token is not None:
         return str(lp.decoded_token)
     return str(tokenizer.decode([tid]))
+
+
+def _engine_dead(e: BaseException) -> bool:
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    while e is not None:
+        if isinstance(e, EngineDeadError):
+            return True
+        e = e.__cause__  # type: ignore[assignment]
+    return False

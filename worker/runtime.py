@@ -11,9 +11,11 @@ import asyncio
 import logging
 import os
 import socket
+import threading
 import time
 import uuid
 
+from celery import Celery
 from redis.asyncio import Redis
 
 from shared import keys
@@ -22,6 +24,7 @@ from shared.schemas import ControlMessage, JobMessage, JobStatus, WorkerInfo
 from shared.settings import Settings
 from shared.store import JobStore
 from worker.engine import EngineHost
+from worker.celery_app import send_job
 from worker.runner import JobRunner
 from worker.writer import EventWriter
 
@@ -29,12 +32,16 @@ log = logging.getLogger(__name__)
 
 
 class WorkerRuntime:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, celery: Celery) -> None:
         self.settings = settings
+        self.celery = celery
+        self.draining = False
+        self.exit_code: int | None = None
         self.id = settings.worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.host = EngineHost(settings)
         self.started_at = time.time()
         self.redis: Redis | None = None
+        self.store: JobStore | None = None
         self.runner: JobRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -50,7 +57,10 @@ class WorkerRuntime:
         store = JobStore(self.redis, s.job_ttl_s)
         writer = EventWriter(store)
         writer.start()
-        self.runner = JobRunner(self.host, store, writer, self.id, s.default_max_tokens)
+        self.store = store
+        self.runner = JobRunner(self.host, store, writer, self.id, s.default_max_tokens,
+                                priority_scheduling=s.scheduling_policy == "priority",
+                                on_engine_dead=self._engine_dead)
         await self._beat()
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._heartbeat()), loop.create_task(self._control())]
@@ -66,7 +76,7 @@ class WorkerRuntime:
             id=self.id, model=self.settings.model_name, host=socket.gethostname(), pid=os.getpid(),
             max_model_len=self.host.max_model_len, max_num_seqs=self.settings.max_num_seqs,
             tokenizer=self.host.model_path, started_at=self.started_at, last_seen=time.time(),
-            stats=self.host.stats,
+            draining=self.draining, stats=self.host.stats,
         )
 
     async def _beat(self) -> None:
@@ -76,7 +86,6 @@ class WorkerRuntime:
             p.set(keys.worker(self.id), info.model_dump_json(), px=int(s.worker_ttl_s * 1000))
             p.zadd(keys.workers(s.model_name), {self.id: info.last_seen})
             p.zadd(keys.MODELS, {s.model_name: info.last_seen})
-            p.zremrangebyscore(keys.workers(s.model_name), 0, info.last_seen - s.worker_ttl_s)
             await p.execute()
 
     async def _heartbeat(self) -> None:
@@ -84,8 +93,48 @@ class WorkerRuntime:
             await asyncio.sleep(self.settings.heartbeat_s)
             try:
                 await self._beat()
+                await self._reap()
             except Exception as e:  # Redis away: keep serving, try again next beat
                 log.warning("heartbeat failed: %s", e)
+
+    async def _reap(self) -> None:
+        """Requeue the jobs of workers whose heartbeat stopped (one reaper at a time)."""
+        assert self.redis is not None
+        s = self.settings
+        if not await self.redis.set(keys.REAPER_LOCK, self.id, nx=True, px=int(s.heartbeat_s * 1000)):
+            return
+        for model in await self.redis.zrange(keys.MODELS, 0, -1):
+            for wid in await self.redis.zrangebyscore(keys.workers(model), 0, time.time() - s.worker_ttl_s):
+                for job_id in await self.redis.smembers(keys.worker_jobs(wid)):
+                    await self.hand_back(job_id, wid, None, "worker_lost")
+                await self.redis.zrem(keys.workers(model), wid)
+                await self.redis.delete(keys.worker_jobs(wid))
+                log.warning("worker %s stopped heartbeating; its jobs were requeued", wid)
+
+    async def hand_back(self, job_id: str, worker_id: str, attempt: int | None, reason: str) -> str:
+        """Requeue a running job (for another attempt) and send it to the queue again."""
+        assert self.store is not None
+        outcome = await self.store.requeue(job_id, worker_id, attempt, reason, self.settings.max_attempts)
+        if outcome == "requeued" and (rec := await self.store.get(job_id)) is not None:
+            msg = JobMessage(id=rec.id, model=rec.model, request=rec.request, created_at=rec.created_at,
+                             deadline=rec.deadline)
+            await asyncio.to_thread(send_job, self.celery, msg)
+        log.warning("job %s handed back (%s): %s", job_id, reason, outcome)
+        return outcome
+
+    async def _engine_dead(self, job_id: str, attempt: int) -> None:
+        """The engine died under a job: hand the job back and exit non-zero for a restart."""
+        await self.hand_back(job_id, self.id, attempt, "engine_failure")
+        if self.exit_code is None:
+            self.exit_code = 4
+            threading.Thread(target=self._die, name="engine-dead-exit", daemon=True).start()
+
+    def _die(self) -> None:
+        time.sleep(0.5)  # let the other jobs on the dead engine hand themselves back
+        log.critical("the engine died: exiting with code %s so that a supervisor restarts the worker",
+                     self.exit_code)
+        logging.shutdown()
+        os._exit(self.exit_code or 4)
 
     async def _control(self) -> None:
         assert self.redis is not None
@@ -116,6 +165,29 @@ class WorkerRuntime:
             await self.redis.zrem(keys.workers(self.settings.model_name), self.id)
             await self.redis.delete(keys.worker(self.id))
             await self.redis.aclose()
+
+    async def _hand_back_all(self, reason: str) -> None:
+        assert self.runner is not None
+        for job_id, job in list(self.runner.active.items()):
+            job.handed_back = True
+            await self.hand_back(job_id, self.id, job.attempt or None, reason)
+            if job.task is not None:
+                job.task.cancel()
+
+    def drain(self) -> None:
+        """Stop taking jobs (Celery has stopped consuming); let held jobs finish up to the grace
+        period, then hand the rest back to the queue for another worker."""
+        self.draining = True
+        deadline = time.monotonic() + self.settings.drain_timeout_s
+        try:
+            self.host.run(self._beat())
+        except Exception:
+            pass
+        while self.runner is not None and self.runner.active and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if self.runner is not None and self.runner.active:
+            log.warning("drain timeout: handing %d jobs back to the queue", len(self.runner.active))
+            self.host.run(self._hand_back_all("worker_shutdown"))
 
     def stop(self) -> None:
         try:

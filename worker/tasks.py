@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from typing import Any
 
 from celery import signals
@@ -32,12 +33,19 @@ def _start_engine(**_: Any) -> None:
     (Celery would otherwise log the error and go on taking jobs it cannot run)."""
     global _runtime
     try:
-        _runtime = WorkerRuntime(get_settings())
+        _runtime = WorkerRuntime(get_settings(), app)
         _runtime.start()
     except BaseException:
         log.critical("the engine could not start; exiting", exc_info=True)
         logging.shutdown()
         os._exit(3)
+
+
+@signals.worker_shutting_down.connect
+def _drain(**_: Any) -> None:
+    """SIGTERM: Celery stops taking jobs and waits for its threads; finish or hand back ours."""
+    if _runtime is not None:
+        threading.Thread(target=_runtime.drain, name="drain", daemon=True).start()
 
 
 @signals.worker_shutdown.connect

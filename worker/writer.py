@@ -20,24 +20,28 @@ log = logging.getLogger(__name__)
 MAX_BATCH = 1024
 
 
+class FencedOut(Exception):
+    """This worker's attempt no longer owns the job (it was requeued, cancelled or finished)."""
+
+
 class EventWriter:
     def __init__(self, store: JobStore) -> None:
         self.store = store
-        self._queue: asyncio.Queue[tuple[str, Event, asyncio.Future[None] | None]] = asyncio.Queue()
+        self._queue: asyncio.Queue[tuple[str, int, Event | None, asyncio.Future[None] | None]] = asyncio.Queue()
         self.failed: dict[str, Exception] = {}
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._drain(), name="event-writer")
 
-    def emit(self, job_id: str, event: Event) -> None:
-        """Queue an event; it is written with the next batch."""
-        self._queue.put_nowait((job_id, event, None))
+    def emit(self, job_id: str, attempt: int, event: Event) -> None:
+        """Queue an event of the job's ``attempt``; it is written with the next batch."""
+        self._queue.put_nowait((job_id, attempt, event, None))
 
-    async def write(self, job_id: str, event: Event) -> None:
-        """Queue an event and wait until it (and all before it) is in Redis."""
+    async def barrier(self) -> None:
+        """Wait until every event emitted so far has been sent."""
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait((job_id, event, fut))
+        self._queue.put_nowait(("", 0, None, fut))
         await fut
 
     def forget(self, job_id: str) -> None:
@@ -48,15 +52,19 @@ class EventWriter:
             batch = [await self._queue.get()]
             while len(batch) < MAX_BATCH and not self._queue.empty():
                 batch.append(self._queue.get_nowait())
-            errors = await self._send(batch)
-            for (job_id, ev, fut), err in zip(batch, errors):
+            events = [(job_id, attempt, ev) for job_id, attempt, ev, _ in batch if ev is not None]
+            results = iter(await self._send(events) if events else [])
+            for job_id, _, ev, fut in batch:
+                if ev is None:
+                    if fut is not None and not fut.done():
+                        fut.set_result(None)
+                    continue
+                res = next(results)
+                err = FencedOut(job_id) if res is False else (res if isinstance(res, Exception) else None)
                 if err is not None and not is_duplicate_id(err):
                     self.failed.setdefault(job_id, err)
-                if fut is not None and not fut.done():
-                    fut.set_result(None) if err is None else fut.set_exception(err)
 
-    async def _send(self, batch: list[tuple[str, Event, asyncio.Future[None] | None]]) -> list[Exception | None]:
-        items = [(job_id, ev) for job_id, ev, _ in batch]
+    async def _send(self, items: list[tuple[str, int, Event]]) -> list[Exception | bool]:
         try:
             async for attempt in AsyncRetrying(
                 retry=retry_if_exception_type((ConnectionError, TimeoutError)),

@@ -30,8 +30,9 @@ async def new_job(store: JobStore) -> str:
 
 async def test_claim_then_cancel_flags_the_running_job(store) -> None:
     job = await new_job(store)
-    assert await store.claim(job, "w1") is JobStatus.queued
-    assert await store.claim(job, "w2") is JobStatus.running  # a second claim does not take it
+    claim = await store.claim(job, "w1")
+    assert (claim.previous, claim.attempt, claim.last_seq) == (JobStatus.queued, 1, 0)
+    assert (await store.claim(job, "w2")).previous is JobStatus.running  # a second claim does not take it
     assert await store.request_cancel(job) is JobStatus.running
     rec = await store.get(job)
     assert rec.status is JobStatus.running and rec.cancel_requested and rec.worker == "w1"
@@ -40,29 +41,62 @@ async def test_claim_then_cancel_flags_the_running_job(store) -> None:
 async def test_cancel_before_claim_wins_and_logs_one_event(store) -> None:
     job = await new_job(store)
     assert await store.request_cancel(job) is JobStatus.queued
-    assert await store.claim(job, "w1") is JobStatus.cancelled
+    assert (await store.claim(job, "w1")).previous is JobStatus.cancelled
     log = await store.read_log(job)
     assert len(log) == 1 and log[0].type == "done" and log[0].status is JobStatus.cancelled
     assert 0 < await store.redis.ttl(keys.job_log(job)) <= 120
 
 
-async def test_finish_only_writes_a_running_job(store) -> None:
+async def test_finish_only_writes_a_running_job_of_its_attempt(store) -> None:
     job = await new_job(store)
-    assert not await store.finish(job, status=JobStatus.succeeded)
+    done = DoneEvent(seq=1, finish_reason="stop")
+    assert not await store.finish(job, "w", 1, done, status=JobStatus.succeeded)
     await store.claim(job, "w")
-    assert await store.finish(job, status=JobStatus.succeeded)
-    assert not await store.finish(job, status=JobStatus.failed)
+    assert not await store.finish(job, "w", 2, done, status=JobStatus.succeeded)  # not its attempt
+    assert await store.finish(job, "w", 1, done, status=JobStatus.succeeded)
+    assert not await store.finish(job, "w", 1, done, status=JobStatus.failed)
     assert (await store.get(job)).status is JobStatus.succeeded
+    assert [e.type for e in await store.read_log(job)] == ["done"]
+    assert not await store.redis.sismember(keys.worker_jobs("w"), job)
 
 
-async def test_log_refuses_a_seq_it_already_has(store) -> None:
+async def test_log_refuses_a_seq_it_already_has_and_a_stale_attempt(store) -> None:
     job = await new_job(store)
-    errs = await store.append([(job, TokenEvent(seq=1, text="a")), (job, TokenEvent(seq=2, text="b")),
-                               (job, TokenEvent(seq=2, text="dup")), (job, TokenEvent(seq=1, text="old"))])
-    assert errs[:2] == [None, None] and all(is_duplicate_id(e) for e in errs[2:])
+    await store.claim(job, "w")
+    res = await store.append([(job, 1, TokenEvent(seq=1, text="a")), (job, 1, TokenEvent(seq=2, text="b")),
+                              (job, 1, TokenEvent(seq=2, text="dup")), (job, 1, TokenEvent(seq=1, text="old")),
+                              (job, 7, TokenEvent(seq=3, text="stale"))])
+    assert res[:2] == [True, True] and all(is_duplicate_id(e) for e in res[2:4]) and res[4] is False
     assert [e.text for e in await store.read_log(job)] == ["a", "b"]
     assert await store.last_seq(job) == 2
     assert [e.seq for e in await store.read_log(job, after=1)] == [2]
+
+
+async def test_requeue_restarts_then_gives_up(store) -> None:
+    job = await new_job(store)
+    for attempt in (1, 2):
+        claim = await store.claim(job, "w")
+        assert claim.attempt == attempt
+        await store.append([(job, attempt, TokenEvent(seq=claim.last_seq + 1, text="x"))])
+        assert await store.requeue(job, "w", None, "worker_lost", max_attempts=3) == "requeued"
+        assert (await store.get(job)).status is JobStatus.queued
+        # the lost attempt is fenced out
+        assert await store.append([(job, attempt, TokenEvent(seq=99, text="late"))]) == [False]
+    await store.claim(job, "w")
+    assert await store.requeue(job, "other-worker", None, "worker_lost", max_attempts=3) == "skip"
+    assert await store.requeue(job, "w", None, "worker_lost", max_attempts=3) == "failed"
+    log = await store.read_log(job)
+    assert [e.type for e in log] == ["token", "restart", "token", "restart", "error"]
+    assert [e.seq for e in log] == [1, 2, 3, 4, 5] and log[-1].error.type == "worker_lost"
+    assert (await store.get(job)).status is JobStatus.failed
+
+
+async def test_requeue_of_a_cancel_requested_job_cancels_it(store) -> None:
+    job = await new_job(store)
+    await store.claim(job, "w")
+    await store.request_cancel(job)
+    assert await store.requeue(job, "w", 1, "worker_shutdown", max_attempts=3) == "cancelled"
+    assert (await store.read_log(job))[-1].status is JobStatus.cancelled
 
 
 async def collect(hub: StreamHub, job: str, after: int = 0) -> list:
@@ -74,12 +108,13 @@ async def test_hub_replays_then_follows_live_exactly_once(store) -> None:
     await hub.start()
     try:
         job = await new_job(store)
-        await store.append([(job, TokenEvent(seq=i, text=str(i))) for i in (1, 2, 3)])
+        await store.claim(job, "w")
+        await store.append([(job, 1, TokenEvent(seq=i, text=str(i))) for i in (1, 2, 3)])
         reader = asyncio.create_task(collect(hub, job, after=1))
         await asyncio.sleep(0.2)
         # live: a duplicate of a logged event, then the next ones
-        await store.append([(job, TokenEvent(seq=3, text="3"))])
-        await store.append([(job, TokenEvent(seq=4, text="4")), (job, DoneEvent(seq=5, finish_reason="stop"))])
+        await store.redis.publish(keys.job_channel(job), TokenEvent(seq=3, text="3").model_dump_json())
+        await store.append([(job, 1, TokenEvent(seq=4, text="4")), (job, 1, DoneEvent(seq=5, finish_reason="stop"))])
         got = await asyncio.wait_for(reader, 5)
         assert [e.seq for e in got] == [2, 3, 4, 5]
         assert hub.channels == 0  # unsubscribed once the last listener left
@@ -93,11 +128,12 @@ async def test_hub_fills_a_gap_from_the_log(store) -> None:
     await hub.start()
     try:
         job = await new_job(store)
+        await store.claim(job, "w")
         reader = asyncio.create_task(collect(hub, job))
         await asyncio.sleep(0.2)
         await store.redis.xadd(keys.job_log(job), {"e": TokenEvent(seq=1, text="silent").model_dump_json()},
                                id="1-0")  # logged, never published
-        await store.append([(job, TokenEvent(seq=2, text="b")), (job, DoneEvent(seq=3, finish_reason="stop"))])
+        await store.append([(job, 1, TokenEvent(seq=2, text="b")), (job, 1, DoneEvent(seq=3, finish_reason="stop"))])
         got = await asyncio.wait_for(reader, 3)  # well before the idle check
         assert [(e.seq, getattr(e, "text", None)) for e in got] == [(1, "silent"), (2, "b"), (3, None)]
     finally:
