@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Request, WebSocket
 from starlette.requests import HTTPConnection
 
+from api.admission import Admission
+from api.auth import KeyRing, Principal
 from api.service import JobService
 from api.streams import StreamHub
+from shared.errors import Unauthenticated
 from shared.settings import Settings
 
 
@@ -24,7 +27,30 @@ def get_settings_dep(conn: HTTPConnection) -> Settings:
     return conn.app.state.settings
 
 
+def get_admission(conn: HTTPConnection) -> Admission:
+    return conn.app.state.admission
+
+
+def get_caller(conn: HTTPConnection) -> Principal:
+    """The authenticated caller; 401 (``authentication_error``) when auth is on and the key is bad."""
+    keyring: KeyRing = conn.app.state.keyring
+    return keyring.authenticate(conn)
+
+
+def get_ws_caller(ws: WebSocket) -> Principal | Unauthenticated:
+    """For WebSockets, which must be accepted before they can be told why: the caller, or the
+    error to send (the key may also come as ``?api_key=``)."""
+    keyring: KeyRing = ws.app.state.keyring
+    try:
+        return keyring.authenticate(ws, allow_query=True)
+    except Unauthenticated as e:
+        return e
+
+
 Service = Annotated[JobService, Depends(get_service)]
+Admit = Annotated[Admission, Depends(get_admission)]
+Caller = Annotated[Principal, Depends(get_caller)]
+WsCaller = Annotated[Principal | Unauthenticated, Depends(get_ws_caller)]
 Hub = Annotated[StreamHub, Depends(get_hub)]
 SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
-__all__ = ["Service", "Hub", "SettingsDep", "Request"]
+__all__ = ["Service", "Hub", "SettingsDep", "Request", "Admit", "Caller", "WsCaller", "Principal"]

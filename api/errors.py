@@ -42,7 +42,9 @@ def validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
 def to_response(exc: Exception) -> JSONResponse:
     """Map any exception to the HTTP response a client gets: the only such mapping."""
     if isinstance(exc, InferqError):
-        headers = {"Retry-After": str(max(1, round(exc.retry_after)))} if exc.retry_after else None
+        headers = {"Retry-After": str(max(1, round(exc.retry_after)))} if exc.retry_after else {}
+        if exc.status == 401:
+            headers["WWW-Authenticate"] = "Bearer"
         return JSONResponse(error_body(exc.message, exc.type, exc.param, exc.code), exc.status, headers)
     if isinstance(exc, (RequestValidationError, ValidationError)):
         message, param = validation_message(list(exc.errors()))

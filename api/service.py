@@ -18,6 +18,7 @@ from celery import Celery
 from redis.asyncio import Redis
 from starlette.concurrency import run_in_threadpool
 
+from api.auth import Principal
 from shared import keys
 from shared.errors import ContextLengthExceeded, NotFound, QueueFull
 from shared.schemas import (
@@ -33,6 +34,7 @@ from shared.schemas import (
 )
 from shared.settings import Settings
 from shared.store import JobStore
+from worker.celery_app import send_job
 
 log = logging.getLogger(__name__)
 
@@ -89,15 +91,18 @@ class JobService:
             if n + (req.max_tokens or 1) > limit:
                 raise ContextLengthExceeded(n, req.max_tokens or 1, limit)
 
-    async def submit(self, req: JobRequest) -> JobRecord:
+    async def submit(self, req: JobRequest, *, owner: str | None = None, job_id: str | None = None) -> JobRecord:
         model, info = await self.resolve_model(req.model)
         if info is not None:
             self.check_context(req, info)
-        depth = await self.redis.llen(keys.queue(model))
+        async with self.redis.pipeline(transaction=False) as p:
+            for name in keys.queue_lists(model):
+                p.llen(name)
+            depth = sum(await p.execute())
         if depth >= self.settings.max_queue_depth:
             raise QueueFull(f"model {model!r} has {depth} jobs queued (limit "
                             f"{self.settings.max_queue_depth}); retry later", retry_after=1.0)
-        record = JobRecord(id=new_job_id(), model=model, request=req)
+        record = JobRecord(id=job_id or new_job_id(), model=model, request=req, owner=owner)
         await self.store.create(record)
         msg = JobMessage(id=record.id, model=model, request=req, created_at=record.created_at)
         await run_in_threadpool(
@@ -106,20 +111,23 @@ class JobService:
         )
         return record
 
-    async def record(self, job_id: str) -> JobRecord:
+    async def record(self, job_id: str, caller: Principal | None = None) -> JobRecord:
+        """The job, as ``caller`` may see it: another key's job is as unknown as a missing one."""
         rec = await self.store.get(job_id)
-        if rec is None:
+        if rec is None or (caller is not None and not caller.may_see(rec.owner)):
             raise NotFound(f"job {job_id} not found", param="id")
         return rec
 
-    async def view(self, job_id: str) -> JobView:
-        rec = await self.record(job_id)
+    async def view(self, job_id: str, caller: Principal | None = None) -> JobView:
+        rec = await self.record(job_id, caller)
         choices = rec.choices
         if choices is None:  # still running: the text so far is in the log
             texts: dict[int, str] = {}
             for ev in await self.store.read_log(job_id):
                 if ev.type == "token":
                     texts[ev.index] = texts.get(ev.index, "") + ev.text
+                elif ev.type == "restart":  # the text so far was thrown away
+                    texts = {}
             choices = [ChoiceView(index=i, text=texts.get(i, "")) for i in range(rec.request.n)]
         return JobView(
             id=rec.id, model=rec.model, status=rec.status, text=choices[0].text if choices else "",
@@ -128,8 +136,10 @@ class JobService:
             finished_at=rec.finished_at, worker=rec.worker, error=rec.error, links=links(rec.id),
         )
 
-    async def cancel(self, job_id: str) -> JobStatus:
+    async def cancel(self, job_id: str, caller: Principal | None = None) -> JobStatus:
         """Cancel the job: a queued one never runs; a running one is aborted by its worker."""
+        if caller is not None:
+            await self.record(job_id, caller)
         prev = await self.store.request_cancel(job_id)
         if prev is None:
             raise NotFound(f"job {job_id} not found", param="id")

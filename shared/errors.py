@@ -44,6 +44,31 @@ class QueueFull(InferqError):
     type = "rate_limit_error"
 
 
+class Unauthenticated(InferqError):
+    """No API key, or one the gateway does not know."""
+
+    status = 401
+    type = "authentication_error"
+
+
+class RateLimited(QueueFull):
+    """The caller's own limits (submissions per minute, unfinished jobs) are used up."""
+
+
+class IdempotencyConflict(InferqError):
+    """The first request with this Idempotency-Key has not finished submitting yet."""
+
+    status = 409
+    type = "conflict_error"
+
+
+class IdempotencyKeyReused(InferqError):
+    """The Idempotency-Key was already used with a different request body."""
+
+    status = 422
+    type = "invalid_request_error"
+
+
 class Unavailable(InferqError):
     status = 503
     type = "service_unavailable"

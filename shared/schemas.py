@@ -102,6 +102,9 @@ class JobRequest(SamplingOptions):
     messages: list[ChatMessage] | None = Field(default=None, min_length=1, max_length=1024)
     model: str | None = Field(default=None, min_length=1, max_length=256)
     user: str | None = Field(default=None, max_length=256, description="End-user id, for your logs.")
+    priority: int = Field(default=5, ge=0, le=9, description="0 runs first, 9 last (queue and engine).")
+    timeout: float | None = Field(default=None, gt=0, description="Seconds from submit until the job "
+                                  "is abandoned; default INFERQ_DEFAULT_TIMEOUT_S.")
 
     @field_validator("prompt")
     @classmethod
@@ -116,6 +119,13 @@ class JobRequest(SamplingOptions):
         chars = sum(len(m.content) for m in v or [])
         if chars > (limit := get_settings().max_prompt_chars):
             raise ValueError(f"hold {chars} characters; the limit is {limit}")
+        return v
+
+    @field_validator("timeout")
+    @classmethod
+    def _timeout_limit(cls, v: float | None) -> float | None:
+        if v is not None and v > (limit := get_settings().max_timeout_s):
+            raise ValueError(f"must be <= {limit:g} seconds")
         return v
 
     @model_validator(mode="after")
@@ -135,6 +145,7 @@ class JobMessage(BaseModel):
     model: str
     request: JobRequest
     created_at: float
+    deadline: float | None = None
 
 
 class Usage(BaseModel):
@@ -189,17 +200,27 @@ class ErrorEvent(BaseModel):
     error: ErrorInfo
 
 
-StreamEvent = Annotated[Union[TokenEvent, DoneEvent, ErrorEvent], Field(discriminator="type")]
+class RestartEvent(BaseModel):
+    """The attempt that produced the tokens so far was lost (its worker died, drained or lost its
+    engine); generation starts again from scratch. Clients discard the text received so far."""
+
+    type: Literal["restart"] = "restart"
+    seq: int
+    attempt: int = Field(description="The attempt that was lost (1 = the first run).")
+    reason: str
+
+
+StreamEvent = Annotated[Union[TokenEvent, DoneEvent, ErrorEvent, RestartEvent], Field(discriminator="type")]
 _EVENT = TypeAdapter(StreamEvent)
 
 
-def parse_event(data: str | bytes) -> TokenEvent | DoneEvent | ErrorEvent:
+def parse_event(data: str | bytes) -> TokenEvent | DoneEvent | ErrorEvent | RestartEvent:
     """Decode one event from its JSON form."""
     return _EVENT.validate_json(data)
 
 
-def is_terminal(event: TokenEvent | DoneEvent | ErrorEvent) -> bool:
-    return event.type != "token"
+def is_terminal(event: TokenEvent | DoneEvent | ErrorEvent | RestartEvent) -> bool:
+    return event.type in ("done", "error")
 
 
 class AcceptedMessage(BaseModel):
@@ -240,6 +261,9 @@ class JobRecord(BaseModel):
     usage: Usage | None = None
     error: ErrorInfo | None = None
     cancel_requested: bool = False
+    attempt: int = Field(default=0, description="Runs started so far; fences out a lost worker.")
+    deadline: float | None = Field(default=None, description="Unix time after which the job is abandoned.")
+    owner: str | None = Field(default=None, description="Hash id of the API key that submitted it.")
 
     def to_hash(self) -> dict[str, str]:
         return hash_fields(**self.model_dump(mode="json", exclude_none=True))
@@ -309,4 +333,5 @@ class WorkerInfo(BaseModel):
     tokenizer: str | None = None
     started_at: float
     last_seen: float
+    draining: bool = False
     stats: EngineStats = Field(default_factory=EngineStats)

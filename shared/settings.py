@@ -9,7 +9,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 #: Served name of the built-in demo model (used when ``INFERQ_MODEL`` is unset).
@@ -45,6 +45,11 @@ class Settings(BaseSettings):
     max_n: int = Field(default=8, ge=1, description="Upper bound on completions per request (n).")
     max_queue_depth: int = Field(default=10_000, ge=1, description="Queued jobs per model before 429.")
     default_max_tokens: int = Field(default=256, ge=1)
+    api_keys: SecretStr = Field(default=SecretStr(""), description="Comma-separated API keys; any turns auth on.")
+    api_keys_file: Path | None = Field(default=None, description="API keys, one per line: 'KEY [name]'.")
+    rate_limit_per_minute: int = Field(default=0, ge=0, description="Submissions per key per minute; 0: off.")
+    max_concurrent_jobs_per_key: int = Field(default=0, ge=0, description="Unfinished jobs per key; 0: off.")
+    idempotency_ttl_s: int = Field(default=24 * 3600, ge=1, description="How long an Idempotency-Key holds.")
 
     # --- worker / engine ----------------------------------------------------------------------
     max_model_len: int | None = None
@@ -58,6 +63,11 @@ class Settings(BaseSettings):
     enforce_eager: bool | None = Field(default=None, description="Default: true on CPU, false on GPU.")
     heartbeat_s: float = Field(default=2.0, gt=0)
     worker_ttl_s: float = Field(default=10.0, gt=0, description="A worker silent this long is dead.")
+    max_attempts: int = Field(default=3, ge=1, description="Runs of a job before it fails as worker_lost.")
+    default_timeout_s: float = Field(default=3600.0, gt=0, description="Job deadline when none is given.")
+    max_timeout_s: float = Field(default=24 * 3600.0, gt=0)
+    drain_timeout_s: float = Field(default=60.0, ge=0, description="SIGTERM: finish held jobs this long.")
+    scheduling_policy: str = Field(default="priority", description="vLLM scheduler: 'priority' or 'fcfs'.")
     visibility_timeout_s: int = Field(default=6 * 3600, ge=60)
     worker_id: str | None = None
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
-from api.deps import Service
+from api.deps import Caller, Service
 from shared.schemas import WorkerInfo
 
 router = APIRouter(tags=["health"])
@@ -23,7 +23,7 @@ async def readyz(service: Service) -> JSONResponse:
     model = service.settings.model_name
     try:
         await service.redis.ping()
-        workers = await service.live_workers(model)
+        workers = [w for w in await service.live_workers(model) if not w.draining]
     except Exception as e:
         return JSONResponse({"status": "unavailable", "redis": f"unreachable: {e}", "model": model}, 503)
     body = {"status": "ready" if workers else "unavailable", "redis": "ok", "model": model,
@@ -32,6 +32,6 @@ async def readyz(service: Service) -> JSONResponse:
 
 
 @router.get("/v1/workers", response_model=list[WorkerInfo])
-async def workers(service: Service, model: str | None = None) -> list[WorkerInfo]:
+async def workers(service: Service, _: Caller, model: str | None = None) -> list[WorkerInfo]:
     """Live workers of a model (default: the default model), with their engine statistics."""
     return await service.live_workers(model or service.settings.model_name)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Annotated
 
-from api.deps import Service
+from fastapi import APIRouter, Header, Response
+
+from api.admission import fingerprint
+from api.deps import Admit, Caller, Service
 from api.service import links
 from shared.schemas import JobAccepted, JobRequest, JobView
 
@@ -12,17 +15,23 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 
 @router.post("", status_code=202, response_model=JobAccepted)
-async def submit(req: JobRequest, service: Service) -> JobAccepted:
-    rec = await service.submit(req)
+async def submit(req: JobRequest, caller: Caller, admission: Admit, response: Response,
+                 idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None) -> JobAccepted:
+    """Queue a job. A repeated ``Idempotency-Key`` returns the job the first request created."""
+    got = await admission.submit(caller, [req], idempotency_key=idempotency_key,
+                                 fingerprint=fingerprint("jobs", req.model_dump(mode="json")))
+    rec = got.records[0]
+    if got.replayed:
+        response.headers["Idempotent-Replayed"] = "true"
     return JobAccepted(id=rec.id, status=rec.status, model=rec.model, links=links(rec.id))
 
 
 @router.get("/{job_id}", response_model=JobView)
-async def get_job(job_id: str, service: Service) -> JobView:
-    return await service.view(job_id)
+async def get_job(job_id: str, service: Service, caller: Caller) -> JobView:
+    return await service.view(job_id, caller)
 
 
 @router.delete("/{job_id}", status_code=202, response_model=JobView)
-async def cancel_job(job_id: str, service: Service) -> JobView:
-    await service.cancel(job_id)
-    return await service.view(job_id)
+async def cancel_job(job_id: str, service: Service, caller: Caller) -> JobView:
+    await service.cancel(job_id, caller)
+    return await service.view(job_id, caller)

@@ -5,14 +5,15 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable
-from typing import TypeVar
+from typing import Annotated, TypeVar
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Header, Request
 from fastapi.responses import Response
 from sse_starlette import EventSourceResponse
 
 from api import openai_compat as oc
-from api.deps import Hub, Service
+from api.admission import fingerprint
+from api.deps import Admit, Caller, Hub, Service
 from api.openai_schemas import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -56,7 +57,10 @@ async def _unless_disconnected(request: Request, work: Awaitable[T], service: Jo
     return None
 
 
-def _sse(chunks: AsyncIterator[str], service: JobService, job_ids: list[str]) -> EventSourceResponse:
+def _sse(chunks: AsyncIterator[str], service: JobService, job_ids: list[str],
+         headers: dict[str, str]) -> EventSourceResponse:
+    """Stream ``chunks``; a client leaving mid-stream cancels ``job_ids`` (none: the jobs live on)."""
+
     async def events() -> AsyncIterator[dict[str, str]]:
         finished = False
         try:
@@ -67,48 +71,62 @@ def _sse(chunks: AsyncIterator[str], service: JobService, job_ids: list[str]) ->
             if not finished:  # the client went away mid-stream: abort its jobs
                 _cancel_later(service, job_ids)
 
-    return EventSourceResponse(events(), sep="\n", ping=15, headers={"X-Inferq-Job-Id": job_ids[0]})
+    return EventSourceResponse(events(), sep="\n", ping=15, headers=headers)
+
+
+IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key")]
+
+
+def _headers(first_id: str, replayed: bool) -> dict[str, str]:
+    return {"X-Inferq-Job-Id": first_id, **({"Idempotent-Replayed": "true"} if replayed else {})}
 
 
 @router.post("/chat/completions", response_model=ChatCompletion)
-async def chat_completions(req: ChatCompletionRequest, request: Request, service: Service, hub: Hub) -> Response:
-    rec = await service.submit(oc.chat_job(req))
+async def chat_completions(req: ChatCompletionRequest, request: Request, service: Service, hub: Hub,
+                           caller: Caller, admission: Admit, idempotency_key: IdempotencyKey = None) -> Response:
+    """With an ``Idempotency-Key``, a repeat answers from the same job, and a client that goes away
+    does not cancel it (it is expected to come back)."""
+    admitted = await admission.submit(caller, [oc.chat_job(req)], idempotency_key=idempotency_key,
+                                      fingerprint=fingerprint("chat", req.model_dump(mode="json")))
+    rec = admitted.records[0]
+    cancel = [] if idempotency_key else [rec.id]
+    headers = _headers(rec.id, admitted.replayed)
     if req.stream:
-        return _sse(oc.chat_chunks(hub, rec.id, rec.model, req), service, [rec.id])
-    got = await _unless_disconnected(request, oc.collect(hub, rec.id, req.n), service, [rec.id])
+        return _sse(oc.chat_chunks(hub, rec.id, rec.model, req), service, cancel, headers)
+    got = await _unless_disconnected(request, oc.collect(hub, rec.id, req.n), service, cancel)
     if got is None:
         return Response(status_code=499)
-    return Response(oc.chat_response(rec.id, rec.model, req, got).model_dump_json(), media_type="application/json")
+    return Response(oc.chat_response(rec.id, rec.model, req, got).model_dump_json(), media_type="application/json",
+                    headers=headers)
 
 
 @router.post("/completions", response_model=TextCompletion)
-async def completions(req: CompletionRequest, request: Request, service: Service, hub: Hub) -> Response:
-    records = []
-    try:
-        for job in oc.completion_jobs(req):
-            records.append(await service.submit(job))
-    except Exception:
-        _cancel_later(service, [r.id for r in records])
-        raise
-    ids, model = [r.id for r in records], records[0].model
+async def completions(req: CompletionRequest, request: Request, service: Service, hub: Hub,
+                      caller: Caller, admission: Admit, idempotency_key: IdempotencyKey = None) -> Response:
+    """One job per prompt, admitted all or none; ``Idempotency-Key`` as for chat completions."""
+    admitted = await admission.submit(caller, oc.completion_jobs(req), idempotency_key=idempotency_key,
+                                      fingerprint=fingerprint("completions", req.model_dump(mode="json")))
+    ids, model = [r.id for r in admitted.records], admitted.records[0].model
+    cancel = [] if idempotency_key else ids
+    headers = _headers(ids[0], admitted.replayed)
     if req.stream:
-        return _sse(oc.completion_chunks(hub, ids, model, req), service, ids)
+        return _sse(oc.completion_chunks(hub, ids, model, req), service, cancel, headers)
     gathered = asyncio.gather(*(oc.collect(hub, i, req.n) for i in ids))
-    parts = await _unless_disconnected(request, gathered, service, ids)
+    parts = await _unless_disconnected(request, gathered, service, cancel)
     if parts is None:
         return Response(status_code=499)
     return Response(oc.completion_response(ids[0], model, req, parts).model_dump_json(),
-                    media_type="application/json")
+                    media_type="application/json", headers=headers)
 
 
 @router.get("/models", response_model=ModelList)
-async def list_models(service: Service) -> ModelList:
+async def list_models(service: Service, _: Caller) -> ModelList:
     now = int(time.time())
     return ModelList(data=[ModelCard(id=m, created=now) for m in sorted(await service.live_models())])
 
 
 @router.get("/models/{model:path}", response_model=ModelCard)
-async def get_model(model: str, service: Service) -> ModelCard:
+async def get_model(model: str, service: Service, _: Caller) -> ModelCard:
     if model not in await service.live_models():
         raise NotFound(f"model {model!r} is not served here", param="model", code="model_not_found")
     return ModelCard(id=model, created=int(time.time()))

@@ -10,15 +10,15 @@ from fastapi import APIRouter, WebSocket
 from pydantic import ValidationError
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
-from api.deps import Hub, Service
+from api.deps import Admit, Hub, Service, WsCaller
 from api.errors import validation_message
-from shared.errors import InferqError, NotFound
+from shared.errors import InferqError, NotFound, Unauthenticated
 from shared.schemas import AcceptedMessage, ErrorEvent, ErrorInfo, JobRequest
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["stream"])
 
-CLOSE_NORMAL, CLOSE_INVALID, CLOSE_NOT_FOUND = 1000, 1008, 4404
+CLOSE_NORMAL, CLOSE_INVALID, CLOSE_UNAUTHENTICATED, CLOSE_NOT_FOUND = 1000, 1008, 4401, 4404
 
 
 async def _fail(ws: WebSocket, type_: str, message: str, code: int) -> None:
@@ -63,9 +63,14 @@ async def _follow(ws: WebSocket, hub: Hub, job_id: str, after: int,
 
 
 @router.websocket("/v1/jobs/{job_id}/stream")
-async def stream_job(ws: WebSocket, job_id: str, hub: Hub) -> None:
+async def stream_job(ws: WebSocket, job_id: str, hub: Hub, service: Service, caller: WsCaller) -> None:
     """Events of an existing job; ``?after=SEQ`` resumes after that event."""
     await ws.accept()
+    if isinstance(caller, Unauthenticated):
+        return await _fail(ws, caller.type, caller.message, CLOSE_UNAUTHENTICATED)
+    rec = await service.store.get(job_id)
+    if rec is not None and not caller.may_see(rec.owner):  # another key's job: exactly as if unknown
+        return await _fail(ws, NotFound.type, f"job {job_id} not found (or expired)", CLOSE_NOT_FOUND)
     after = ws.query_params.get("after", "0")
     if not after.isdigit():
         return await _fail(ws, "invalid_request_error", "after: must be a non-negative integer", CLOSE_INVALID)
@@ -73,9 +78,11 @@ async def stream_job(ws: WebSocket, job_id: str, hub: Hub) -> None:
 
 
 @router.websocket("/v1/generate")
-async def generate(ws: WebSocket, hub: Hub, service: Service) -> None:
+async def generate(ws: WebSocket, hub: Hub, service: Service, admission: Admit, caller: WsCaller) -> None:
     """Send one job as JSON, receive its events; closing the socket cancels the job."""
     await ws.accept()
+    if isinstance(caller, Unauthenticated):
+        return await _fail(ws, caller.type, caller.message, CLOSE_UNAUTHENTICATED)
     msg = await ws.receive()
     if msg["type"] == "websocket.disconnect":
         return
@@ -85,7 +92,7 @@ async def generate(ws: WebSocket, hub: Hub, service: Service) -> None:
         message, _ = validation_message(list(e.errors()))
         return await _fail(ws, "invalid_request_error", message, CLOSE_INVALID)
     try:
-        rec = await service.submit(req)
+        rec = (await admission.submit(caller, [req])).records[0]
     except InferqError as e:
         return await _fail(ws, e.code or e.type, e.message, CLOSE_INVALID)
     await ws.send_text(AcceptedMessage(id=rec.id, model=rec.model).model_dump_json())

@@ -1,0 +1,198 @@
+"""Admission: the per-caller checks in front of :meth:`JobService.submit`, all kept in Redis so
+that every gateway process counts the same way.
+
+- **Rate**: at most ``rate_limit_per_minute`` submitting requests per caller in any 60 s (a
+  sliding-window log: a sorted set of request times, trimmed and counted in one Lua script).
+- **Concurrency**: at most ``max_concurrent_jobs_per_key`` unfinished jobs per caller. A sorted set
+  holds the caller's job ids; the same script that admits new ids first drops the ones whose job
+  is terminal or gone (expired), reading their status from the job records. Nothing has to
+  "decrement" when a job ends, so a crashed worker or gateway cannot leak a slot for longer than
+  its job's record lives.
+- **Idempotency-Key**: the first request claims the key with ``SET NX`` (value: a fingerprint of
+  the request and the job ids it is about to create); a repeat gets those jobs back, a repeat with
+  another body is refused (422), a repeat while the first is still submitting waits a little and
+  then gets 409. A refused first request releases the key, so the client can retry with it.
+
+A "caller" is :attr:`Principal.subject`: the API key's id, or ``ip:ADDRESS`` when auth is off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import secrets
+import time
+from dataclasses import dataclass
+
+from redis.asyncio import Redis
+
+from api.auth import Principal
+from api.service import JobService, new_job_id
+from shared import keys
+from shared.errors import IdempotencyConflict, IdempotencyKeyReused, InvalidRequest, NotFound, RateLimited
+from shared.schemas import JobRecord, JobRequest, JobStatus
+from shared.settings import Settings
+
+log = logging.getLogger(__name__)
+WINDOW_S = 60
+#: A job id admitted this recently may not have its record yet: not "gone".
+_CREATE_GRACE_S = 60
+_TERMINAL = [json.dumps(s.value) for s in JobStatus if s.terminal]
+
+# KEYS[1]=rate zset. ARGV[1]=limit, ARGV[2]=window s, ARGV[3]=unique member.
+# Returns nil when admitted, else the seconds until the oldest entry leaves the window.
+_RATE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+local window = tonumber(ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then
+  local oldest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  return tostring(tonumber(oldest[2]) + window - now)
+end
+redis.call('ZADD', KEYS[1], now, ARGV[3])
+redis.call('EXPIRE', KEYS[1], window + 1)
+return nil
+"""
+
+# KEYS[1]=active zset. ARGV[1]=limit, ARGV[2]=grace s, ARGV[3]=job key prefix, ARGV[4]=ttl,
+# ARGV[5..]=new job ids. Returns -1 when admitted, else the number of unfinished jobs.
+_RESERVE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+local terminal = {}
+for _, s in ipairs(cjson.decode(ARGV[5])) do terminal[s] = true end
+local rows = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
+for i = 1, #rows, 2 do
+  local st = redis.call('HGET', ARGV[3] .. rows[i], 'status')
+  if (st and terminal[st]) or (not st and tonumber(rows[i + 1]) < now - tonumber(ARGV[2])) then
+    redis.call('ZREM', KEYS[1], rows[i])
+  end
+end
+local n = redis.call('ZCARD', KEYS[1])
+if n + #ARGV - 5 > tonumber(ARGV[1]) then return n end
+for i = 6, #ARGV do redis.call('ZADD', KEYS[1], now, ARGV[i]) end
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+return -1
+"""
+
+# KEYS[1]=idempotency key. ARGV[1]=the value this request set. Deletes it only if still ours.
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+@dataclass
+class Admitted:
+    records: list[JobRecord]
+    replayed: bool  # True: an earlier request with the same Idempotency-Key created these jobs
+
+
+def fingerprint(endpoint: str, body: object) -> str:
+    """What makes two requests "the same" for an Idempotency-Key: the endpoint and the parsed body
+    (so key order, whitespace and spelled-out defaults do not matter)."""
+    canon = json.dumps([endpoint, body], sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canon.encode()).hexdigest()
+
+
+def check_idempotency_key(value: str) -> str:
+    if not 1 <= len(value) <= 255 or not value.isascii() or not value.isprintable():
+        raise InvalidRequest("Idempotency-Key must be 1 to 255 printable ASCII characters",
+                             param="Idempotency-Key", code="invalid_idempotency_key")
+    return value
+
+
+class Admission:
+    def __init__(self, settings: Settings, redis: Redis, service: JobService,
+                 replay_wait_s: float = 10.0) -> None:
+        self.settings = settings
+        self.redis = redis
+        self.service = service
+        self.replay_wait_s = replay_wait_s
+        self._rate = redis.register_script(_RATE)
+        self._reserve = redis.register_script(_RESERVE)
+        self._release = redis.register_script(_RELEASE)
+
+    async def submit(self, caller: Principal, reqs: list[JobRequest], *, idempotency_key: str | None = None,
+                     fingerprint: str = "") -> Admitted:
+        """Admit and queue one job per request, owned by ``caller``; all or none of them."""
+        if idempotency_key is None:
+            return Admitted(await self._admit(caller, reqs, [new_job_id() for _ in reqs]), False)
+        digest = hashlib.sha256(check_idempotency_key(idempotency_key).encode()).hexdigest()[:32]
+        key = keys.idempotency(caller.subject, digest)
+        deadline = time.monotonic() + self.replay_wait_s
+        while True:
+            ids = [new_job_id() for _ in reqs]
+            mine = json.dumps({"fp": fingerprint, "ids": ids, "at": time.time()})
+            if await self.redis.set(key, mine, nx=True, ex=self.settings.idempotency_ttl_s):
+                try:
+                    return Admitted(await self._admit(caller, reqs, ids), False)
+                except BaseException:
+                    await asyncio.shield(self._release(keys=[key], args=[mine]))
+                    raise
+            raw = await self.redis.get(key)
+            if raw is None:  # released or expired in between: claim it again
+                continue
+            prior = json.loads(raw)
+            if prior["fp"] != fingerprint:
+                raise IdempotencyKeyReused("this Idempotency-Key was already used with a different request",
+                                           param="Idempotency-Key", code="idempotency_key_reused")
+            records = [await self.service.store.get(i) for i in prior["ids"]]
+            if all(r is not None for r in records):
+                return Admitted([r for r in records if r is not None], True)
+            if time.time() - prior["at"] > _CREATE_GRACE_S:
+                raise NotFound("the jobs this Idempotency-Key created have expired",
+                               param="Idempotency-Key", code="idempotency_key_expired")
+            if time.monotonic() > deadline:
+                raise IdempotencyConflict("a request with this Idempotency-Key is still being submitted; "
+                                          "retry later", param="Idempotency-Key",
+                                          code="idempotency_key_in_progress", retry_after=1.0)
+            await asyncio.sleep(0.05)
+
+    async def _admit(self, caller: Principal, reqs: list[JobRequest], ids: list[str]) -> list[JobRecord]:
+        await self.check_rate(caller.subject)
+        await self.reserve(caller.subject, ids)
+        records: list[JobRecord] = []
+        try:
+            for req, job_id in zip(reqs, ids):
+                records.append(await self.service.submit(req, owner=caller.key_id, job_id=job_id))
+        except BaseException:
+            await asyncio.shield(self._undo(caller.subject, records, ids[len(records):]))
+            raise
+        return records
+
+    async def _undo(self, subject: str, submitted: list[JobRecord], unsent: list[str]) -> None:
+        for rec in submitted:
+            try:
+                await self.service.cancel(rec.id)
+            except Exception:  # best effort: the job may already have ended
+                log.warning("could not cancel %s after a failed submission", rec.id, exc_info=True)
+        if unsent and self.settings.max_concurrent_jobs_per_key:
+            await self.redis.zrem(keys.active_jobs(subject), *unsent)
+
+    async def check_rate(self, subject: str) -> None:
+        """Count one submitting request for ``subject``; 429 when its last minute is full."""
+        limit = self.settings.rate_limit_per_minute
+        if not limit:
+            return
+        member = f"{time.time():.6f}-{secrets.token_hex(4)}"
+        wait = await self._rate(keys=[keys.rate(subject)], args=[limit, WINDOW_S, member])
+        if wait is not None:
+            raise RateLimited(f"rate limit reached: {limit} requests per minute; retry later",
+                              code="rate_limit_exceeded", retry_after=max(1.0, float(wait)))
+
+    async def reserve(self, subject: str, job_ids: list[str]) -> None:
+        """Take one unfinished-job slot per id for ``subject``; 429 when they do not fit."""
+        limit = self.settings.max_concurrent_jobs_per_key
+        if not limit:
+            return
+        n = await self._reserve(keys=[keys.active_jobs(subject)],
+                                args=[limit, _CREATE_GRACE_S, keys.job(""), self.settings.job_ttl_s,
+                                      json.dumps(_TERMINAL), *job_ids])
+        if int(n) >= 0:
+            raise RateLimited(f"too many unfinished jobs: {n} of at most {limit} (this request adds "
+                              f"{len(job_ids)}); retry when one ends", code="concurrency_limit_exceeded",
+                              retry_after=1.0)
