@@ -35,6 +35,11 @@ def markdown_table(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _loads(doc: dict[str, Any]) -> str:
+    return ", ".join(f"{n} {t['loadavg_1m_before']}" for n, t in doc["targets"].items()
+                     if t.get("loadavg_1m_before") is not None) or "not recorded"
+
+
 def describe(doc: dict[str, Any]) -> str:
     """A short paragraph: workload and environment."""
     w, env = doc["workload"], doc["environment"]
@@ -51,7 +56,8 @@ def describe(doc: dict[str, Any]) -> str:
             f"overrides it), {w['warmup_requests']} warm-up requests per target.\n"
             f"Hardware: {hw}. Python {env.get('python')}, vLLM {vllm}, torch {pk.get('torch')}, "
             f"transformers {pk.get('transformers')}, {env.get('redis_server') or 'redis ?'}; "
-            f"commit {env.get('git_commit')}; run took {doc['duration_s']:.0f} s.\n"
+            f"commit {env.get('git_commit')}; run took {doc['duration_s']:.0f} s; 1-minute load average "
+            f"before each target: {_loads(doc)}.\n"
             "Latencies in ms. ITL = gap between output chunks as the client receives them. "
             "TTFT of non-streaming paths (naive-hf*) is the full response time; of inferq-rest, the "
             "first 20 ms poll that shows text.")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import time
@@ -167,6 +168,8 @@ def run(w: Workload, out: Path, base_url: str | None = None, api_key: str | None
             jobs.append([t])
     for group in jobs:
         t = group[0]
+        for g in group:  # other processes' load on this machine, for reading noisy numbers
+            results[g.name]["loadavg_1m_before"] = round(os.getloadavg()[0], 2)
         try:
             with Procs(out / "logs") as procs:
                 if t.kind == "inprocess":
