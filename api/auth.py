@@ -86,8 +86,8 @@ class KeyRing:
         ip = conn.client.host if conn.client else "unknown"
         if not self.enabled:
             return Principal(None, None, ip)
-        scheme, _, token = conn.headers.get("authorization", "").partition(" ")
-        token = token.strip() if scheme.lower() == "bearer" else ""
+        scheme, *rest = conn.headers.get("authorization", "").split(None, 1) or [""]
+        token = rest[0].strip() if scheme.lower() == "bearer" and rest else ""
         if not token and allow_query:
             token = conn.query_params.get("api_key", "")
         if not token:

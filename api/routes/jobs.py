@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Response
+from fastapi import APIRouter, Body, Header, Response
 
 from api.admission import fingerprint
 from api.deps import Admit, Caller, Service
@@ -12,10 +12,16 @@ from api.service import links
 from shared.schemas import JobAccepted, JobRequest, JobView
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+EXAMPLES = {
+    "prompt": {"value": {"prompt": "def fibonacci(n):", "max_tokens": 32, "temperature": 0}},
+    "chat": {"value": {"messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 16}},
+    "sampled": {"value": {"prompt": "Once", "max_tokens": 8, "n": 2, "temperature": 0.8, "stop": ["\n"]}},
+}
 
 
 @router.post("", status_code=202, response_model=JobAccepted)
-async def submit(req: JobRequest, caller: Caller, admission: Admit, response: Response,
+async def submit(req: Annotated[JobRequest, Body(openapi_examples=EXAMPLES)], caller: Caller,
+                 admission: Admit, response: Response,
                  idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None) -> JobAccepted:
     """Queue a job. A repeated ``Idempotency-Key`` returns the job the first request created."""
     got = await admission.submit(caller, [req], idempotency_key=idempotency_key,

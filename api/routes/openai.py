@@ -7,7 +7,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable
 from typing import Annotated, TypeVar
 
-from fastapi import APIRouter, Header, Request
+from fastapi import APIRouter, Body, Header, Request
 from fastapi.responses import Response
 from sse_starlette import EventSourceResponse
 
@@ -75,6 +75,16 @@ def _sse(chunks: AsyncIterator[str], service: JobService, job_ids: list[str],
 
 
 IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key")]
+_CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hi"}]
+ChatBody = Annotated[ChatCompletionRequest, Body(openapi_examples={
+    "chat": {"value": {"model": "inferq-tiny", "messages": _CHAT, "max_tokens": 16}},
+    "stream": {"value": {"messages": _CHAT, "max_completion_tokens": 8, "stream": True, "logprobs": True,
+                         "top_logprobs": 2}},
+})]
+CompletionBody = Annotated[CompletionRequest, Body(openapi_examples={
+    "one": {"value": {"model": "inferq-tiny", "prompt": "def f(x):", "max_tokens": 16, "temperature": 0}},
+    "many": {"value": {"prompt": ["a", "b"], "n": 2, "max_tokens": 4, "stream": True, "logprobs": 1}},
+})]
 
 
 def _headers(first_id: str, replayed: bool) -> dict[str, str]:
@@ -82,8 +92,9 @@ def _headers(first_id: str, replayed: bool) -> dict[str, str]:
 
 
 @router.post("/chat/completions", response_model=ChatCompletion)
-async def chat_completions(req: ChatCompletionRequest, request: Request, service: Service, hub: Hub,
-                           caller: Caller, admission: Admit, idempotency_key: IdempotencyKey = None) -> Response:
+async def chat_completions(req: ChatBody, request: Request, service: Service, hub: Hub,
+                           caller: Caller, admission: Admit,
+                           idempotency_key: IdempotencyKey = None) -> Response:
     """With an ``Idempotency-Key``, a repeat answers from the same job, and a client that goes away
     does not cancel it (it is expected to come back)."""
     admitted = await admission.submit(caller, [oc.chat_job(req)], idempotency_key=idempotency_key,
@@ -96,12 +107,12 @@ async def chat_completions(req: ChatCompletionRequest, request: Request, service
     got = await _unless_disconnected(request, oc.collect(hub, rec.id, req.n), service, cancel)
     if got is None:
         return Response(status_code=499)
-    return Response(oc.chat_response(rec.id, rec.model, req, got).model_dump_json(), media_type="application/json",
-                    headers=headers)
+    return Response(oc.chat_response(rec.id, rec.model, req, got).model_dump_json(),
+                    media_type="application/json", headers=headers)
 
 
 @router.post("/completions", response_model=TextCompletion)
-async def completions(req: CompletionRequest, request: Request, service: Service, hub: Hub,
+async def completions(req: CompletionBody, request: Request, service: Service, hub: Hub,
                       caller: Caller, admission: Admit, idempotency_key: IdempotencyKey = None) -> Response:
     """One job per prompt, admitted all or none; ``Idempotency-Key`` as for chat completions."""
     admitted = await admission.submit(caller, oc.completion_jobs(req), idempotency_key=idempotency_key,

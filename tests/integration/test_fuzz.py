@@ -3,6 +3,7 @@ gateway answers without a 5xx, and the workers behind it live on."""
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -32,7 +33,7 @@ def _keep_jobs_small(body: Any) -> None:
         body["prompt"] = body["prompt"][:4]
 
 
-def _fuzz(operation: Any, mode: GenerationMode, base: str) -> str | None:
+def _fuzz(operation: Any, mode: GenerationMode, base: str, seen: Counter[tuple[str, int]]) -> str | None:
     """Run the operation's generated cases; the first failure, described, or None."""
 
     @given(case=operation.as_strategy(generation_mode=mode))
@@ -40,7 +41,8 @@ def _fuzz(operation: Any, mode: GenerationMode, base: str) -> str | None:
               phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
     def run(case: Any) -> None:
         _keep_jobs_small(case.body)
-        case.call_and_validate(base_url=base, checks=[not_a_server_error], timeout=60)
+        response = case.call_and_validate(base_url=base, checks=[not_a_server_error], timeout=60)
+        seen[operation.label, response.status_code] += 1
 
     try:
         run()
@@ -56,8 +58,13 @@ def test_no_operation_answers_5xx(stack: Any) -> None:
     schema = schemathesis.openapi.from_url(f"{stack.base}/openapi.json")
     operations = [result.ok() for result in schema.get_all_operations()]
     assert len(operations) >= 10, [op.label for op in operations]
-    failures = [f for op in operations for mode in GenerationMode if (f := _fuzz(op, mode, stack.base))]
+    seen: Counter[tuple[str, int]] = Counter()
+    failures = [f for op in operations for mode in GenerationMode if (f := _fuzz(op, mode, stack.base, seen))]
+    print(f"{seen.total()} fuzzed requests:",
+          *(f"{n:4} x {st} {label}" for (label, st), n in sorted(seen.items())), sep="\n")
     assert not failures, "\n\n".join(failures)
+    assert seen.total() >= 10 * EXAMPLES_PER_OPERATION
+    assert {op.label for op in operations} == {label for label, _ in seen}  # each one was called
 
 
 def test_workers_survive_the_fuzzing(stack: Any) -> None:

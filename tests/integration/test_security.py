@@ -44,8 +44,10 @@ def secure(stack: Stack, logdir: Path, tmp_path_factory: pytest.TempPathFactory)
     keys_file.write_text(f"# inferq keys\n\n{FILE_KEY}  carol\n")
     port = free_port()
     env = inferq_env(stack.redis.url, INFERQ_API_KEYS=" , ".join(KEYS), INFERQ_API_KEYS_FILE=str(keys_file),
-                     INFERQ_RATE_LIMIT_PER_MINUTE=str(RATE), INFERQ_MAX_CONCURRENT_JOBS_PER_KEY=str(CONCURRENT))
-    gw = spawn("gateway-secure", [sys.executable, "-m", "shared.cli", "api", "--port", str(port)], env, logdir)
+                     INFERQ_RATE_LIMIT_PER_MINUTE=str(RATE),
+                     INFERQ_MAX_CONCURRENT_JOBS_PER_KEY=str(CONCURRENT))
+    cmd = [sys.executable, "-m", "shared.cli", "api", "--port", str(port)]
+    gw = spawn("gateway-secure", cmd, env, logdir)
     sec = Secure(f"http://127.0.0.1:{port}", f"ws://127.0.0.1:{port}", gw)
 
     def ready() -> bool:
@@ -71,14 +73,15 @@ def assert_401(r: httpx.Response) -> None:
     assert r.headers["www-authenticate"] == "Bearer"
 
 
-ENDPOINTS = [("GET", "/v1/models", None), ("GET", "/v1/models/inferq-tiny", None), ("GET", "/v1/workers", None),
-             ("POST", "/v1/jobs", {"prompt": "x"}), ("GET", "/v1/jobs/job-x", None),
+ENDPOINTS = [("GET", "/v1/models", None), ("GET", "/v1/models/inferq-tiny", None),
+             ("GET", "/v1/workers", None), ("POST", "/v1/jobs", {"prompt": "x"}), ("GET", "/v1/jobs/job-x", None),
              ("DELETE", "/v1/jobs/job-x", None), ("GET", "/openapi.json", None),
              ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]}),
              ("POST", "/v1/completions", {"prompt": "x"})]
 
 
-@pytest.mark.parametrize("auth", [None, "Bearer sk-wrong", "Basic c2stYWxpY2U6", "Bearer", "sk-alice", "Bearer sk-alicex"])
+@pytest.mark.parametrize("auth", [None, "Bearer sk-wrong", "Basic c2stYWxpY2U6", "Bearer", "sk-alice",
+                                  "Bearer sk-alicex"])
 def test_every_endpoint_needs_a_valid_key(secure, auth) -> None:
     headers = {"Authorization": auth} if auth else {}
     with httpx.Client(base_url=secure.base, timeout=30, headers=headers) as http:
@@ -109,15 +112,18 @@ def test_another_keys_job_is_exactly_like_an_unknown_one(secure, stack) -> None:
         theirs = submit(open_gw, prompt="no owner", max_tokens=2)  # made without auth: nobody's here
         for other_id, client in ((job_id, bob), (theirs, alice)):
             for method in ("GET", "DELETE"):
-                got, unknown = client.request(method, f"/v1/jobs/{other_id}"), client.request(method, "/v1/jobs/job-0")
+                got = client.request(method, f"/v1/jobs/{other_id}")
+                unknown = client.request(method, "/v1/jobs/job-0")
                 assert got.status_code == unknown.status_code == 404
                 assert got.json() == json.loads(unknown.text.replace("job-0", other_id))
-        assert alice.get(f"/v1/jobs/{job_id}").json()["status"] in ("queued", "running")  # bob did not cancel it
+        # bob did not cancel it
+        assert alice.get(f"/v1/jobs/{job_id}").json()["status"] in ("queued", "running")
         assert alice.delete(f"/v1/jobs/{job_id}").status_code == 202
         assert wait_status(alice, job_id)["status"] == "cancelled"
 
 
-async def ws_read(url: str, key: str | None = None, send: dict | None = None) -> tuple[list[dict], int | None]:
+async def ws_read(url: str, key: str | None = None,
+                  send: dict | None = None) -> tuple[list[dict], int | None]:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     out: list[dict] = []
     async with connect(url, additional_headers=headers, open_timeout=10, close_timeout=5) as ws:
@@ -155,7 +161,8 @@ async def test_websockets_need_a_key_from_header_or_query(secure) -> None:
 
 def test_openai_sdk_with_keys(secure) -> None:
     ok = openai.OpenAI(base_url=f"{secure.base}/v1", api_key="sk-alice", max_retries=0)
-    r = ok.chat.completions.create(model="inferq-tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
+    r = ok.chat.completions.create(model="inferq-tiny", messages=[{"role": "user", "content": "hi"}],
+                                   max_tokens=3)
     assert r.choices[0].message.content is not None
     with secure.http("sk-bob") as bob:
         assert bob.get(f"/v1/jobs/{r.id}").status_code == 404
