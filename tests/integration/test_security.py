@@ -49,15 +49,8 @@ def secure(stack: Stack, logdir: Path, tmp_path_factory: pytest.TempPathFactory)
     cmd = [sys.executable, "-m", "shared.cli", "api", "--port", str(port)]
     gw = spawn("gateway-secure", cmd, env, logdir)
     sec = Secure(f"http://127.0.0.1:{port}", f"ws://127.0.0.1:{port}", gw)
-
-    def ready() -> bool:
-        try:
-            return httpx.get(f"{sec.base}/readyz", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-
     try:
-        wait_for(ready, 60, "the gateway with API keys", [gw.proc])
+        wait_for(lambda: _ready(sec.base), 60, "the gateway with API keys", [gw.proc])
         yield sec
     finally:
         gw.stop()
@@ -253,3 +246,27 @@ def test_openai_repeat_returns_the_same_completion(secure) -> None:
                     texts[c["index"]] = texts.get(c["index"], "") + c["text"]
             seen.append((r.headers["x-inferq-job-id"], chunks[0]["id"], texts))
         assert seen[0] == seen[1] and sorted(seen[0][2]) == [0, 1] and all(seen[0][2].values())
+
+
+def test_without_keys_limits_count_per_client_ip(stack, logdir) -> None:
+    """Auth off: no key needed, and the limits apply to the client's address instead."""
+    port = free_port()
+    env = inferq_env(stack.redis.url, INFERQ_RATE_LIMIT_PER_MINUTE="2")
+    gw = spawn("gateway-open-limited", [sys.executable, "-m", "shared.cli", "api", "--port", str(port)],
+               env, logdir)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_for(lambda: _ready(base), 60, "the open gateway with limits", [gw.proc])
+        with httpx.Client(base_url=base, timeout=60) as http:
+            codes = [http.post("/v1/jobs", json={"prompt": "ip", "max_tokens": 1}).status_code for _ in range(3)]
+            assert codes == [202, 202, 429]
+            assert http.get("/v1/models").status_code == 200  # reading is not limited
+    finally:
+        gw.stop()
+
+
+def _ready(base: str) -> bool:
+    try:
+        return httpx.get(f"{base}/readyz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
