@@ -10,6 +10,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from shared.errors import InferqError
@@ -49,6 +51,10 @@ def to_response(exc: Exception) -> JSONResponse:
     if isinstance(exc, (RequestValidationError, ValidationError)):
         message, param = validation_message(list(exc.errors()))
         return JSONResponse(error_body(message, "invalid_request_error", param, "invalid_value"), 422)
+    if isinstance(exc, (RedisConnectionError, RedisTimeoutError)):
+        log.warning("Redis unavailable: %s", exc)
+        return JSONResponse(error_body("the job store (Redis) is unavailable; retry shortly",
+                                       "service_unavailable"), 503, {"Retry-After": "1"})
     if isinstance(exc, StarletteHTTPException):
         return JSONResponse(error_body(str(exc.detail), _HTTP_TYPES.get(exc.status_code, "error")),
                             exc.status_code, getattr(exc, "headers", None))

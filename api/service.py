@@ -103,12 +103,11 @@ class JobService:
             raise QueueFull(f"model {model!r} has {depth} jobs queued (limit "
                             f"{self.settings.max_queue_depth}); retry later", retry_after=1.0)
         record = JobRecord(id=job_id or new_job_id(), model=model, request=req, owner=owner)
+        record.deadline = record.created_at + (req.timeout or self.settings.default_timeout_s)
         await self.store.create(record)
-        msg = JobMessage(id=record.id, model=model, request=req, created_at=record.created_at)
-        await run_in_threadpool(
-            self.celery.send_task, keys.TASK_NAME, args=[msg.model_dump_json(exclude_none=True)],
-            task_id=record.id, queue=keys.queue(model),
-        )
+        msg = JobMessage(id=record.id, model=model, request=req, created_at=record.created_at,
+                         deadline=record.deadline)
+        await run_in_threadpool(send_job, self.celery, msg)
         return record
 
     async def record(self, job_id: str, caller: Principal | None = None) -> JobRecord:

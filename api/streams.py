@@ -21,6 +21,7 @@ from redis.exceptions import ConnectionError, TimeoutError
 
 from shared import keys
 from shared.errors import NotFound
+from shared.redis import redis_retrying
 from shared.schemas import is_terminal, parse_event
 from shared.store import Event, JobStore
 
@@ -97,18 +98,30 @@ class StreamHub:
         except (ConnectionError, TimeoutError, OSError, asyncio.TimeoutError) as e:
             log.warning("pub/sub %s %s failed (%r); relying on the log", command.__name__, channel, e)
 
+    async def _read_log(self, job_id: str, after: int) -> list[Event]:
+        async for attempt in redis_retrying():
+            with attempt:
+                return await self.store.read_log(job_id, after)
+        raise AssertionError("unreachable")
+
+    async def _exists(self, job_id: str) -> bool:
+        async for attempt in redis_retrying():
+            with attempt:
+                return bool(await self.store.redis.exists(keys.job(job_id)))
+        raise AssertionError("unreachable")
+
     async def events(self, job_id: str, after: int = 0) -> AsyncIterator[Event]:
         """Every event of the job with ``seq > after``, exactly once and in order, up to the last."""
         async with self._listen(job_id) as q:
             last = after
             while True:
-                backlog = await self.store.read_log(job_id, last)
+                backlog = await self._read_log(job_id, last)
                 for ev in backlog:
                     yield ev
                     last = ev.seq
                     if is_terminal(ev):
                         return
-                if not backlog and not await self.store.redis.exists(keys.job(job_id)):
+                if not backlog and not await self._exists(job_id):
                     raise NotFound(f"job {job_id} not found (or expired)")
                 # Live: forward until a gap or a quiet spell sends us back to the log.
                 while True:

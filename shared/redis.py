@@ -6,6 +6,7 @@ from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError, TimeoutError
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 
 def make_redis(url: str, *, max_connections: int = 64, health_check_interval: int = 15) -> Redis:
@@ -22,3 +23,13 @@ def make_redis(url: str, *, max_connections: int = 64, health_check_interval: in
         retry_on_error=[ConnectionError, TimeoutError],
     )
     return Redis(connection_pool=pool)
+
+
+def redis_retrying(seconds: float = 30.0) -> AsyncRetrying:
+    """Retry a Redis call through a restart or failover of up to ``seconds``."""
+    return AsyncRetrying(
+        retry=retry_if_exception_type((ConnectionError, TimeoutError, OSError)),
+        wait=wait_exponential(multiplier=0.05, max=1.0),
+        stop=stop_after_delay(seconds),
+        reraise=True,
+    )

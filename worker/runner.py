@@ -31,6 +31,7 @@ from shared.schemas import (
     TopLogprob,
     Usage,
 )
+from shared.redis import redis_retrying
 from shared.store import JobStore
 from worker.engine import EngineHost
 from worker.writer import EventWriter, FencedOut
@@ -134,7 +135,10 @@ class JobRunner:
         status: JobStatus | None = None
         error: ErrorInfo | None = None
         try:
-            claim = await self.store.claim(msg.id, self.worker_id)
+            claim = None
+            async for retry in redis_retrying():
+                with retry:
+                    claim = await self.store.claim(msg.id, self.worker_id)
             if claim is None or claim.previous is not JobStatus.queued:
                 log.info("job %s skipped: status %s", msg.id, claim and claim.previous.value)
                 return None
@@ -201,7 +205,10 @@ class JobRunner:
                                                   stop_reason=c.stop_reason)
             if first:
                 first = False
-                await self.store.update(job_id, first_token_at=time.time())
+                try:
+                    await self.store.update(job_id, first_token_at=time.time())
+                except Exception as e:  # a timestamp is not worth failing the job for
+                    log.warning("job %s: could not record first_token_at: %s", job_id, e)
 
     async def _finish(self, job_id: str, attempt: int, status: JobStatus, p: Progress,
                       error: ErrorInfo | None) -> None:
@@ -222,8 +229,10 @@ class JobRunner:
                               choices=ends, usage=p.usage())
         try:
             await self.writer.barrier()  # every token event is in the log before the end
-            if await self.store.finish(job_id, self.worker_id, attempt, event, **fields):
-                self.host.stats.jobs_finished += 1
+            async for retry in redis_retrying():
+                with retry:
+                    if await self.store.finish(job_id, self.worker_id, attempt, event, **fields):
+                        self.host.stats.jobs_finished += 1
         except Exception:
             log.exception("job %s: could not record its end (%s)", job_id, status.value)
 

@@ -89,12 +89,18 @@ class WorkerRuntime:
             await p.execute()
 
     async def _heartbeat(self) -> None:
+        connected_since: float | None = time.monotonic()
         while True:
             await asyncio.sleep(self.settings.heartbeat_s)
             try:
                 await self._beat()
-                await self._reap()
+                connected_since = connected_since or time.monotonic()
+                # judge others' heartbeats only after a full TTL of our own: right after a Redis
+                # outage every worker's last beat looks old
+                if time.monotonic() - connected_since > self.settings.worker_ttl_s:
+                    await self._reap()
             except Exception as e:  # Redis away: keep serving, try again next beat
+                connected_since = None
                 log.warning("heartbeat failed: %s", e)
 
     async def _reap(self) -> None:

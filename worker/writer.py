@@ -11,9 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
-from redis.exceptions import ConnectionError, TimeoutError
-
+from shared.redis import redis_retrying
 from shared.store import Event, JobStore, is_duplicate_id
 
 log = logging.getLogger(__name__)
@@ -66,12 +64,7 @@ class EventWriter:
 
     async def _send(self, items: list[tuple[str, int, Event]]) -> list[Exception | bool]:
         try:
-            async for attempt in AsyncRetrying(
-                retry=retry_if_exception_type((ConnectionError, TimeoutError)),
-                wait=wait_exponential(multiplier=0.05, max=2.0),
-                stop=stop_after_attempt(6),
-                reraise=True,
-            ):
+            async for attempt in redis_retrying():
                 with attempt:
                     return await self.store.append(items)
         except Exception as e:  # Redis unreachable for seconds: these jobs cannot stream

@@ -1,0 +1,111 @@
+"""A fleet of real processes that tests may break: redis-server (with an append-only file, so a
+restart keeps the queue and the jobs), a gateway and workers that can be killed and replaced."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import redis
+
+from tests.conftest import Service, free_port, inferq_env, spawn, wait_for
+
+PY = [sys.executable, "-m", "shared.cli"]
+FLEET_ENV = dict(
+    INFERQ_MAX_NUM_SEQS="32",
+    INFERQ_CPU_KV_CACHE_GIB="0.25",
+    INFERQ_HEARTBEAT_S="0.5",
+    INFERQ_WORKER_TTL_S="3",
+    INFERQ_DRAIN_TIMEOUT_S="3",
+    INFERQ_MAX_ATTEMPTS="4",
+)
+
+
+@dataclass
+class Fleet:
+    logdir: Path
+    redis_port: int = field(default_factory=free_port)
+    api_port: int = field(default_factory=free_port)
+    redis: Service | None = None
+    gateway: Service | None = None
+    workers: dict[str, Service] = field(default_factory=dict)
+    spawned: int = 0
+
+    @property
+    def redis_url(self) -> str:
+        return f"redis://127.0.0.1:{self.redis_port}/0"
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.api_port}"
+
+    @property
+    def ws(self) -> str:
+        return f"ws://127.0.0.1:{self.api_port}"
+
+    def env(self, **extra: str) -> dict[str, str]:
+        return inferq_env(self.redis_url, **{**FLEET_ENV, **extra})
+
+    def start_redis(self) -> None:
+        data = self.logdir / "redis-data"
+        data.mkdir(exist_ok=True)
+        self.redis = spawn("fleet-redis", ["redis-server", "--port", str(self.redis_port), "--bind", "127.0.0.1",
+                                           "--dir", str(data), "--save", "", "--appendonly", "yes",
+                                           "--appendfsync", "always"], dict(os.environ), self.logdir)
+        wait_for(self.redis_pings, 10, "redis-server", [self.redis.proc])
+
+    def redis_pings(self) -> bool:
+        try:
+            return bool(redis.Redis(port=self.redis_port, socket_connect_timeout=0.5).ping())
+        except redis.RedisError:
+            return False
+
+    def restart_redis(self, down_s: float = 1.0) -> None:
+        assert self.redis is not None
+        self.redis.stop(signal.SIGKILL)
+        time.sleep(down_s)
+        self.start_redis()
+
+    def start_gateway(self) -> None:
+        self.gateway = spawn("fleet-gateway", [*PY, "api", "--port", str(self.api_port)], self.env(), self.logdir)
+        wait_for(lambda: self._get("/healthz") is not None, 30, "fleet gateway", [self.gateway.proc])
+
+    def start_worker(self, wait: bool = True) -> str:
+        self.spawned += 1
+        wid = f"fw{self.spawned}"
+        self.workers[wid] = spawn(f"fleet-{wid}", [*PY, "worker"], self.env(INFERQ_WORKER_ID=wid), self.logdir)
+        if wait:
+            self.wait_worker(wid)
+        return wid
+
+    def wait_worker(self, wid: str, timeout: float = 180) -> None:
+        def live() -> bool:
+            ws = self._get("/v1/workers")
+            return ws is not None and any(w["id"] == wid and not w["draining"] for w in ws)
+        wait_for(live, timeout, f"worker {wid}", [self.workers[wid].proc])
+
+    def kill_worker(self, wid: str, sig: int = signal.SIGKILL) -> None:
+        self.workers.pop(wid).stop(sig, grace=30)
+
+    def live(self) -> list[str]:
+        return [w for w, s in self.workers.items() if s.proc.poll() is None]
+
+    def http(self) -> httpx.Client:
+        return httpx.Client(base_url=self.base, timeout=30)
+
+    def _get(self, path: str) -> object | None:
+        try:
+            r = httpx.get(self.base + path, timeout=2)
+            return r.json() if r.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return None
+
+    def stop(self) -> None:
+        for s in [self.gateway, *self.workers.values(), self.redis]:
+            if s is not None:
+                s.stop(signal.SIGKILL if s is self.redis else signal.SIGTERM, grace=20)

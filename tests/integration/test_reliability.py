@@ -1,0 +1,202 @@
+"""Faults against real processes: killed workers, drained workers, a dead engine, a Redis restart,
+overload, deadlines and priorities. A fleet of its own, so that breaking it harms no other test."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+
+import httpx
+import psutil
+import pytest
+import redis
+
+from tests.conftest import free_port, spawn, wait_for
+from tests.fleet import PY, Fleet
+from tests.helpers import submit, token_text, wait_status, ws_events
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def fleet(redis_server, logdir):  # redis_server: only to share the session's log folder order
+    f = Fleet(logdir)
+    try:
+        f.start_redis()
+        f.start_gateway()
+        first = f.start_worker(wait=False)
+        f.start_worker(wait=True)
+        f.wait_worker(first)
+        yield f
+    finally:
+        f.stop()
+
+
+def ensure_two_workers(fleet: Fleet) -> None:
+    while len(fleet.live()) < 2:
+        fleet.start_worker(wait=False)
+    for wid in fleet.live():
+        fleet.wait_worker(wid)
+
+
+def running_on(fleet: Fleet, job_id: str, min_text: int = 1) -> str:
+    with fleet.http() as http:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            v = http.get(f"/v1/jobs/{job_id}").json()
+            if v["status"] == "running" and len(v["text"]) >= min_text:
+                return str(v["worker"])
+            time.sleep(0.05)
+    raise TimeoutError(f"job {job_id} never ran")
+
+
+def http_ok(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def after_last_restart(events: list[dict]) -> list[dict]:
+    idx = max((i for i, e in enumerate(events) if e["type"] == "restart"), default=-1)
+    return events[idx + 1:]
+
+
+@pytest.fixture(scope="module")
+def ghost(fleet):
+    """A second gateway whose default model has no worker: its jobs stay queued."""
+    port = free_port()
+    svc = spawn("ghost-gateway", [*PY, "api", "--port", str(port)],
+                fleet.env(INFERQ_SERVED_MODEL_NAME="ghost", INFERQ_MAX_QUEUE_DEPTH="3"), fleet.logdir)
+    wait_for(lambda: http_ok(f"http://127.0.0.1:{port}/healthz"), 30, "ghost gateway", [svc.proc])
+    yield httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
+    svc.stop()
+
+
+def test_full_queue_is_429_with_retry_after(ghost) -> None:
+    codes = [ghost.post("/v1/jobs", json={"prompt": "x", "max_tokens": 4}) for _ in range(5)]
+    assert [r.status_code for r in codes] == [202, 202, 202, 429, 429]
+    assert codes[3].headers["retry-after"] == "1" and codes[3].json()["error"]["type"] == "rate_limit_error"
+    for r in codes[:3]:
+        assert ghost.delete(f"/v1/jobs/{r.json()['id']}").json()["status"] == "cancelled"
+
+
+def test_priority_puts_jobs_on_the_priority_lists(ghost, fleet) -> None:
+    r = redis.Redis(port=fleet.redis_port, decode_responses=True)
+    for name in r.keys("inferq.q.ghost*"):
+        r.delete(name)
+    ids = [ghost.post("/v1/jobs", json={"prompt": "x", "priority": p}).json()["id"] for p in (9, 0, 5)]
+    assert (r.llen("inferq.q.ghost"), r.llen("inferq.q.ghost:5"), r.llen("inferq.q.ghost:9")) == (1, 1, 1)
+    for job_id in ids:
+        ghost.delete(f"/v1/jobs/{job_id}")
+    with fleet.http() as http:  # the engine's priority scheduler takes it too
+        assert wait_status(http, submit(http, prompt="urgent", priority=0, max_tokens=4))["status"] == "succeeded"
+
+
+def test_deadline_queued_never_starts_running_is_aborted(fleet) -> None:
+    procs = [fleet.workers[w].proc for w in fleet.live()]
+    for p in procs:
+        p.send_signal(signal.SIGSTOP)
+    try:
+        with fleet.http() as http:
+            late = submit(http, prompt="late", max_tokens=8, timeout=0.5)
+            time.sleep(1.5)
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGCONT)
+    with fleet.http() as http:
+        v = wait_status(http, late)
+        assert v["status"] == "failed" and v["error"]["type"] == "deadline_exceeded", v
+        assert "never started" in v["error"]["message"] and v["usage"]["completion_tokens"] == 0
+        long = wait_status(http, submit(http, prompt="long", max_tokens=1900, ignore_eos=True, timeout=2))
+        assert long["status"] == "failed" and long["error"]["type"] == "deadline_exceeded"
+        assert 0 < long["usage"]["completion_tokens"] < 1900
+
+
+def test_sigkill_mid_generation_reruns_the_job_elsewhere(fleet) -> None:
+    ensure_two_workers(fleet)
+    with fleet.http() as http:
+        job_id = submit(http, prompt="survive", max_tokens=1500, ignore_eos=True, temperature=0)
+        follower = asyncio.run_coroutine_threadsafe(ws_events(f"{fleet.ws}/v1/jobs/{job_id}/stream"), LOOP)
+        victim = running_on(fleet, job_id, min_text=5)
+        killed_at = time.time()
+        fleet.kill_worker(victim, signal.SIGKILL)
+        view = wait_status(http, job_id, timeout=120)
+    events = follower.result(timeout=60)
+    assert view["status"] == "succeeded" and view["worker"] != victim, view
+    assert view["usage"]["completion_tokens"] == 1500
+    restarts = [e for e in events if e["type"] == "restart"]
+    assert restarts and restarts[0]["reason"] == "worker_lost"
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+    assert token_text(after_last_restart(events)) == view["text"]
+    assert view["started_at"] - killed_at < 15, "redelivered within seconds of the worker's death"
+
+
+def test_engine_failure_hands_jobs_back_and_exits_nonzero(fleet) -> None:
+    ensure_two_workers(fleet)
+    with fleet.http() as http:
+        job_id = submit(http, prompt="engine", max_tokens=1500, ignore_eos=True)
+        victim = running_on(fleet, job_id, min_text=3)
+        proc = fleet.workers[victim].proc
+        cores = [c for c in psutil.Process(proc.pid).children(recursive=True) if "EngineCore" in " ".join(c.cmdline())
+                 or "EngineCore" in c.name()]
+        assert cores, "found the engine core process"
+        for c in cores:
+            c.kill()
+        assert proc.wait(60) == 4
+        view = wait_status(http, job_id, timeout=120)
+        log = [e for e in asyncio.run_coroutine_threadsafe(
+            ws_events(f"{fleet.ws}/v1/jobs/{job_id}/stream"), LOOP).result(60)]
+    fleet.workers.pop(victim)
+    assert view["status"] == "succeeded" and view["worker"] != victim
+    assert any(e["type"] == "restart" and e["reason"] == "engine_failure" for e in log)
+
+
+def test_sigterm_drains_then_hands_back_what_is_left(fleet) -> None:
+    ensure_two_workers(fleet)
+    with fleet.http() as http:
+        job_id = submit(http, prompt="drain", max_tokens=1500, ignore_eos=True)
+        victim = running_on(fleet, job_id, min_text=3)
+        proc = fleet.workers[victim].proc
+        proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        seen_draining = False
+        while time.monotonic() < deadline and not seen_draining:
+            seen_draining = any(w["id"] == victim and w["draining"] for w in http.get("/v1/workers").json())
+            time.sleep(0.1)
+        assert proc.wait(60) == 0
+        view = wait_status(http, job_id, timeout=180)
+    fleet.workers.pop(victim)
+    assert seen_draining, "the worker announced it was draining"
+    assert view["status"] == "succeeded" and view["worker"] != victim
+
+
+def test_redis_restart_everyone_reconnects(fleet) -> None:
+    ensure_two_workers(fleet)
+    fleet.redis.stop(signal.SIGKILL)
+    try:
+        assert httpx.get(f"{fleet.base}/readyz", timeout=10).status_code == 503
+        time.sleep(1.0)
+    finally:
+        fleet.start_redis()
+    wait_for(lambda: http_ok(f"{fleet.base}/readyz"), 30, "readyz after restart")
+    with fleet.http() as http:
+        assert wait_status(http, submit(http, prompt="after", max_tokens=8))["status"] == "succeeded"
+    assert fleet.gateway.proc.poll() is None and all(fleet.workers[w].proc.poll() is None for w in fleet.live())
+    assert len(fleet.live()) == 2
+
+
+def test_chaos_short(fleet) -> None:
+    from tests.chaos import run_chaos
+
+    ensure_two_workers(fleet)
+    report = asyncio.run_coroutine_threadsafe(
+        run_chaos(fleet, jobs=30, kills=1, redis_restarts=1, max_tokens=120), LOOP).result(600)
+    assert report["lost"] == 0 and report["duplicated"] == 0, report
+    assert report["succeeded"] + sum(report["failed"].values()) == report["submitted"] == 30
+
+
+# One event loop in a thread for the websocket followers, so that tests can block meanwhile.
+LOOP = asyncio.new_event_loop()
+__import__("threading").Thread(target=LOOP.run_forever, daemon=True).start()
