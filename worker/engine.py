@@ -87,6 +87,7 @@ class EngineHost:
             load_format=s.load_format,
             enforce_eager=cpu if s.enforce_eager is None else s.enforce_eager,
             disable_log_stats=False,
+            scheduling_policy=s.scheduling_policy,
             # JSON modes emit compact JSON: a model is never steered into endless whitespace
             structured_outputs_config=StructuredOutputsConfig(backend="xgrammar", disable_any_whitespace=True),
         )
