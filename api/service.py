@@ -20,10 +20,11 @@ from starlette.concurrency import run_in_threadpool
 
 from api.auth import Principal
 from shared import keys
-from shared.errors import ContextLengthExceeded, NotFound, QueueFull
+from shared.errors import ContextLengthExceeded, NotFound, QueueFull, Unavailable
 from shared.schemas import (
     ChoiceView,
     ControlMessage,
+    ErrorInfo,
     JobLinks,
     JobMessage,
     JobRecord,
@@ -107,7 +108,13 @@ class JobService:
         await self.store.create(record)
         msg = JobMessage(id=record.id, model=model, request=req, created_at=record.created_at,
                          deadline=record.deadline)
-        await run_in_threadpool(send_job, self.celery, msg)
+        try:
+            await run_in_threadpool(send_job, self.celery, msg)
+        except Exception as e:  # the broker is away: the job must not sit "queued" forever
+            log.error("job %s: could not enqueue: %s", record.id, e)
+            await self.store.update(record.id, status=JobStatus.failed, finished_at=time.time(),
+                                    error=ErrorInfo(type="enqueue_failed", message=str(e)))
+            raise Unavailable("the queue (Redis) is unavailable; retry shortly", retry_after=1.0) from e
         return record
 
     async def record(self, job_id: str, caller: Principal | None = None) -> JobRecord:

@@ -15,6 +15,7 @@ inferq:worker:{wid}:jobs        set       ids of the jobs the worker is running 
 inferq:reaper                   string    lock: one worker at a time looks for dead workers (TTL)
 inferq:models                   zset      served model name -> last heartbeat (unix s)
 inferq.q.{model}[:{p}]          list      the model's Celery queue, one list per priority p (kombu)
+unacked, unacked_index          hash,zset kombu's delivered-but-unacked messages (the reaper sweeps)
 inferq:rate:{subject}           zset      submission times of the last minute (sliding window; TTL)
 inferq:active:{subject}         zset      the subject's unfinished job ids -> submit time (TTL)
 inferq:idem:{subject}:{hash}    string    an Idempotency-Key's request fingerprint and job ids (TTL)
@@ -27,6 +28,9 @@ PREFIX = "inferq"
 CONTROL_CHANNEL = f"{PREFIX}:control"
 MODELS = f"{PREFIX}:models"
 REAPER_LOCK = f"{PREFIX}:reaper"
+#: kombu's Redis transport keeps delivered-but-unacked messages here (its defaults).
+KOMBU_UNACKED = "unacked"
+KOMBU_UNACKED_INDEX = "unacked_index"
 TASK_NAME = "inferq.generate"
 #: Job priorities, 0 (most urgent) .. 9; kombu keeps one Redis list per priority.
 PRIORITIES = range(10)

@@ -8,6 +8,7 @@ that aborts cancelled jobs. Created once per process from Celery's ``worker_init
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import socket
@@ -116,6 +117,33 @@ class WorkerRuntime:
                 await self.redis.zrem(keys.workers(model), wid)
                 await self.redis.delete(keys.worker_jobs(wid))
                 log.warning("worker %s stopped heartbeating; its jobs were requeued", wid)
+        await self._sweep_unacked()
+
+    async def _sweep_unacked(self) -> None:
+        """Re-send queued jobs whose message was delivered to a worker that never claimed them
+        (it died between taking the message and starting the job): a live worker claims within
+        moments, so a delivery older than two worker TTLs whose job is still queued was lost.
+        A duplicate message is harmless: only one claim can win."""
+        assert self.redis is not None and self.store is not None
+        old = time.time() - 2 * self.settings.worker_ttl_s
+        for tag in await self.redis.zrangebyscore(keys.KOMBU_UNACKED_INDEX, 0, old):
+            raw = await self.redis.hget(keys.KOMBU_UNACKED, tag)
+            try:
+                job_id = str(json.loads(raw)[0]["headers"]["id"]) if raw else None
+            except (ValueError, KeyError, IndexError, TypeError):
+                job_id = None
+            rec = await self.store.get(job_id) if job_id else None
+            if rec is not None and rec.status is JobStatus.running:
+                continue  # its worker is alive (the reaper handles dead ones) and acks at the end
+            if rec is not None and rec.status is JobStatus.queued:
+                msg = JobMessage(id=rec.id, model=rec.model, request=rec.request,
+                                 created_at=rec.created_at, deadline=rec.deadline)
+                await asyncio.to_thread(send_job, self.celery, msg)
+                log.warning("job %s: its message was stranded with a lost worker; re-sent", rec.id)
+            async with self.redis.pipeline(transaction=True) as p:
+                p.hdel(keys.KOMBU_UNACKED, tag)
+                p.zrem(keys.KOMBU_UNACKED_INDEX, tag)
+                await p.execute()
 
     async def hand_back(self, job_id: str, worker_id: str, attempt: int | None, reason: str) -> str:
         """Requeue a running job (for another attempt) and send it to the queue again."""
