@@ -8,6 +8,7 @@ shares the one engine, so new requests join the running batch at the next step.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import threading
 from collections.abc import Coroutine
@@ -37,7 +38,7 @@ def _stats_logger_class(stats: EngineStats) -> type:
             s.steps += 1
             s.running = scheduler_stats.num_running_reqs
             s.waiting = scheduler_stats.num_waiting_reqs
-            s.kv_cache_usage = float(scheduler_stats.kv_cache_usage)
+            s.kv_cache_usage = float(getattr(scheduler_stats, "kv_cache_usage", 0.0))
             s.peak_running = max(s.peak_running, s.running)
 
         def log_engine_initialized(self) -> None:
@@ -99,7 +100,8 @@ class EngineHost:
         self.engine = AsyncLLM.from_engine_args(
             self.engine_args(), stat_loggers=[_stats_logger_class(self.stats)]
         )
-        self.tokenizer = self.engine.get_tokenizer()
+        tokenizer = self.engine.get_tokenizer()
+        self.tokenizer = await tokenizer if inspect.isawaitable(tokenizer) else tokenizer  # async in older vLLM
         self.max_model_len = int(self.engine.model_config.max_model_len)
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
