@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Run the H200 benchmarks on a 2-GPU machine prepared with ../shared/gpu (setup-device.sh sourced).
+#   bench/gpu/run.sh serving   # GPU 0: in-process vs inferq; GPU 1 at the same time: naive HF
+#   bench/gpu/run.sh scaling   # inferq with 1 worker vs 2 workers (one per GPU)
+# Results (json, md, png) are copied to $OUT (default /tmp/bench-out).
+set -u
+out=${OUT:-/tmp/bench-out}; mkdir -p "$out"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+[ -f /tmp/m7/tokenizer.json ] || python3 .gpu/b/make-model.py /tmp/m7 --preset mistral-7b >"$out/make-model.log" 2>&1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$out/gpu.txt" 2>&1
+collect() {  # name dir
+  for f in results.json results.md throughput.png ttft.png; do
+    [ -f "$2/$f" ] && cp "$2/$f" "$out/$1-$f"
+  done
+  tail -n 40 "$2"/logs/*.log > "$out/$1-logs.txt" 2>/dev/null || true
+}
+case "${1:-serving}" in
+  serving)
+    timeout 540 python3 -m bench run --config bench/configs/h200-mistral7b-naive.json --out /tmp/b-naive \
+      > /tmp/b-naive.log 2>&1 &
+    naive=$!
+    timeout 540 python3 -m bench run --config bench/configs/h200-mistral7b-serving.json --out /tmp/b-serving \
+      > /tmp/b-serving.log 2>&1
+    wait $naive
+    collect serving /tmp/b-serving; collect naive /tmp/b-naive
+    tail -n 30 /tmp/b-serving.log /tmp/b-naive.log ;;
+  scaling)
+    timeout 560 python3 -m bench run --config bench/configs/h200x2-mistral7b.json --out /tmp/b-x2 > /tmp/b-x2.log 2>&1
+    collect x2 /tmp/b-x2; tail -n 30 /tmp/b-x2.log ;;
+esac
