@@ -6,10 +6,10 @@
 set -u
 out=${OUT:-/tmp/bench-out}; mkdir -p "$out"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-[ -f /tmp/m7/tokenizer.json ] || python3 .gpu/b/make-model.py /tmp/m7 --preset mistral-7b >"$out/make-model.log" 2>&1
+[ -f /tmp/m7/tokenizer.json ] || python3 .gpu/b/make-model.py /tmp/m7 --preset mistral-7b >/tmp/make-model.log 2>&1 || cp /tmp/make-model.log "$out/"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$out/gpu.txt" 2>&1
 collect() {  # name dir
-  for f in results.json results.md throughput.png ttft.png; do
+  for f in results.json; do
     [ -f "$2/$f" ] && cp "$2/$f" "$out/$1-$f"
   done
   tail -n 40 "$2"/logs/*.log > "$out/$1-logs.txt" 2>/dev/null || true
