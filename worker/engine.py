@@ -109,7 +109,9 @@ class EngineHost:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
 
     def unfinished_requests(self) -> int:
-        return int(self.engine.get_num_unfinished_requests()) if self.engine is not None else 0
+        if self.engine is None:
+            return 0
+        return int(self.engine.output_processor.get_num_unfinished_requests())  # all vLLM versions
 
     def stop(self) -> None:
         if self.engine is not None:

@@ -16,7 +16,7 @@ collect() {  # name dir
 }
 case "${1:-serving}" in
   serving)
-    timeout 540 python3 -m bench run --config bench/configs/h200-mistral7b-naive.json --out /tmp/b-naive \
+    [ -n "${SKIP_NAIVE:-}" ] || timeout 540 python3 -m bench run --config bench/configs/h200-mistral7b-naive.json --out /tmp/b-naive \
       > /tmp/b-naive.log 2>&1 &
     naive=$!
     timeout 540 python3 -m bench run --config bench/configs/h200-mistral7b-serving.json --out /tmp/b-serving \
