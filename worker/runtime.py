@@ -32,6 +32,17 @@ from worker.writer import EventWriter
 log = logging.getLogger(__name__)
 
 
+def kill_children() -> None:
+    """Kill this process's children (the engine core and its workers) before a hard exit."""
+    import psutil
+
+    for child in psutil.Process().children(recursive=True):
+        try:
+            child.kill()
+        except psutil.Error:
+            pass
+
+
 class WorkerRuntime:
     def __init__(self, settings: Settings, celery: Celery) -> None:
         self.settings = settings
@@ -167,6 +178,7 @@ class WorkerRuntime:
         time.sleep(0.5)  # let the other jobs on the dead engine hand themselves back
         log.critical("the engine died: exiting with code %s so that a supervisor restarts the worker",
                      self.exit_code)
+        kill_children()
         logging.shutdown()
         os._exit(self.exit_code or 4)
 

@@ -20,7 +20,7 @@ from shared import keys
 from shared.schemas import JobMessage
 from shared.settings import get_settings
 from worker.celery_app import make_celery
-from worker.runtime import WorkerRuntime
+from worker.runtime import WorkerRuntime, kill_children
 
 log = logging.getLogger(__name__)
 app = make_celery(get_settings())
@@ -37,6 +37,7 @@ def _start_engine(**_: Any) -> None:
         _runtime.start()
     except BaseException:
         log.critical("the engine could not start; exiting", exc_info=True)
+        kill_children()  # an engine core left behind would keep holding the GPU's memory
         logging.shutdown()
         os._exit(3)
 
