@@ -13,6 +13,7 @@ inferq:workers:{model}          zset      worker id -> last heartbeat (unix s)
 inferq:worker:{wid}             string    the worker's :class:`shared.schemas.WorkerInfo` (TTL)
 inferq:worker:{wid}:jobs        set       ids of the jobs the worker is running (for the reaper)
 inferq:reaper                   string    lock: one worker at a time looks for dead workers (TTL)
+inferq:queued                   zset      queued job ids -> time queued (the reaper finds lost messages)
 inferq:models                   zset      served model name -> last heartbeat (unix s)
 inferq.q.{model}[:{p}]          list      the model's Celery queue, one list per priority p (kombu)
 unacked, unacked_index          hash,zset kombu's delivered-but-unacked messages (the reaper sweeps)
@@ -28,6 +29,8 @@ PREFIX = "inferq"
 CONTROL_CHANNEL = f"{PREFIX}:control"
 MODELS = f"{PREFIX}:models"
 REAPER_LOCK = f"{PREFIX}:reaper"
+#: zset: queued job id -> time it was (re)queued; the reaper re-sends one whose message was lost.
+QUEUED = f"{PREFIX}:queued"
 #: kombu's Redis transport keeps delivered-but-unacked messages here (its defaults).
 KOMBU_UNACKED = "unacked"
 KOMBU_UNACKED_INDEX = "unacked_index"

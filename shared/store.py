@@ -40,7 +40,7 @@ local function last_seq(log)
 end
 """
 
-# KEYS: job hash, log, worker's job set. ARGV: worker id (JSON), now, job id.
+# KEYS: job hash, log, worker's job set, queued zset. ARGV: worker id (JSON), now, job id.
 # queued -> running, attempt + 1. Returns {status before (JSON), attempt, last seq in the log}.
 _CLAIM = _LAST_SEQ + f"""
 local st = redis.call('HGET', KEYS[1], 'status')
@@ -50,10 +50,11 @@ local attempt = tonumber(redis.call('HGET', KEYS[1], 'attempt') or '0') + 1
 redis.call('HSET', KEYS[1], 'status', '{_Q("running")}', 'worker', ARGV[1], 'started_at', ARGV[2],
            'attempt', attempt)
 redis.call('SADD', KEYS[3], ARGV[3])
+redis.call('ZREM', KEYS[4], ARGV[3])
 return {{st, attempt, last_seq(KEYS[2])}}
 """
 
-# KEYS: job hash, log, channel. ARGV: now, (unused), ttl.
+# KEYS: job hash, log, channel, queued zset. ARGV: now, job id, ttl.
 # queued -> cancelled at once (with its final event); running -> flag it; else: nothing.
 _CANCEL = f"""
 local st = redis.call('HGET', KEYS[1], 'status')
@@ -68,6 +69,7 @@ if st == '{_Q("queued")}' then
   redis.call('XADD', KEYS[2], seq .. '-0', 'e', data)
   redis.call('EXPIRE', KEYS[2], ARGV[3])
   redis.call('PUBLISH', KEYS[3], data)
+  redis.call('ZREM', KEYS[4], ARGV[2])
 elseif st == '{_Q("running")}' then
   redis.call('HSET', KEYS[1], 'cancel_requested', 'true')
 end
@@ -99,7 +101,7 @@ redis.call('PUBLISH', KEYS[3], ARGV[3])
 return 1
 """
 
-# KEYS: job hash, log, channel, worker's job set. ARGV: worker id (JSON) or '', attempt or '',
+# KEYS: job hash, log, channel, worker's job set, queued zset. ARGV: worker id (JSON) or '', attempt or '',
 # max attempts, now, reason, job id, ttl. Takes a running job back from a worker that died, drains
 # or lost its engine: cancelled if a cancel was pending, failed after max attempts, else queued
 # again with a `restart` event. Returns 'requeued', 'failed', 'cancelled' or 'skip'.
@@ -125,6 +127,7 @@ elseif attempt >= tonumber(ARGV[3]) then
 else
   ev = {{type='restart', seq=seq, attempt=attempt, reason=ARGV[5]}}
   redis.call('HSET', KEYS[1], 'status', '{_Q("queued")}')
+  redis.call('ZADD', KEYS[5], ARGV[4], ARGV[6])
   redis.call('HDEL', KEYS[1], 'worker')
   outcome = 'requeued'
 end
@@ -160,6 +163,7 @@ class JobStore:
         async with self.redis.pipeline(transaction=True) as p:
             p.hset(key, mapping=record.to_hash())
             p.expire(key, self.ttl_s)
+            p.zadd(keys.QUEUED, {record.id: record.created_at})
             await p.execute()
 
     async def get(self, job_id: str) -> JobRecord | None:
@@ -168,7 +172,8 @@ class JobStore:
 
     async def claim(self, job_id: str, worker_id: str) -> Claim | None:
         """queued -> running for ``worker_id`` (a new attempt). None: no such job."""
-        res = await self._claim(keys=[keys.job(job_id), keys.job_log(job_id), keys.worker_jobs(worker_id)],
+        res = await self._claim(keys=[keys.job(job_id), keys.job_log(job_id), keys.worker_jobs(worker_id),
+                                      keys.QUEUED],
                                 args=[_Q(worker_id), str(time.time()), job_id])
         if res is None:
             return None
@@ -176,8 +181,8 @@ class JobStore:
 
     async def request_cancel(self, job_id: str) -> JobStatus | None:
         """Cancel: a queued job ends now; a running one is flagged (its worker aborts it)."""
-        st = await self._cancel(keys=[keys.job(job_id), keys.job_log(job_id), keys.job_channel(job_id)],
-                                args=[str(time.time()), "", self.ttl_s])
+        st = await self._cancel(keys=[keys.job(job_id), keys.job_log(job_id), keys.job_channel(job_id), keys.QUEUED],
+                                args=[str(time.time()), job_id, self.ttl_s])
         return JobStatus(json.loads(st)) if st else None
 
     async def update(self, job_id: str, **fields: object) -> None:
@@ -196,7 +201,8 @@ class JobStore:
         """Take a running job back from its worker: 'requeued', 'failed', 'cancelled' or 'skip'."""
         wid = worker_id or ""
         return str(await self._requeue(
-            keys=[keys.job(job_id), keys.job_log(job_id), keys.job_channel(job_id), keys.worker_jobs(wid)],
+            keys=[keys.job(job_id), keys.job_log(job_id), keys.job_channel(job_id), keys.worker_jobs(wid),
+                  keys.QUEUED],
             args=[_Q(wid) if wid else "", "" if attempt is None else str(attempt), max_attempts,
                   str(time.time()), reason, job_id, self.ttl_s]))
 

@@ -129,6 +129,35 @@ class WorkerRuntime:
                 await self.redis.delete(keys.worker_jobs(wid))
                 log.warning("worker %s stopped heartbeating; its jobs were requeued", wid)
         await self._sweep_unacked()
+        await self._sweep_queued()
+
+    async def _sweep_queued(self) -> None:
+        """Re-send a job that has been queued for a while although its model's queue is empty
+        and no worker holds its message: the message was lost (Redis died between handing it to
+        a worker and that worker recording it). Jobs that are no longer queued leave the set."""
+        assert self.redis is not None and self.store is not None
+        now = time.time()
+        stale = await self.redis.zrangebyscore(keys.QUEUED, 0, now - 2 * self.settings.worker_ttl_s)
+        if not stale:
+            return
+        held = set()
+        for raw in await self.redis.hvals(keys.KOMBU_UNACKED):
+            try:
+                held.add(str(json.loads(raw)[0]["headers"]["id"]))
+            except (ValueError, KeyError, IndexError, TypeError):
+                continue
+        for job_id in stale:
+            rec = await self.store.get(job_id)
+            if rec is None or rec.status is not JobStatus.queued:
+                await self.redis.zrem(keys.QUEUED, job_id)
+                continue
+            depth = sum([await self.redis.llen(q) for q in keys.queue_lists(rec.model)])
+            if depth == 0 and job_id not in held:
+                msg = JobMessage(id=rec.id, model=rec.model, request=rec.request,
+                                 created_at=rec.created_at, deadline=rec.deadline)
+                await asyncio.to_thread(send_job, self.celery, msg)
+                await self.redis.zadd(keys.QUEUED, {job_id: now})
+                log.warning("job %s: queued with no message anywhere; re-sent", job_id)
 
     async def _sweep_unacked(self) -> None:
         """Re-send queued jobs whose message was delivered to a worker that never claimed them
