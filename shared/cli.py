@@ -19,9 +19,12 @@ def cmd_api(args: argparse.Namespace) -> int:
     from api.app import create_app
 
     s = get_settings()
-    uvicorn.run(create_app(s), host=args.host or s.host, port=args.port or s.port,
-                log_level=s.log_level.lower(), ws="websockets", ws_max_size=s.max_body_bytes,
-                timeout_graceful_shutdown=5)
+    workers = args.workers or s.api_workers
+    # several processes need the app as an import string; they share nothing but Redis
+    app = "api.app:create_app" if workers > 1 else create_app(s)
+    uvicorn.run(app, factory=workers > 1, workers=workers, host=args.host or s.host,
+                port=args.port or s.port, log_level=s.log_level.lower(), ws="websockets",
+                ws_max_size=s.max_body_bytes, timeout_graceful_shutdown=5)
     return 0
 
 
@@ -62,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("api", help="run the gateway (FastAPI on uvicorn)")
     p.add_argument("--host")
     p.add_argument("--port", type=int)
+    p.add_argument("--workers", type=int, help="gateway processes on this port (default INFERQ_API_WORKERS)")
     p.set_defaults(func=cmd_api)
     p = sub.add_parser("worker", help="run a worker: Celery threads pool + one vLLM engine")
     p.set_defaults(func=cmd_worker)

@@ -181,7 +181,7 @@ class TokenEvent(BaseModel):
 
 class ChoiceEnd(BaseModel):
     index: int
-    finish_reason: str | None
+    finish_reason: str | None = None
     stop_reason: str | int | None = None
 
 
@@ -189,7 +189,7 @@ class DoneEvent(BaseModel):
     type: Literal["done"] = "done"
     seq: int
     status: Literal[JobStatus.succeeded, JobStatus.cancelled] = JobStatus.succeeded
-    finish_reason: str | None
+    finish_reason: str | None = None
     choices: list[ChoiceEnd] = Field(default_factory=list)
     usage: Usage = Field(default_factory=Usage)
 

@@ -194,12 +194,15 @@ class JobRunner:
                 raise EngineError(f"could not publish tokens: {err}")
             for c in out.outputs:
                 if c.text or c.token_ids:
-                    p.seq += 1
                     p.texts[c.index] = p.texts.get(c.index, "") + c.text
                     p.tokens[c.index] = p.tokens.get(c.index, 0) + len(c.token_ids)
-                    self.writer.emit(job_id, attempt, TokenEvent(seq=p.seq, index=c.index, text=c.text,
-                                                        n_tokens=len(c.token_ids),
-                                                        logprobs=_logprobs(c, self.host.tokenizer, params.logprobs or 0)))
+                    merged = params.logprobs is None and self.writer.extend(job_id, c.index, c.text,
+                                                                            len(c.token_ids))
+                    if not merged:
+                        p.seq += 1
+                        self.writer.emit(job_id, attempt, TokenEvent(
+                            seq=p.seq, index=c.index, text=c.text, n_tokens=len(c.token_ids),
+                            logprobs=_logprobs(c, self.host.tokenizer, params.logprobs or 0)))
                 if c.finish_reason is not None:
                     p.finish[c.index] = ChoiceEnd(index=c.index, finish_reason=c.finish_reason,
                                                   stop_reason=c.stop_reason)

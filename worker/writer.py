@@ -12,6 +12,7 @@ import asyncio
 import logging
 
 from shared.redis import redis_retrying
+from shared.schemas import TokenEvent
 from shared.store import Event, JobStore, is_duplicate_id
 
 log = logging.getLogger(__name__)
@@ -28,13 +29,29 @@ class EventWriter:
         self._queue: asyncio.Queue[tuple[str, int, Event | None, asyncio.Future[None] | None]] = asyncio.Queue()
         self.failed: dict[str, Exception] = {}
         self._task: asyncio.Task[None] | None = None
+        self._open: dict[str, TokenEvent] = {}  # per job: its last token event, not yet sent
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._drain(), name="event-writer")
 
     def emit(self, job_id: str, attempt: int, event: Event) -> None:
         """Queue an event of the job's ``attempt``; it is written with the next batch."""
+        if isinstance(event, TokenEvent):
+            self._open[job_id] = event
+        else:
+            self._open.pop(job_id, None)
         self._queue.put_nowait((job_id, attempt, event, None))
+
+    def extend(self, job_id: str, index: int, text: str, n_tokens: int) -> bool:
+        """Append a delta to the job's last token event if that is still waiting to be sent
+        (the writer is behind): under load, one message carries several tokens. False if the
+        caller must emit a new event (with the next seq)."""
+        ev = self._open.get(job_id)
+        if ev is None or ev.index != index or ev.logprobs is not None:
+            return False
+        ev.text += text
+        ev.n_tokens += n_tokens
+        return True
 
     async def barrier(self) -> None:
         """Wait until every event emitted so far has been sent."""
@@ -44,12 +61,16 @@ class EventWriter:
 
     def forget(self, job_id: str) -> None:
         self.failed.pop(job_id, None)
+        self._open.pop(job_id, None)
 
     async def _drain(self) -> None:
         while True:
             batch = [await self._queue.get()]
             while len(batch) < MAX_BATCH and not self._queue.empty():
                 batch.append(self._queue.get_nowait())
+            for job_id, _, ev, _ in batch:  # from here on these events are frozen
+                if ev is not None and self._open.get(job_id) is ev:
+                    del self._open[job_id]
             events = [(job_id, attempt, ev) for job_id, attempt, ev, _ in batch if ev is not None]
             results = iter(await self._send(events) if events else [])
             for job_id, _, ev, fut in batch:

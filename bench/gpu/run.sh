@@ -24,6 +24,9 @@ case "${1:-serving}" in
     wait $naive
     collect serving /tmp/b-serving; collect naive /tmp/b-naive
     tail -n 30 /tmp/b-serving.log /tmp/b-naive.log ;;
+  gw4)
+    timeout 400 python3 -m bench run --config bench/configs/h200-mistral7b-gw4.json --out /tmp/b-gw4 > /tmp/b-gw4.log 2>&1
+    collect gw4 /tmp/b-gw4; tail -n 14 /tmp/b-gw4.log ;;
   scaling)
     timeout 560 python3 -m bench run --config bench/configs/h200x2-mistral7b.json --out /tmp/b-x2 > /tmp/b-x2.log 2>&1
     collect x2 /tmp/b-x2; tail -n 30 /tmp/b-x2.log ;;
