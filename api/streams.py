@@ -11,6 +11,7 @@ Lossless delivery of a job's events from any ``seq`` on:
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -22,10 +23,11 @@ from redis.exceptions import ConnectionError, TimeoutError
 from shared import keys
 from shared.errors import NotFound
 from shared.redis import redis_retrying
-from shared.schemas import is_terminal, parse_event
+from shared.schemas import JobStatus, is_terminal, parse_event
 from shared.store import Event, JobStore
 
 log = logging.getLogger(__name__)
+_TERMINAL = {s.value for s in JobStatus if s.terminal}
 
 
 class StreamHub:
@@ -104,10 +106,12 @@ class StreamHub:
                 return await self.store.read_log(job_id, after)
         raise AssertionError("unreachable")
 
-    async def _exists(self, job_id: str) -> bool:
+    async def _status(self, job_id: str) -> str | None:
+        """The job's status as stored (JSON), or None if there is no such job."""
         async for attempt in redis_retrying():
             with attempt:
-                return bool(await self.store.redis.exists(keys.job(job_id)))
+                raw = await self.store.redis.hget(keys.job(job_id), "status")
+                return None if raw is None else str(json.loads(raw))
         raise AssertionError("unreachable")
 
     async def events(self, job_id: str, after: int = 0) -> AsyncIterator[Event]:
@@ -121,8 +125,12 @@ class StreamHub:
                     last = ev.seq
                     if is_terminal(ev):
                         return
-                if not backlog and not await self._exists(job_id):
-                    raise NotFound(f"job {job_id} not found (or expired)")
+                if not backlog:
+                    status = await self._status(job_id)
+                    if status is None:
+                        raise NotFound(f"job {job_id} not found (or expired)")
+                    if status in _TERMINAL:  # `after` is at or past the job's last event
+                        return
                 # Live: forward until a gap or a quiet spell sends us back to the log.
                 while True:
                     try:

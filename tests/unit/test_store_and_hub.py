@@ -148,3 +148,17 @@ async def test_hub_unknown_job_raises_not_found(store) -> None:
             await collect(hub, "job-missing")
     finally:
         await hub.stop()
+
+
+async def test_hub_after_the_last_event_of_a_finished_job_ends_at_once(store) -> None:
+    hub = StreamHub(store.redis, store, idle_check_s=5.0)
+    await hub.start()
+    try:
+        job = await new_job(store)
+        await store.claim(job, "w")
+        await store.append([(job, 1, TokenEvent(seq=1, text="a"))])
+        await store.finish(job, "w", 1, DoneEvent(seq=2, finish_reason="stop"), status=JobStatus.succeeded)
+        for after in (2, 9):
+            assert await asyncio.wait_for(collect(hub, job, after=after), 2) == []
+    finally:
+        await hub.stop()
