@@ -129,7 +129,9 @@ class StreamHub:
                     status = await self._status(job_id)
                     if status is None:
                         raise NotFound(f"job {job_id} not found (or expired)")
-                    if status in _TERMINAL:  # `after` is at or past the job's last event
+                    if status in _TERMINAL:  # ended meanwhile, or `after` is past its last event
+                        for ev in await self._read_log(job_id, last):
+                            yield ev
                         return
                 # Live: forward until a gap or a quiet spell sends us back to the log.
                 while True:
