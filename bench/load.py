@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from bench import cpu
 from bench.config import Level
 
 
@@ -125,13 +126,20 @@ async def drive(send: Send, warmup: Sequence[tuple[int, Any]], plan: Plan, timeo
         log(f"    warm-up: {len(res) - len(bad)}/{len(res)} ok" + (f" ({bad[0]})" if bad else ""))
     out: dict[str, dict[str, Any]] = {}
     for level, requests in plan:
+        before = cpu.sample()
         res, wall = await run_level(level, requests, send, timeout, seed)
+        use = cpu.shares(before, cpu.sample(), wall)
         failed = sum(not r.ok for r in res)
         tokens = sum(r.out_tokens for r in res if r.ok)
         log(f"    {level.label:>7}: {len(res)} requests, {failed} failed, {wall:.1f} s, "
-            f"{tokens / wall if wall > 0 else 0:.1f} output tok/s" + (f" ({_first_error(res)})" if failed else ""))
-        out[level.label] = {"mode": level.mode, "value": level.value, "wall_s": wall, "results": res}
+            f"{tokens / wall if wall > 0 else 0:.1f} output tok/s" + _others(use.get("cpu_others"))
+            + (f" ({_first_error(res)})" if failed else ""))
+        out[level.label] = {"mode": level.mode, "value": level.value, "wall_s": wall, "results": res, **use}
     return out
+
+
+def _others(share: float | None) -> str:
+    return "" if share is None or share < 0.05 else f", other processes used {share:.0%} of the CPU"
 
 
 def _first_error(results: Sequence[RequestResult]) -> str:

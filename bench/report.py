@@ -10,12 +10,16 @@ def _ms(v: float | None) -> str:
     return "-" if v is None else (f"{v * 1000:.0f}" if v >= 1 else f"{v * 1000:.1f}")
 
 
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{v:.0%}"
+
+
 def _num(v: float | None, fmt: str = "{:.1f}") -> str:
     return "-" if v is None else fmt.format(v)
 
 
 HEADER = ("| target | level | ok/failed | out tok/s | req/s | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 "
-          "| E2E p50 | E2E p99 | queued p50 | vs in-process | +TTFT p50 |")
+          "| E2E p50 | E2E p99 | queued p50 | vs in-process | +TTFT p50 | CPU others |")
 
 
 def markdown_table(doc: dict[str, Any]) -> str:
@@ -23,7 +27,7 @@ def markdown_table(doc: dict[str, Any]) -> str:
     lines = [HEADER, "|" + "---|" * (HEADER.count("|") - 1)]
     for r in doc["summary"]:
         if "error" in r and r.get("level") == "-":
-            lines.append(f"| {r['target']} | - | FAILED: {str(r['error'])[:120]} |" + " |" * 11)
+            lines.append(f"| {r['target']} | - | FAILED: {str(r['error'])[:120]} |" + " |" * 12)
             continue
         ratio = r.get("throughput_vs_inprocess")
         lines.append(
@@ -31,7 +35,7 @@ def markdown_table(doc: dict[str, Any]) -> str:
             f"| {_num(r['req_s'], '{:.2f}')} | {_ms(r['ttft_p50'])} | {_ms(r['ttft_p99'])} "
             f"| {_ms(r['itl_p50'])} | {_ms(r['itl_p99'])} | {_ms(r['e2e_p50'])} | {_ms(r['e2e_p99'])} "
             f"| {_ms(r['queued_p50'])} | {'-' if ratio is None else f'{ratio:.2f}x'} "
-            f"| {_ms(r.get('added_ttft_p50'))} |")
+            f"| {_ms(r.get('added_ttft_p50'))} | {_pct(r.get('cpu_others'))} |")
     return "\n".join(lines)
 
 
@@ -60,7 +64,8 @@ def describe(doc: dict[str, Any]) -> str:
             f"before each target: {_loads(doc)}.\n"
             "Latencies in ms. ITL = gap between output chunks as the client receives them. "
             "TTFT of non-streaming paths (naive-hf*) is the full response time; of inferq-rest, the "
-            "first 20 ms poll that shows text.")
+            "first 20 ms poll that shows text. CPU others: share of the machine's CPU that processes "
+            "outside the benchmark used during the level (other users of a shared machine).")
     if errors:
         text += "\n\nFailures:\n" + "\n".join(f"- {e[:300]}" for e in errors)
     return text

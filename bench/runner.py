@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import clients
+from bench import clients, cpu
 from bench.config import INFERQ_KINDS, STREAMING_KINDS, Target, Workload
 from bench.load import drive
 from bench.metrics import add_ratios, summarize_level, summary_rows
@@ -58,8 +58,10 @@ def _levels_json(levels: dict[str, dict[str, Any]], streaming: bool) -> dict[str
     out = {}
     for label, lv in levels.items():
         raw = [r if isinstance(r, dict) else r.to_json() for r in lv["results"]]
+        summary = summarize_level(raw, lv["wall_s"], streaming)
+        summary.update({k: lv.get(k) for k in ("cpu_own", "cpu_others")})
         out[label] = {"mode": lv["mode"], "value": lv["value"], "wall_s": lv["wall_s"],
-                      "summary": summarize_level(raw, lv["wall_s"], streaming), "requests": raw}
+                      "summary": summary, "requests": raw}
     return out
 
 
@@ -150,6 +152,7 @@ def run(w: Workload, out: Path, base_url: str | None = None, api_key: str | None
 
     ``base_url``: measure this running gateway instead of starting stacks (``api_key`` for it)."""
     (out / "logs").mkdir(parents=True, exist_ok=True)
+    os.environ[cpu.ROOT_ENV] = str(os.getpid())  # the in-process subprocess counts CPU for our tree
     t_start = time.time()
     model_path = resolve_model_path(w.model)
     _log(f"bench {w.name}: model {model_path}, prompt {w.prompt_len} tokens, output {w.output_len} tokens")
