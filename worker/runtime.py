@@ -104,6 +104,11 @@ class WorkerRuntime:
         connected_since: float | None = time.monotonic()
         while True:
             await asyncio.sleep(self.settings.heartbeat_s)
+            if self.host.engine is not None and self.host.engine.errored and self.exit_code is None:
+                log.critical("the engine is dead")
+                await self._hand_back_all("engine_failure")
+                self.exit_code = 4
+                threading.Thread(target=self._die, name="engine-dead-exit", daemon=True).start()
             try:
                 await self._beat()
                 connected_since = connected_since or time.monotonic()

@@ -105,12 +105,13 @@ def test_deadline_queued_never_starts_running_is_aborted(fleet) -> None:
         assert 0 < long["usage"]["completion_tokens"] < 1900
 
 
+@pytest.mark.faults
 def test_sigkill_mid_generation_reruns_the_job_elsewhere(fleet) -> None:
     ensure_two_workers(fleet)
     with fleet.http() as http:
         job_id = submit(http, prompt="survive", max_tokens=1500, ignore_eos=True, temperature=0)
         follower = asyncio.run_coroutine_threadsafe(ws_events(f"{fleet.ws}/v1/jobs/{job_id}/stream"), LOOP)
-        victim = running_on(fleet, job_id, min_text=5)
+        victim = running_on(fleet, job_id, min_text=0)  # claimed: the engine has it or will at once
         killed_at = time.time()
         fleet.kill_worker(victim, signal.SIGKILL)
         view = wait_status(http, job_id, timeout=120)
@@ -124,11 +125,12 @@ def test_sigkill_mid_generation_reruns_the_job_elsewhere(fleet) -> None:
     assert view["started_at"] - killed_at < 15, "redelivered within seconds of the worker's death"
 
 
+@pytest.mark.faults
 def test_engine_failure_hands_jobs_back_and_exits_nonzero(fleet) -> None:
     ensure_two_workers(fleet)
     with fleet.http() as http:
         job_id = submit(http, prompt="engine", max_tokens=1500, ignore_eos=True)
-        victim = running_on(fleet, job_id, min_text=3)
+        victim = running_on(fleet, job_id, min_text=0)
         proc = fleet.workers[victim].proc
         cores = [c for c in psutil.Process(proc.pid).children(recursive=True) if "EngineCore" in " ".join(c.cmdline())
                  or "EngineCore" in c.name()]
@@ -144,11 +146,12 @@ def test_engine_failure_hands_jobs_back_and_exits_nonzero(fleet) -> None:
     assert any(e["type"] == "restart" and e["reason"] == "engine_failure" for e in log)
 
 
+@pytest.mark.faults
 def test_sigterm_drains_then_hands_back_what_is_left(fleet) -> None:
     ensure_two_workers(fleet)
     with fleet.http() as http:
         job_id = submit(http, prompt="drain", max_tokens=1500, ignore_eos=True)
-        victim = running_on(fleet, job_id, min_text=3)
+        victim = running_on(fleet, job_id, min_text=0)
         proc = fleet.workers[victim].proc
         proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + 5
@@ -158,11 +161,19 @@ def test_sigterm_drains_then_hands_back_what_is_left(fleet) -> None:
             time.sleep(0.1)
         assert proc.wait(60) == 0
         view = wait_status(http, job_id, timeout=180)
+        events = asyncio.run_coroutine_threadsafe(ws_events(f"{fleet.ws}/v1/jobs/{job_id}/stream"), LOOP).result(60)
     fleet.workers.pop(victim)
     assert seen_draining, "the worker announced it was draining"
-    assert view["status"] == "succeeded" and view["worker"] != victim
+    assert view["status"] == "succeeded" and view["usage"]["completion_tokens"] == 1500
+    restarts = [e for e in events if e["type"] == "restart"]
+    # finished within the grace period on the draining worker, or handed back and run elsewhere
+    if view["worker"] == victim:
+        assert not restarts
+    else:
+        assert [e["reason"] for e in restarts] == ["worker_shutdown"]
 
 
+@pytest.mark.faults
 def test_redis_restart_everyone_reconnects(fleet) -> None:
     ensure_two_workers(fleet)
     fleet.redis.stop(signal.SIGKILL)
