@@ -30,7 +30,7 @@ from api.openai_schemas import (
 )
 from api.streams import StreamHub
 from shared.errors import ContextLengthExceeded, EngineError, InferqError, InvalidRequest
-from shared.schemas import ErrorInfo, JobRequest, TokenEvent, TokenLogprob, Usage
+from shared.schemas import ErrorEvent, ErrorInfo, JobRequest, RestartEvent, TokenEvent, TokenLogprob, Usage
 
 
 def chat_job(req: ChatCompletionRequest) -> JobRequest:
@@ -172,13 +172,15 @@ async def chat_chunks(hub: StreamHub, job_id: str, model: str, req: ChatCompleti
                 yield chunk([ChunkChoice(index=end.index, delta=Delta(), finish_reason=end.finish_reason)])
             if include_usage:
                 yield chunk([], ev.usage)
-        elif ev.type == "restart":
-            yield _error_payload(_restarted(job_id))
-            return
         else:
-            yield _error_payload(error_from(ev.error))
+            yield _stream_end_error(job_id, ev)
             return
     yield "[DONE]"
+
+
+def _stream_end_error(job_id: str, ev: ErrorEvent | RestartEvent) -> str:
+    """The last SSE payload of a stream that cannot finish: the job failed, or restarted."""
+    return _error_payload(_restarted(job_id) if ev.type == "restart" else error_from(ev.error))
 
 
 def _restarted(job_id: str) -> InferqError:
@@ -209,11 +211,8 @@ async def completion_chunks(hub: StreamHub, job_ids: list[str], model: str,
                         index=p * req.n + end.index, text="", finish_reason=end.finish_reason)]
                     ).model_dump_json(exclude_none=True)
                 continue
-            elif ev.type == "restart":
-                yield _error_payload(_restarted(job_id))
-                return
             else:
-                yield _error_payload(error_from(ev.error))
+                yield _stream_end_error(job_id, ev)
                 return
             yield TextCompletion(id=job_ids[0], created=created, model=model,
                                  choices=[choice]).model_dump_json(exclude_none=True)
