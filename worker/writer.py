@@ -30,6 +30,7 @@ class EventWriter:
         self.failed: dict[str, Exception] = {}
         self._task: asyncio.Task[None] | None = None
         self._open: dict[str, TokenEvent] = {}  # per job: its last token event, not yet sent
+        self._sending = False  # a pipeline is in flight: the writer is really behind
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._drain(), name="event-writer")
@@ -47,7 +48,9 @@ class EventWriter:
         (the writer is behind): under load, one message carries several tokens. False if the
         caller must emit a new event (with the next seq)."""
         ev = self._open.get(job_id)
-        if ev is None or ev.index != index or ev.logprobs is not None:
+        # only while a round trip is in flight: an event merely waiting for the writer task to be
+        # scheduled must go out as it is, or a busy loop would hold a whole job's tokens back
+        if not self._sending or ev is None or ev.index != index or ev.logprobs is not None:
             return False
         ev.text += text
         ev.n_tokens += n_tokens
@@ -72,7 +75,11 @@ class EventWriter:
                 if ev is not None and self._open.get(job_id) is ev:
                     del self._open[job_id]
             events = [(job_id, attempt, ev) for job_id, attempt, ev, _ in batch if ev is not None]
-            results = iter(await self._send(events) if events else [])
+            self._sending = True
+            try:
+                results = iter(await self._send(events) if events else [])
+            finally:
+                self._sending = False
             for job_id, _, ev, fut in batch:
                 if ev is None:
                     if fut is not None and not fut.done():

@@ -99,7 +99,7 @@ async def test_events_are_numbered_and_the_end_is_recorded(rig) -> None:
     assert await runner.run(msg) is JobStatus.succeeded
     log = await store.read_log(msg.id)
     # while the writer is busy, deltas of one job share an event: fewer events, no gap in seq
-    assert [e.seq for e in log] == list(range(1, len(log) + 1)) and 2 <= len(log) <= 6
+    assert [e.seq for e in log] == list(range(1, len(log) + 1)) and len(log) <= 6
     assert "".join(e.text for e in log[:-1]) == "t0 t1 t2 t3 t4 "
     assert sum(e.n_tokens for e in log[:-1]) == 5
     assert log[-1].type == "done" and log[-1].usage.prompt_tokens == 3 and log[-1].usage.completion_tokens == 5
