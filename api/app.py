@@ -30,10 +30,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         redis = make_redis(settings.redis_url, max_connections=128)
         store = JobStore(redis, settings.job_ttl_s)
-        # the hub's pub/sub connection gets a client of its own, without periodic health checks
-        # (a PING sent while the reader waits for a message would race it)
-        pubsub_redis = make_redis(settings.redis_url, max_connections=4, health_check_interval=0)
-        hub = StreamHub(pubsub_redis, store)
+        hub = StreamHub(settings.redis_url, store)  # its pub/sub connection is its own
         await hub.start()
         app.state.settings = settings
         app.state.service = JobService(settings, redis, store, make_celery(settings))
@@ -43,7 +40,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             yield
         finally:
             await hub.stop()
-            await pubsub_redis.aclose()
             await redis.aclose()
 
     # With API keys, the schema needs a key too and the browser docs (which cannot send one) are off.

@@ -26,7 +26,6 @@ from shared.schemas import (
     ControlMessage,
     ErrorInfo,
     JobLinks,
-    JobMessage,
     JobRecord,
     JobRequest,
     JobStatus,
@@ -106,8 +105,7 @@ class JobService:
         record = JobRecord(id=job_id or new_job_id(), model=model, request=req, owner=owner)
         record.deadline = record.created_at + (req.timeout or self.settings.default_timeout_s)
         await self.store.create(record)
-        msg = JobMessage(id=record.id, model=model, request=req, created_at=record.created_at,
-                         deadline=record.deadline)
+        msg = record.message()
         try:
             await run_in_threadpool(send_job, self.celery, msg)
         except Exception as e:  # the broker is away: the job must not sit "queued" forever

@@ -6,6 +6,10 @@ Lossless delivery of a job's events from any ``seq`` on:
 2. replay the job's log after the requested ``seq``;
 3. forward live messages, dropping any ``seq`` already sent; a gap in ``seq`` (a message lost
    while the connection was re-established) is filled from the log, and so is a quiet spell.
+
+Events travel as the JSON the worker wrote: :meth:`StreamHub.frames` reads only their type and
+``seq`` (a token event's without a JSON parse), so a WebSocket forwards them untouched;
+:meth:`StreamHub.events` parses them for the OpenAI streams.
 """
 
 from __future__ import annotations
@@ -13,63 +17,78 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from typing import NamedTuple
 
-from redis.asyncio import Redis
-from redis.exceptions import ConnectionError, TimeoutError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from api.pubsub import Subscriber
 from shared import keys
 from shared.errors import NotFound
 from shared.redis import redis_retrying
-from shared.schemas import JobStatus, is_terminal, parse_event
+from shared.schemas import JobStatus, parse_event
 from shared.store import Event, JobStore
 
 log = logging.getLogger(__name__)
 _TERMINAL = {s.value for s in JobStatus if s.terminal}
+_TOKEN = '{"type":"token","seq":'  # how a worker's token event starts (pydantic keeps field order)
+
+
+class Frame(NamedTuple):
+    """One event as stored and published: its type, ``seq`` and JSON text."""
+
+    type: str
+    seq: int
+    raw: str
+
+    @property
+    def terminal(self) -> bool:
+        return self.type in ("done", "error")
+
+    def json(self) -> str:
+        """The text to send a client: a token event as it is; others in their canonical form
+        (the Lua scripts write a few events with cjson, which orders and omits fields its own way)."""
+        return self.raw if self.type == "token" else parse_event(self.raw).model_dump_json(exclude_none=True)
+
+
+def frame(raw: str) -> Frame:
+    if raw.startswith(_TOKEN) and (end := raw.find(",", len(_TOKEN))) > 0:
+        return Frame("token", int(raw[len(_TOKEN):end]), raw)
+    d = json.loads(raw)
+    return Frame(str(d["type"]), int(d["seq"]), raw)
 
 
 class StreamHub:
-    def __init__(self, redis: Redis, store: JobStore, idle_check_s: float = 2.0) -> None:
-        self.redis = redis
+    def __init__(self, redis_url: str, store: JobStore, idle_check_s: float = 2.0) -> None:
         self.store = store
         self.idle_check_s = idle_check_s
-        self._ps = redis.pubsub()
         self._listeners: dict[str, set[asyncio.Queue[str]]] = {}
         self._confirmed: dict[str, asyncio.Event] = {}
-        self._task: asyncio.Task[None] | None = None
-        self._home = f"{keys.PREFIX}:gateway:{uuid.uuid4().hex}"
+        self._sub = Subscriber(redis_url, self._dispatch, self._subscribed)
 
     async def start(self) -> None:
-        await self._ps.subscribe(self._home)  # keeps the connection in subscribed mode
-        self._task = asyncio.get_running_loop().create_task(self._read(), name="stream-hub")
+        await self._sub.start()
+        try:
+            await asyncio.wait_for(self._sub.connected.wait(), timeout=5.0)
+        except TimeoutError:  # streams fall back on the log until it connects
+            log.warning("pub/sub not connected yet; it keeps trying")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-        await self._ps.aclose()
+        await self._sub.stop()
 
     @property
     def channels(self) -> int:
         return len(self._listeners)
 
-    async def _read(self) -> None:
-        while True:
-            try:
-                msg = await self._ps.get_message(timeout=1.0)
-            except (ConnectionError, TimeoutError, OSError) as e:
-                log.warning("pub/sub connection lost (%s); reconnecting", e)
-                await asyncio.sleep(0.5)
-                continue
-            if msg is None:
-                continue
-            channel = msg["channel"]
-            if msg["type"] == "subscribe" and (ev := self._confirmed.get(channel)) is not None:
-                ev.set()
-            elif msg["type"] == "message":
-                for q in self._listeners.get(channel, ()):
-                    q.put_nowait(msg["data"])
+    def _dispatch(self, channel: str, data: str) -> None:
+        for q in self._listeners.get(channel, ()):
+            q.put_nowait(data)
+
+    def _subscribed(self, channel: str) -> None:
+        if (ev := self._confirmed.get(channel)) is not None:
+            ev.set()
 
     @asynccontextmanager
     async def _listen(self, job_id: str) -> AsyncIterator[asyncio.Queue[str]]:
@@ -79,10 +98,10 @@ class StreamHub:
         listeners.add(q)
         if len(listeners) == 1:
             self._confirmed[channel] = asyncio.Event()
-            await self._command(self._ps.subscribe, channel)
+            await self._command(self._sub.subscribe, channel)
         try:
             await asyncio.wait_for(self._confirmed[channel].wait(), timeout=5.0)
-        except (asyncio.TimeoutError, KeyError):
+        except (TimeoutError, KeyError):
             log.warning("no subscribe confirmation for %s; relying on the log", channel)
         try:
             yield q
@@ -91,19 +110,19 @@ class StreamHub:
             if not listeners and self._listeners.get(channel) is listeners:
                 del self._listeners[channel]
                 self._confirmed.pop(channel, None)
-                await self._command(self._ps.unsubscribe, channel)
+                await self._command(self._sub.unsubscribe, channel)
 
     async def _command(self, command: Callable[[str], Awaitable[object]], channel: str) -> None:
         """(Un)subscribe, never waiting long: the log is always there to fall back on."""
         try:
             await asyncio.wait_for(command(channel), timeout=5.0)
-        except (ConnectionError, TimeoutError, OSError, asyncio.TimeoutError) as e:
+        except (RedisConnectionError, RedisTimeoutError, OSError, TimeoutError) as e:
             log.warning("pub/sub %s %s failed (%r); relying on the log", command.__name__, channel, e)
 
-    async def _read_log(self, job_id: str, after: int) -> list[Event]:
+    async def _read_log(self, job_id: str, after: int) -> list[Frame]:
         async for attempt in redis_retrying():
             with attempt:
-                return await self.store.read_log(job_id, after)
+                return [frame(raw) for raw in await self.store.read_log_raw(job_id, after)]
         raise AssertionError("unreachable")
 
     async def _status(self, job_id: str) -> str | None:
@@ -116,35 +135,44 @@ class StreamHub:
 
     async def events(self, job_id: str, after: int = 0) -> AsyncIterator[Event]:
         """Every event of the job with ``seq > after``, exactly once and in order, up to the last."""
+        async for f in self.frames(job_id, after):
+            yield parse_event(f.raw)
+
+    async def frames(self, job_id: str, after: int = 0) -> AsyncIterator[Frame]:
+        """:meth:`events`, unparsed."""
         async with self._listen(job_id) as q:
             last = after
             while True:
                 backlog = await self._read_log(job_id, last)
-                for ev in backlog:
-                    yield ev
-                    last = ev.seq
-                    if is_terminal(ev):
+                for f in backlog:
+                    yield f
+                    last = f.seq
+                    if f.terminal:
                         return
                 if not backlog:
                     status = await self._status(job_id)
                     if status is None:
                         raise NotFound(f"job {job_id} not found (or expired)")
                     if status in _TERMINAL:  # ended meanwhile, or `after` is past its last event
-                        for ev in await self._read_log(job_id, last):
-                            yield ev
+                        for f in await self._read_log(job_id, last):
+                            yield f
                         return
                 # Live: forward until a gap or a quiet spell sends us back to the log.
                 while True:
-                    try:
-                        raw = await asyncio.wait_for(q.get(), timeout=self.idle_check_s)
-                    except asyncio.TimeoutError:
-                        break
-                    ev = parse_event(raw)
-                    if ev.seq <= last:
+                    if q.empty():
+                        try:
+                            async with asyncio.timeout(self.idle_check_s):
+                                raw = await q.get()
+                        except TimeoutError:
+                            break
+                    else:  # behind: no timer for what is already here
+                        raw = q.get_nowait()
+                    f = frame(raw)
+                    if f.seq <= last:
                         continue
-                    if ev.seq > last + 1:
+                    if f.seq > last + 1:
                         break
-                    yield ev
-                    last = ev.seq
-                    if is_terminal(ev):
+                    yield f
+                    last = f.seq
+                    if f.terminal:
                         return

@@ -265,6 +265,11 @@ class JobRecord(BaseModel):
     deadline: float | None = Field(default=None, description="Unix time after which the job is abandoned.")
     owner: str | None = Field(default=None, description="Hash id of the API key that submitted it.")
 
+    def message(self) -> JobMessage:
+        """The Celery task payload that (re-)sends this job to a worker."""
+        return JobMessage(id=self.id, model=self.model, request=self.request, created_at=self.created_at,
+                          deadline=self.deadline)
+
     def to_hash(self) -> dict[str, str]:
         return hash_fields(**self.model_dump(mode="json", exclude_none=True))
 

@@ -220,8 +220,12 @@ class JobStore:
 
     async def read_log(self, job_id: str, after: int = 0) -> list[Event]:
         """Every logged event with ``seq > after``, in order."""
+        return [parse_event(raw) for raw in await self.read_log_raw(job_id, after)]
+
+    async def read_log_raw(self, job_id: str, after: int = 0) -> list[str]:
+        """:meth:`read_log` as stored: each event's JSON text."""
         rows = await self.redis.xrange(keys.job_log(job_id), min=f"{after + 1}-0", max="+")
-        return [parse_event(fields["e"]) for _, fields in rows]
+        return [fields["e"] for _, fields in rows]
 
     async def last_seq(self, job_id: str) -> int:
         rows = await self.redis.xrevrange(keys.job_log(job_id), count=1)

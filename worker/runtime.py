@@ -158,9 +158,7 @@ class WorkerRuntime:
                 continue
             depth = sum([await self.redis.llen(q) for q in keys.queue_lists(rec.model)])
             if depth == 0 and job_id not in held:
-                msg = JobMessage(id=rec.id, model=rec.model, request=rec.request,
-                                 created_at=rec.created_at, deadline=rec.deadline)
-                await asyncio.to_thread(send_job, self.celery, msg)
+                await asyncio.to_thread(send_job, self.celery, rec.message())
                 await self.redis.zadd(keys.QUEUED, {job_id: now})
                 log.warning("job %s: queued with no message anywhere; re-sent", job_id)
 
@@ -181,9 +179,7 @@ class WorkerRuntime:
             if rec is not None and rec.status is JobStatus.running:
                 continue  # its worker is alive (the reaper handles dead ones) and acks at the end
             if rec is not None and rec.status is JobStatus.queued:
-                msg = JobMessage(id=rec.id, model=rec.model, request=rec.request,
-                                 created_at=rec.created_at, deadline=rec.deadline)
-                await asyncio.to_thread(send_job, self.celery, msg)
+                await asyncio.to_thread(send_job, self.celery, rec.message())
                 log.warning("job %s: its message was stranded with a lost worker; re-sent", rec.id)
             async with self.redis.pipeline(transaction=True) as p:
                 p.hdel(keys.KOMBU_UNACKED, tag)
@@ -195,9 +191,7 @@ class WorkerRuntime:
         assert self.store is not None
         outcome = await self.store.requeue(job_id, worker_id, attempt, reason, self.settings.max_attempts)
         if outcome == "requeued" and (rec := await self.store.get(job_id)) is not None:
-            msg = JobMessage(id=rec.id, model=rec.model, request=rec.request, created_at=rec.created_at,
-                             deadline=rec.deadline)
-            await asyncio.to_thread(send_job, self.celery, msg)
+            await asyncio.to_thread(send_job, self.celery, rec.message())
         log.warning("job %s handed back (%s): %s", job_id, reason, outcome)
         return outcome
 

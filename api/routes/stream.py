@@ -38,8 +38,8 @@ async def _follow(ws: WebSocket, hub: Hub, job_id: str, after: int,
     """Send the job's events from ``after`` on; stop when it ends or the client goes away."""
 
     async def send_all() -> None:
-        async for ev in hub.events(job_id, after):
-            await ws.send_text(ev.model_dump_json(exclude_none=True))
+        async for f in hub.frames(job_id, after):
+            await ws.send_text(f.json())
 
     sender = asyncio.create_task(send_all())
     watcher = asyncio.create_task(_until_disconnect(ws))

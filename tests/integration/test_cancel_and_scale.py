@@ -34,7 +34,10 @@ def wait_engines_idle(http: httpx.Client, timeout: float = 15) -> dict[str, int]
 def test_cancel_running_job_aborts_it_in_the_engine(stack) -> None:
     with stack.http() as http:
         job_id = submit(http, prompt="def long():", max_tokens=1900, ignore_eos=True)
-        wait_status(http, job_id, {"running"})  # claimed: in the engine (or about to be)
+        deadline = time.monotonic() + 60
+        while http.get(f"/v1/jobs/{job_id}").json()["first_token_at"] is None:  # in the engine, generating
+            assert time.monotonic() < deadline, "no token within 60 s"
+            time.sleep(0.05)
         r = http.delete(f"/v1/jobs/{job_id}")
         assert r.status_code == 202
         view = wait_status(http, job_id, timeout=10)

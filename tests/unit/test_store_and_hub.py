@@ -103,8 +103,8 @@ async def collect(hub: StreamHub, job: str, after: int = 0) -> list:
     return [e async for e in hub.events(job, after)]
 
 
-async def test_hub_replays_then_follows_live_exactly_once(store) -> None:
-    hub = StreamHub(store.redis, store, idle_check_s=0.3)
+async def test_hub_replays_then_follows_live_exactly_once(store, redis_server) -> None:
+    hub = StreamHub(redis_server.url, store, idle_check_s=0.3)
     await hub.start()
     try:
         job = await new_job(store)
@@ -122,9 +122,9 @@ async def test_hub_replays_then_follows_live_exactly_once(store) -> None:
         await hub.stop()
 
 
-async def test_hub_fills_a_gap_from_the_log(store) -> None:
+async def test_hub_fills_a_gap_from_the_log(store, redis_server) -> None:
     """An event that was logged but whose publish was missed is recovered from the log."""
-    hub = StreamHub(store.redis, store, idle_check_s=5.0)
+    hub = StreamHub(redis_server.url, store, idle_check_s=5.0)
     await hub.start()
     try:
         job = await new_job(store)
@@ -140,8 +140,8 @@ async def test_hub_fills_a_gap_from_the_log(store) -> None:
         await hub.stop()
 
 
-async def test_hub_unknown_job_raises_not_found(store) -> None:
-    hub = StreamHub(store.redis, store)
+async def test_hub_unknown_job_raises_not_found(store, redis_server) -> None:
+    hub = StreamHub(redis_server.url, store)
     await hub.start()
     try:
         with pytest.raises(NotFound):
@@ -150,8 +150,8 @@ async def test_hub_unknown_job_raises_not_found(store) -> None:
         await hub.stop()
 
 
-async def test_hub_after_the_last_event_of_a_finished_job_ends_at_once(store) -> None:
-    hub = StreamHub(store.redis, store, idle_check_s=5.0)
+async def test_hub_after_the_last_event_of_a_finished_job_ends_at_once(store, redis_server) -> None:
+    hub = StreamHub(redis_server.url, store, idle_check_s=5.0)
     await hub.start()
     try:
         job = await new_job(store)
@@ -162,3 +162,33 @@ async def test_hub_after_the_last_event_of_a_finished_job_ends_at_once(store) ->
             assert await asyncio.wait_for(collect(hub, job, after=after), 2) == []
     finally:
         await hub.stop()
+
+
+async def test_hub_resubscribes_after_its_connection_is_killed(store, redis_server) -> None:
+    """Redis drops the hub's pub/sub connection mid-stream: the stream still ends complete."""
+    hub = StreamHub(redis_server.url, store, idle_check_s=5.0)
+    await hub.start()
+    try:
+        job = await new_job(store)
+        await store.claim(job, "w")
+        reader = asyncio.create_task(collect(hub, job))
+        await asyncio.sleep(0.2)
+        await store.append([(job, 1, TokenEvent(seq=1, text="a"))])
+        await store.redis.client_kill_filter(_type="pubsub")
+        await store.append([(job, 1, TokenEvent(seq=2, text="b"))])  # published while it is down
+        await asyncio.sleep(0.5)  # reconnected and subscribed again
+        assert await store.redis.pubsub_numsub(keys.job_channel(job)) == [(keys.job_channel(job), 1)]
+        await store.append([(job, 1, TokenEvent(seq=3, text="c")), (job, 1, DoneEvent(seq=4, finish_reason="stop"))])
+        got = await asyncio.wait_for(reader, 3)  # the gap (seq 2) is filled from the log, not the idle check
+        assert [e.seq for e in got] == [1, 2, 3, 4]
+    finally:
+        await hub.stop()
+
+
+def test_frame_reads_type_and_seq_of_every_event_form() -> None:
+    from api.streams import frame
+
+    tok = TokenEvent(seq=12, text='a,"b"').model_dump_json(exclude_none=True)
+    assert frame(tok)[:2] == ("token", 12)
+    assert frame('{"finish_reason":"cancelled","type":"done","status":"cancelled","seq":7}')[:2] == ("done", 7)
+    assert frame(DoneEvent(seq=3, finish_reason="stop").model_dump_json()).terminal

@@ -1,0 +1,252 @@
+"""Gateway alone: how many streamed tokens/s one gateway process can fan out.
+
+No engine and no worker: a publisher plays N running jobs and appends their token events through
+:meth:`JobStore.append` (the worker's write path: Lua fencing, log, pub/sub), at a fixed offered
+rate; one client process follows every job over ``WS /v1/jobs/{id}/stream``. Each event carries
+its publish time, so the client measures publish-to-client latency. The gateway is pinned to one
+core and everything else to the others, and its CPU time is read from /proc, so the result is
+also given per gateway CPU-second: the capacity of one process on one core, even when the
+load generator (not the gateway) is what runs out of CPU first.
+
+``python -m bench gateway --rates 10000,25000,50000 [--jobs 64] [--seconds 8] [--tokens-per-event 1]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import psutil
+
+from bench.stack import Procs, base_env, free_port
+from shared.redis import make_redis
+from shared.schemas import DoneEvent, JobRecord, JobRequest, TokenEvent
+from shared.store import JobStore
+
+TICK_S = 0.005
+PUBLISHER = "bench-publisher"
+
+
+def _client(ws: str, job_ids: list[str], ready: Any, out: Any) -> None:
+    """Follow every job over its own WebSocket; report tokens, timing and latency percentiles."""
+    from websockets.asyncio.client import connect
+
+    async def follow(job_id: str, lat: list[float], stats: dict[str, float], opened: asyncio.Event,
+                     n_open: list[int]) -> None:
+        async with connect(f"{ws}/v1/jobs/{job_id}/stream", max_queue=None, compression=None) as c:
+            n_open[0] += 1
+            if n_open[0] == len(job_ids):
+                opened.set()
+            async for raw in c:
+                now = time.time()
+                ev = json.loads(raw)
+                if ev["type"] != "token":
+                    stats["ended"] += 1
+                    return
+                lat.append(now - float(ev["text"]))
+                stats["tokens"] += ev["n_tokens"]
+                stats["messages"] += 1
+                stats["first"] = min(stats["first"], now)
+                stats["last"] = now
+
+    async def main() -> None:
+        lat: list[float] = []
+        stats = {"tokens": 0, "messages": 0, "ended": 0, "first": float("inf"), "last": 0.0}
+        opened, n_open = asyncio.Event(), [0]
+        tasks = [asyncio.create_task(follow(j, lat, stats, opened, n_open)) for j in job_ids]
+        await opened.wait()
+        ready.set()
+        await asyncio.gather(*tasks)
+        a = np.array(lat) * 1000
+        out.put({**stats, "latency_ms": {p: float(np.percentile(a, q)) for p, q in
+                                         (("p50", 50), ("p99", 99), ("max", 100))} if a.size else {}})
+
+    asyncio.run(main())
+
+
+async def _subscribed(store: JobStore, job_ids: list[str], timeout: float = 30) -> None:
+    """Wait until the gateway's hub listens on every job's channel."""
+    from shared import keys
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        counts = await store.redis.pubsub_numsub(*[keys.job_channel(j) for j in job_ids])
+        if all(n >= 1 for _, n in counts):
+            return
+        await asyncio.sleep(0.1)
+    raise TimeoutError("the gateway did not subscribe to every job's channel")
+
+
+async def _publish(store: JobStore, job_ids: list[str], rate: float, per_job: int, k: int) -> float:
+    """Append ``per_job`` token events (``k`` tokens each) to every job at ``rate`` tokens/s in
+    total, then each job's final event. Returns the seconds it took."""
+    events_per_tick = max(1, round(rate / k * TICK_S))
+    order = [(j, s) for s in range(1, per_job + 1) for j in job_ids]  # round robin over the jobs
+    t0 = time.monotonic()
+    for i in range(0, len(order), events_per_tick):
+        items = [(j, 1, TokenEvent(seq=s, text=f"{time.time():.6f}", n_tokens=k))
+                 for j, s in order[i:i + events_per_tick]]
+        res = await store.append(items)
+        if not all(r is True for r in res):
+            raise RuntimeError(f"append refused: {[r for r in res if r is not True][:3]}")
+        ahead = t0 + (i + events_per_tick) / (rate / k) - time.monotonic()
+        if ahead > 0:
+            await asyncio.sleep(ahead)
+    wall = time.monotonic() - t0
+    for j in job_ids:
+        await store.finish(j, PUBLISHER, 1, DoneEvent(seq=per_job + 1, status="succeeded", finish_reason="length"),
+                           status="succeeded")
+    return wall
+
+
+async def _jobs(redis_url: str, n: int, tag: str) -> list[str]:
+    """``n`` jobs, each claimed by the publisher (running, attempt 1), as a worker would."""
+    redis = make_redis(redis_url)
+    store = JobStore(redis, ttl_s=600)
+    ids = []
+    for i in range(n):
+        rec = JobRecord(id=f"gwbench-{tag}-{i}", model="bench", request=JobRequest(prompt="x", max_tokens=1))
+        await store.create(rec)
+        claim = await store.claim(rec.id, PUBLISHER)
+        assert claim is not None and claim.attempt == 1
+        ids.append(rec.id)
+    await redis.aclose()
+    return ids
+
+
+def run_rate(redis_url: str, ws: str, gw: psutil.Process, rate: float, jobs: int, seconds: float,
+             k: int, tag: str) -> dict[str, object]:
+    per_job = max(1, round(rate * seconds / k / jobs))
+    job_ids = asyncio.run(_jobs(redis_url, jobs, tag))
+    ctx = mp.get_context("spawn")
+    ready, out = ctx.Event(), ctx.Queue()
+    client = ctx.Process(target=_client, args=(ws, job_ids, ready, out))
+    client.start()
+    if not ready.wait(60):
+        client.kill()
+        raise TimeoutError("the client could not open its sockets")
+
+    async def publish() -> tuple[float, float]:
+        r = make_redis(redis_url)
+        s = JobStore(r, ttl_s=600)
+        await _subscribed(s, job_ids)
+        cpu0 = sum(gw.cpu_times()[:2])
+        wall = await _publish(s, job_ids, rate, per_job, k)
+        await r.aclose()
+        return wall, cpu0
+
+    wall, cpu0 = asyncio.run(publish())
+    res = out.get(timeout=120)
+    cpu = sum(gw.cpu_times()[:2]) - cpu0
+    client.join(10)
+    span = res["last"] - res["first"]
+    delivered = res["tokens"] / span if span > 0 else 0.0
+    return {"offered_tok_s": rate, "tokens_per_event": k, "jobs": jobs, "tokens": res["tokens"],
+            "expected_tokens": per_job * jobs * k, "publish_s": round(wall, 3), "deliver_s": round(span, 3),
+            "delivered_tok_s": round(delivered), "gateway_cpu_s": round(cpu, 3),
+            "gateway_cpu_util": round(cpu / span, 3) if span > 0 else None,
+            "tok_per_gateway_cpu_s": round(res["tokens"] / cpu) if cpu > 0 else None,
+            "latency_ms": {p: round(v, 2) for p, v in res["latency_ms"].items()}}
+
+
+def _profile(pid: int, seconds: float, path: Path) -> subprocess.Popen[bytes] | None:
+    exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if not os.path.exists(exe):
+        print("py-spy not found; no profile", file=sys.stderr)
+        return None
+    return subprocess.Popen([exe, "record", "-p", str(pid), "-d", str(int(seconds)), "-r", "200", "--gil",
+                             "-f", "raw", "-o", str(path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def top_frames(raw: Path, n: int = 25, inclusive: bool = False) -> list[tuple[str, float]]:
+    """Time per function from py-spy's collapsed stacks (self time, or with ``inclusive`` the
+    time with the function anywhere on the stack), as shares of all samples."""
+    per: dict[str, int] = {}
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = stack.split(";")
+        for f in set(frames) if inclusive else frames[-1:]:
+            name = f.split(" (")[0] + " (" + f.split("/")[-1] if "(" in f else f
+            per[name] = per.get(name, 0) + int(count)
+        total += int(count)
+    return [(f, c / total) for f, c in sorted(per.items(), key=lambda x: -x[1])[:n]]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench gateway", description=__doc__.split("\n\n")[0])
+    p.add_argument("--rates", default="10000,25000,50000,75000", help="offered tokens/s, comma-separated")
+    p.add_argument("--jobs", type=int, default=64, help="concurrent streams")
+    p.add_argument("--seconds", type=float, default=8.0, help="publishing time per rate")
+    p.add_argument("--tokens-per-event", type=int, default=1, help="tokens per message (worker coalescing)")
+    p.add_argument("--no-pin", action="store_true", help="do not pin the gateway to its own core")
+    p.add_argument("--profile", help="py-spy the gateway during the last rate; collapsed stacks to this file")
+    p.add_argument("--out", help="write the results as JSON here")
+    a = p.parse_args(argv)
+    rates = [float(r) for r in a.rates.split(",")]
+    cpus = sorted(os.sched_getaffinity(0))
+    pin = not a.no_pin and len(cpus) > 1
+    with tempfile.TemporaryDirectory() as logdir, Procs(Path(logdir)) as procs:
+        rport, gport = free_port(), free_port()
+        redis_url = f"redis://127.0.0.1:{rport}/0"
+        redis = procs.start("redis", [shutil.which("redis-server") or "redis-server", "--port", str(rport),
+                                      "--save", "", "--appendonly", "no"], base_env())
+        gw = procs.start("gateway", [sys.executable, "-m", "shared.cli", "api", "--port", str(gport), "--workers", "1"],
+                         base_env(INFERQ_REDIS_URL=redis_url, INFERQ_LOG_LEVEL="WARNING"))
+        base = f"http://127.0.0.1:{gport}"
+        procs.wait(lambda: _ok(f"{base}/healthz"), 60, "gateway")
+        gwp = psutil.Process(gw.p.pid)
+        if pin:
+            gwp.cpu_affinity(cpus[:1])
+            for proc in (psutil.Process(redis.p.pid), psutil.Process()):
+                proc.cpu_affinity(cpus[1:])
+        results = []
+        for i, rate in enumerate(rates):
+            prof = Path(a.profile) if a.profile and i == len(rates) - 1 else None
+            spy = _profile(gw.p.pid, a.seconds, prof) if prof else None
+            r = run_rate(redis_url, base.replace("http", "ws"), gwp, rate, a.jobs, a.seconds,
+                         a.tokens_per_event, str(i))
+            results.append(r)
+            print(json.dumps(r), flush=True)
+            if spy is not None and prof is not None:
+                spy.wait(60)
+                if prof.exists():
+                    for inclusive in (False, True):
+                        print("inclusive" if inclusive else "self")
+                        for f, share in top_frames(prof, inclusive=inclusive):
+                            print(f"  {share:6.1%}  {f}")
+    doc = {"benchmark": "gateway-alone", "cpus": len(cpus), "pinned": pin, "cpu_model": _cpu_model(),
+           "results": results}
+    if a.out:
+        Path(a.out).write_text(json.dumps(doc, indent=1))
+    return 0
+
+
+def _ok(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
