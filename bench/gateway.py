@@ -207,15 +207,15 @@ def main(argv: list[str] | None = None) -> int:
                          base_env(INFERQ_REDIS_URL=redis_url, INFERQ_LOG_LEVEL="WARNING"))
         base = f"http://127.0.0.1:{gport}"
         procs.wait(lambda: _ok(f"{base}/healthz"), 60, "gateway")
-        gwp = psutil.Process(gw.p.pid)
+        gwp = psutil.Process(gw.proc.pid)
         if pin:
             gwp.cpu_affinity(cpus[:1])
-            for proc in (psutil.Process(redis.p.pid), psutil.Process()):
+            for proc in (psutil.Process(redis.proc.pid), psutil.Process()):
                 proc.cpu_affinity(cpus[1:])
         results = []
         for i, rate in enumerate(rates):
             prof = Path(a.profile) if a.profile and i == len(rates) - 1 else None
-            spy = _profile(gw.p.pid, a.seconds, prof) if prof else None
+            spy = _profile(gw.proc.pid, a.seconds, prof) if prof else None
             r = run_rate(redis_url, base.replace("http", "ws"), gwp, rate, a.jobs, a.seconds,
                          a.tokens_per_event, str(i))
             results.append(r)

@@ -30,28 +30,31 @@ def free_port() -> int:
 
 
 class Proc:
+    """A subprocess in a session of its own (its children die with it), output to ``log``."""
+
     def __init__(self, name: str, cmd: list[str], env: dict[str, str], log: Path) -> None:
         self.name, self.log = name, log
         with open(log, "ab") as f:
-            self.p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+            self.proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
                                       start_new_session=True)
 
     def alive(self) -> bool:
-        return self.p.poll() is None
+        return self.proc.poll() is None
 
-    def stop(self, grace: float = 20.0) -> None:
-        if self.p.poll() is not None:
+    def stop(self, sig: int = signal.SIGTERM, grace: float = 20.0) -> None:
+        """Signal the process group; SIGKILL it if it has not exited after ``grace`` seconds."""
+        if self.proc.poll() is not None:
             return
         try:
-            os.killpg(self.p.pid, signal.SIGTERM)
-            self.p.wait(grace)
+            os.killpg(self.proc.pid, sig)
+            self.proc.wait(grace)
         except subprocess.TimeoutExpired:
-            os.killpg(self.p.pid, signal.SIGKILL)
-            self.p.wait()
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
         except ProcessLookupError:
             pass
 
-    def tail(self, n: int = 30) -> str:
+    def tail(self, n: int = 40) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
 
 
@@ -74,7 +77,7 @@ class Procs:
                 return
             for p in self.procs:
                 if not p.alive():
-                    raise RuntimeError(f"{what}: {p.name} exited with code {p.p.returncode}; "
+                    raise RuntimeError(f"{what}: {p.name} exited with code {p.proc.returncode}; "
                                        f"last lines of {p.log}:\n{p.tail()}")
             time.sleep(0.5)
         raise TimeoutError(f"{what}: not ready after {timeout:g} s (logs in {self.logdir})")

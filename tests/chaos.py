@@ -180,11 +180,7 @@ def main() -> None:
     a = p.parse_args()
     fleet = Fleet(Path(tempfile.mkdtemp(prefix="inferq-chaos-")))
     try:
-        fleet.start_redis()
-        fleet.start_gateway()
-        first = fleet.start_worker(wait=False)
-        fleet.start_worker(wait=True)
-        fleet.wait_worker(first)
+        fleet.start()
         t0 = time.time()
         report = asyncio.run(run_chaos(fleet, a.jobs, a.kills, a.redis_restarts, a.max_tokens))
         report["wall_s"] = round(time.time() - t0, 1)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,13 +20,10 @@ import httpx
 import pytest
 import redis
 
+from bench.stack import Proc as Service
+from bench.stack import free_port
+
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_for(predicate, timeout: float, what: str, procs: list[subprocess.Popen] | None = None) -> None:
@@ -42,33 +38,9 @@ def wait_for(predicate, timeout: float, what: str, procs: list[subprocess.Popen]
     raise TimeoutError(f"timed out waiting for {what}")
 
 
-@dataclass
-class Service:
-    name: str
-    proc: subprocess.Popen
-    log: Path
-
-    def stop(self, sig: int = signal.SIGTERM, grace: float = 20.0) -> None:
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, sig)
-                self.proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-            except ProcessLookupError:
-                pass
-
-    def tail(self, n: int = 40) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
-
-
 def spawn(name: str, cmd: list[str], env: dict[str, str], logdir: Path) -> Service:
-    log = logdir / f"{name}.log"
-    with open(log, "wb") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
-                                start_new_session=True)
-    return Service(name, proc, log)
+    """Start ``cmd`` in a session of its own, output to ``logdir/name.log``."""
+    return Service(name, cmd, env, logdir / f"{name}.log")
 
 
 @dataclass

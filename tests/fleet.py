@@ -51,6 +51,15 @@ class Fleet:
     def env(self, **extra: str) -> dict[str, str]:
         return inferq_env(self.redis_url, **{**FLEET_ENV, **extra})
 
+    def start(self, workers: int = 2) -> Fleet:
+        """Redis, the gateway and ``workers`` workers (their engines start side by side)."""
+        self.start_redis()
+        self.start_gateway()
+        wids = [self.start_worker(wait=False) for _ in range(workers)]
+        for wid in wids:
+            self.wait_worker(wid)
+        return self
+
     def start_redis(self) -> None:
         data = self.logdir / "redis-data"
         data.mkdir(exist_ok=True)

@@ -40,3 +40,16 @@ def test_bench_tiny_end_to_end(tmp_path: Path) -> None:
             if t.kind in ("inferq-ws", "inferq-rest"):
                 assert s["queued_p50"] is not None, (t.name, level.label)
     assert (out / "results.md").read_text().count("| c=") == sum(len(w.levels(t)) for t in w.targets)
+
+
+def test_gateway_alone_bench_delivers_every_token(tmp_path: Path) -> None:
+    out = tmp_path / "gateway.json"
+    proc = subprocess.run([sys.executable, "-m", "bench", "gateway", "--rates", "1000,2000", "--jobs", "4",
+                           "--seconds", "1", "--tokens-per-event", "2", "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert [r["offered_tok_s"] for r in doc["results"]] == [1000, 2000]
+    for r in doc["results"]:
+        assert r["tokens"] == r["expected_tokens"] > 0, r  # nothing lost or duplicated on the way
+        assert r["gateway_cpu_s"] > 0 and r["latency_ms"]["p50"] >= 0, r

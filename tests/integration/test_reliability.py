@@ -23,12 +23,7 @@ pytestmark = pytest.mark.integration
 def fleet(redis_server, logdir):  # redis_server: only to share the session's log folder order
     f = Fleet(logdir)
     try:
-        f.start_redis()
-        f.start_gateway()
-        first = f.start_worker(wait=False)
-        f.start_worker(wait=True)
-        f.wait_worker(first)
-        yield f
+        yield f.start()
     finally:
         f.stop()
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import pytest
 
@@ -103,12 +105,25 @@ async def collect(hub: StreamHub, job: str, after: int = 0) -> list:
     return [e async for e in hub.events(job, after)]
 
 
-async def test_hub_replays_then_follows_live_exactly_once(store, redis_server) -> None:
-    hub = StreamHub(redis_server.url, store, idle_check_s=0.3)
+@asynccontextmanager
+async def running_hub(url: str, store: JobStore, idle_check_s: float = 2.0) -> AsyncIterator[StreamHub]:
+    hub = StreamHub(url, store, idle_check_s=idle_check_s)
     await hub.start()
     try:
-        job = await new_job(store)
-        await store.claim(job, "w")
+        yield hub
+    finally:
+        await hub.stop()
+
+
+async def claimed_job(store: JobStore) -> str:
+    job = await new_job(store)
+    await store.claim(job, "w")
+    return job
+
+
+async def test_hub_replays_then_follows_live_exactly_once(store, redis_server) -> None:
+    async with running_hub(redis_server.url, store, 0.3) as hub:
+        job = await claimed_job(store)
         await store.append([(job, 1, TokenEvent(seq=i, text=str(i))) for i in (1, 2, 3)])
         reader = asyncio.create_task(collect(hub, job, after=1))
         await asyncio.sleep(0.2)
@@ -118,17 +133,12 @@ async def test_hub_replays_then_follows_live_exactly_once(store, redis_server) -
         got = await asyncio.wait_for(reader, 5)
         assert [e.seq for e in got] == [2, 3, 4, 5]
         assert hub.channels == 0  # unsubscribed once the last listener left
-    finally:
-        await hub.stop()
 
 
 async def test_hub_fills_a_gap_from_the_log(store, redis_server) -> None:
     """An event that was logged but whose publish was missed is recovered from the log."""
-    hub = StreamHub(redis_server.url, store, idle_check_s=5.0)
-    await hub.start()
-    try:
-        job = await new_job(store)
-        await store.claim(job, "w")
+    async with running_hub(redis_server.url, store, 5.0) as hub:
+        job = await claimed_job(store)
         reader = asyncio.create_task(collect(hub, job))
         await asyncio.sleep(0.2)
         await store.redis.xadd(keys.job_log(job), {"e": TokenEvent(seq=1, text="silent").model_dump_json()},
@@ -136,41 +146,27 @@ async def test_hub_fills_a_gap_from_the_log(store, redis_server) -> None:
         await store.append([(job, 1, TokenEvent(seq=2, text="b")), (job, 1, DoneEvent(seq=3, finish_reason="stop"))])
         got = await asyncio.wait_for(reader, 3)  # well before the idle check
         assert [(e.seq, getattr(e, "text", None)) for e in got] == [(1, "silent"), (2, "b"), (3, None)]
-    finally:
-        await hub.stop()
 
 
 async def test_hub_unknown_job_raises_not_found(store, redis_server) -> None:
-    hub = StreamHub(redis_server.url, store)
-    await hub.start()
-    try:
+    async with running_hub(redis_server.url, store) as hub:
         with pytest.raises(NotFound):
             await collect(hub, "job-missing")
-    finally:
-        await hub.stop()
 
 
 async def test_hub_after_the_last_event_of_a_finished_job_ends_at_once(store, redis_server) -> None:
-    hub = StreamHub(redis_server.url, store, idle_check_s=5.0)
-    await hub.start()
-    try:
-        job = await new_job(store)
-        await store.claim(job, "w")
+    async with running_hub(redis_server.url, store, 5.0) as hub:
+        job = await claimed_job(store)
         await store.append([(job, 1, TokenEvent(seq=1, text="a"))])
         await store.finish(job, "w", 1, DoneEvent(seq=2, finish_reason="stop"), status=JobStatus.succeeded)
         for after in (2, 9):
             assert await asyncio.wait_for(collect(hub, job, after=after), 2) == []
-    finally:
-        await hub.stop()
 
 
 async def test_hub_resubscribes_after_its_connection_is_killed(store, redis_server) -> None:
     """Redis drops the hub's pub/sub connection mid-stream: the stream still ends complete."""
-    hub = StreamHub(redis_server.url, store, idle_check_s=5.0)
-    await hub.start()
-    try:
-        job = await new_job(store)
-        await store.claim(job, "w")
+    async with running_hub(redis_server.url, store, 5.0) as hub:
+        job = await claimed_job(store)
         reader = asyncio.create_task(collect(hub, job))
         await asyncio.sleep(0.2)
         await store.append([(job, 1, TokenEvent(seq=1, text="a"))])
@@ -181,8 +177,6 @@ async def test_hub_resubscribes_after_its_connection_is_killed(store, redis_serv
         await store.append([(job, 1, TokenEvent(seq=3, text="c")), (job, 1, DoneEvent(seq=4, finish_reason="stop"))])
         got = await asyncio.wait_for(reader, 3)  # the gap (seq 2) is filled from the log, not the idle check
         assert [e.seq for e in got] == [1, 2, 3, 4]
-    finally:
-        await hub.stop()
 
 
 def test_frame_reads_type_and_seq_of_every_event_form() -> None:
