@@ -45,7 +45,7 @@ def _client(ws: str, job_ids: list[str], ready: Any, out: Any) -> None:
 
     async def follow(job_id: str, lat: list[float], stats: dict[str, float], opened: asyncio.Event,
                      n_open: list[int]) -> None:
-        async with connect(f"{ws}/v1/jobs/{job_id}/stream", max_queue=None, compression=None) as c:
+        async with connect(f"{ws}/v1/jobs/{job_id}/stream", max_queue=None) as c:  # offers deflate
             n_open[0] += 1
             if n_open[0] == len(job_ids):
                 opened.set()
@@ -191,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=64, help="concurrent streams")
     p.add_argument("--seconds", type=float, default=8.0, help="publishing time per rate")
     p.add_argument("--tokens-per-event", type=int, default=1, help="tokens per message (worker coalescing)")
+    p.add_argument("--ws-compression", action="store_true",
+                   help="let the gateway accept permessage-deflate (the client offers it)")
     p.add_argument("--no-pin", action="store_true", help="do not pin the gateway to its own core")
     p.add_argument("--profile", help="py-spy the gateway during the last rate; collapsed stacks to this file")
     p.add_argument("--out", help="write the results as JSON here")
@@ -204,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
         redis = procs.start("redis", [shutil.which("redis-server") or "redis-server", "--port", str(rport),
                                       "--save", "", "--appendonly", "no"], base_env())
         gw = procs.start("gateway", [sys.executable, "-m", "shared.cli", "api", "--port", str(gport), "--workers", "1"],
-                         base_env(INFERQ_REDIS_URL=redis_url, INFERQ_LOG_LEVEL="WARNING"))
+                         base_env(INFERQ_REDIS_URL=redis_url, INFERQ_LOG_LEVEL="WARNING",
+                                  INFERQ_WS_COMPRESSION=str(a.ws_compression).lower()))
         base = f"http://127.0.0.1:{gport}"
         procs.wait(lambda: _ok(f"{base}/healthz"), 60, "gateway")
         gwp = psutil.Process(gw.proc.pid)
@@ -227,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
                         print("inclusive" if inclusive else "self")
                         for f, share in top_frames(prof, inclusive=inclusive):
                             print(f"  {share:6.1%}  {f}")
-    doc = {"benchmark": "gateway-alone", "cpus": len(cpus), "pinned": pin, "cpu_model": _cpu_model(),
+    doc = {"benchmark": "gateway-alone", "cpus": len(cpus), "pinned": pin, "ws_compression": a.ws_compression, "cpu_model": _cpu_model(),
            "results": results}
     if a.out:
         Path(a.out).write_text(json.dumps(doc, indent=1))

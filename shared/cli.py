@@ -24,7 +24,8 @@ def cmd_api(args: argparse.Namespace) -> int:
     app = "api.app:create_app" if workers > 1 else create_app(s)
     uvicorn.run(app, factory=workers > 1, workers=workers, host=args.host or s.host,
                 port=args.port or s.port, log_level=s.log_level.lower(), ws="websockets",
-                ws_max_size=s.max_body_bytes, timeout_graceful_shutdown=5)
+                ws_max_size=s.max_body_bytes, ws_per_message_deflate=s.ws_compression,
+                timeout_graceful_shutdown=5)
     return 0
 
 

@@ -38,6 +38,9 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = 8000
     api_workers: int = Field(default=1, ge=1, description="Gateway processes sharing the port.")
+    ws_compression: bool = Field(
+        default=False, description="Offer permessage-deflate on WebSockets. Off: token events are tiny, and "
+        "compressing each one doubled the gateway's CPU per token (docs/benchmarks.md).")
     max_body_bytes: int = Field(default=1 << 20, ge=1024, description="Largest request body accepted.")
     max_prompt_chars: int = Field(default=200_000, ge=1)
     max_tokens_limit: int = Field(default=32_768, ge=1, description="Upper bound on max_tokens.")
