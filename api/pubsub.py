@@ -100,6 +100,8 @@ class Subscriber:
                 raise
             except (OSError, ConnectionError, TimeoutError, hiredis.ProtocolError) as e:
                 log.warning("pub/sub connection lost (%r); reconnecting in %.2f s", e, backoff)
+            except Exception:  # a bug must not end every stream of this process: start over
+                log.exception("pub/sub reader failed; reconnecting in %.2f s", backoff)
             self.connected.clear()
             self._close()
             await asyncio.sleep(backoff)
