@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from shared.settings import get_settings
@@ -61,8 +62,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"]:  # the harness parses its own arguments
+        from bench.__main__ import main as bench_main
+
+        return bench_main(argv[1:])
     parser = argparse.ArgumentParser(prog="inferq", description="Queue-based LLM inference on vLLM.")
     sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("bench", help="the benchmark harness: inferq bench run|report|gateway ... (see bench/)",
+                   add_help=False)
     p = sub.add_parser("api", help="run the gateway (FastAPI on uvicorn)")
     p.add_argument("--host")
     p.add_argument("--port", type=int)
@@ -88,7 +96,11 @@ def main(argv: list[str] | None = None) -> int:
         sub.choices[name].add_argument("--raw", action="store_true", help="print the JSON events")
     args = parser.parse_args(argv)
     _logging(get_settings().log_level)
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except BrokenPipeError:  # `inferq stream ID | head`: the reader left, which is fine
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":
