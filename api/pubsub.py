@@ -4,22 +4,27 @@ redis-py's ``PubSub.get_message`` costs tens of microseconds per message (a time
 wrapper and several layers per call): a profile of the gateway fanning out tokens showed ~70 % of
 its CPU there. Here one socket read is handed to hiredis (the parser redis-py itself uses) and
 every complete reply in it is dispatched in a tight loop. The connection re-establishes itself
-and re-subscribes after an error; a quiet connection is checked with PING. Messages published
-while it was down are not replayed by Redis: the hub's listeners notice the gap in ``seq`` (or a
-quiet spell) and read the job's log.
+(with backoff, reset only once Redis has answered properly) and re-subscribes; a quiet connection
+is checked with PING; an error reply (NOAUTH, max clients, ...) counts as a broken connection.
+Messages published while it was down are not replayed by Redis: the hub's listeners notice the
+gap in ``seq`` (or a quiet spell) and read the job's log.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import socket
 import ssl
 from collections.abc import Callable
+from typing import Any
 
 import hiredis
-from redis.asyncio.connection import parse_url
+from redis.asyncio.connection import SSLConnection, parse_url
 
 log = logging.getLogger(__name__)
+CONNECT_TIMEOUT_S = 5.0
 
 
 def _command(*parts: str) -> bytes:
@@ -30,6 +35,17 @@ def _command(*parts: str) -> bytes:
     return b"".join(out)
 
 
+def _ssl_context(o: dict[str, Any]) -> ssl.SSLContext | None:
+    """TLS as the URL asks for it (``rediss://...?ssl_cert_reqs=none&ssl_ca_certs=...``)."""
+    if o.get("connection_class") is not SSLConnection:
+        return None
+    ctx = ssl.create_default_context(cafile=o.get("ssl_ca_certs"))
+    if str(o.get("ssl_cert_reqs", "required")).lower() in ("none", "0"):
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
 class Subscriber:
     """Keeps ``channels`` subscribed on one connection; calls ``on_message(channel, data)`` for
     each message and ``on_subscribed(channel)`` when Redis confirms a subscription."""
@@ -37,14 +53,14 @@ class Subscriber:
     def __init__(self, url: str, on_message: Callable[[str, str], None],
                  on_subscribed: Callable[[str], None], ping_after_s: float = 5.0) -> None:
         self._opts = parse_url(url)
-        self._ssl = url.startswith("rediss://")
         self._on_message = on_message
         self._on_subscribed = on_subscribed
         self._ping_after_s = ping_after_s
         self.channels: set[str] = set()
         self._writer: asyncio.StreamWriter | None = None
         self._task: asyncio.Task[None] | None = None
-        self.connected = asyncio.Event()
+        self._backoff = 0.05
+        self.connected = asyncio.Event()  # set once Redis has answered on the current connection
 
     async def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="pubsub-reader")
@@ -52,6 +68,8 @@ class Subscriber:
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
         self._close()
 
     async def subscribe(self, channel: str) -> None:
@@ -67,45 +85,55 @@ class Subscriber:
         if w is None or w.is_closing():
             return
         w.write(_command(*parts))
-        await w.drain()
+        async with asyncio.timeout(CONNECT_TIMEOUT_S):
+            await w.drain()
 
     async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         o = self._opts
-        if "path" in o:
-            reader, writer = await asyncio.open_unix_connection(o["path"])
-        else:
-            reader, writer = await asyncio.open_connection(
-                o.get("host", "localhost"), o.get("port", 6379),
-                ssl=ssl.create_default_context() if self._ssl else None)
-        if o.get("password"):
-            auth = [o["username"], o["password"]] if o.get("username") else [o["password"]]
-            writer.write(_command("AUTH", *auth))
-            await writer.drain()
-            if not (await reader.readline()).startswith(b"+OK"):
+        async with asyncio.timeout(CONNECT_TIMEOUT_S):
+            if "path" in o:
+                reader, writer = await asyncio.open_unix_connection(o["path"])
+            else:
+                reader, writer = await asyncio.open_connection(o.get("host", "localhost"), o.get("port", 6379),
+                                                               ssl=_ssl_context(o))
+                if (sock := writer.get_extra_info("socket")) is not None:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            try:
+                if o.get("password"):
+                    auth = [o["username"], o["password"]] if o.get("username") else [o["password"]]
+                    writer.write(_command("AUTH", *auth))
+                    await writer.drain()
+                    answer = await reader.readline()
+                    if not answer.startswith(b"+OK"):
+                        raise ConnectionError(f"Redis refused the pub/sub connection's AUTH: {answer[:80]!r}")
+            except BaseException:
                 writer.close()
-                raise ConnectionError("Redis refused the pub/sub connection's AUTH")
+                raise
         return reader, writer
 
     async def _run(self) -> None:
-        backoff = 0.05
         while True:
             try:
                 reader, self._writer = await self._connect()
                 if self.channels:
                     self._writer.write(_command("SUBSCRIBE", *sorted(self.channels)))
-                self.connected.set()
-                backoff = 0.05
+                self._writer.write(_command("PING"))  # its answer proves the connection usable
                 await self._read(reader)
             except asyncio.CancelledError:
                 raise
             except (OSError, ConnectionError, TimeoutError, hiredis.ProtocolError) as e:
-                log.warning("pub/sub connection lost (%r); reconnecting in %.2f s", e, backoff)
+                log.warning("pub/sub connection lost (%r); reconnecting in %.2f s", e, self._backoff)
             except Exception:  # a bug must not end every stream of this process: start over
-                log.exception("pub/sub reader failed; reconnecting in %.2f s", backoff)
+                log.exception("pub/sub reader failed; reconnecting in %.2f s", self._backoff)
             self.connected.clear()
             self._close()
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 2.0)
+            await asyncio.sleep(self._backoff)
+            self._backoff = min(self._backoff * 2, 2.0)
+
+    def _healthy(self) -> None:
+        if not self.connected.is_set():
+            self.connected.set()
+            self._backoff = 0.05
 
     async def _read(self, reader: asyncio.StreamReader) -> None:
         parser = hiredis.Reader(encoding="utf-8")
@@ -130,9 +158,12 @@ class Subscriber:
                     if kind == "message":
                         self._on_message(channel, payload)
                     elif kind == "subscribe":
+                        self._healthy()
                         self._on_subscribed(channel)
                 elif isinstance(reply, Exception):
-                    log.warning("pub/sub: Redis answered %s", reply)
+                    raise ConnectionError(f"Redis answered the pub/sub connection with an error: {reply}")
+                else:  # PONG (["pong", ""] once subscribed)
+                    self._healthy()
 
     def _close(self) -> None:
         if self._writer is not None:

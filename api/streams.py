@@ -71,7 +71,8 @@ class StreamHub:
     async def start(self) -> None:
         await self._sub.start()
         try:
-            await asyncio.wait_for(self._sub.connected.wait(), timeout=5.0)
+            async with asyncio.timeout(5.0):
+                await self._sub.connected.wait()
         except TimeoutError:  # streams fall back on the log until it connects
             log.warning("pub/sub not connected yet; it keeps trying")
 
@@ -96,14 +97,16 @@ class StreamHub:
         q: asyncio.Queue[str] = asyncio.Queue()
         listeners = self._listeners.setdefault(channel, set())
         listeners.add(q)
-        if len(listeners) == 1:
-            self._confirmed[channel] = asyncio.Event()
-            await self._command(self._sub.subscribe, channel)
-        try:
-            await asyncio.wait_for(self._confirmed[channel].wait(), timeout=5.0)
-        except (TimeoutError, KeyError):
-            log.warning("no subscribe confirmation for %s; relying on the log", channel)
-        try:
+        try:  # from here on, whatever happens (a client leaving at once), the listener is removed
+            if len(listeners) == 1:
+                self._confirmed[channel] = asyncio.Event()
+                await self._command(self._sub.subscribe, channel)
+            if self._sub.connected.is_set():  # when down, the log and the idle check cover the gap
+                try:
+                    async with asyncio.timeout(5.0):
+                        await self._confirmed[channel].wait()
+                except (TimeoutError, KeyError):
+                    log.warning("no subscribe confirmation for %s; relying on the log", channel)
             yield q
         finally:
             listeners.discard(q)
@@ -115,7 +118,8 @@ class StreamHub:
     async def _command(self, command: Callable[[str], Awaitable[object]], channel: str) -> None:
         """(Un)subscribe, never waiting long: the log is always there to fall back on."""
         try:
-            await asyncio.wait_for(command(channel), timeout=5.0)
+            async with asyncio.timeout(5.0):  # not wait_for: on 3.11 it can swallow a cancellation
+                await command(channel)
         except (RedisConnectionError, RedisTimeoutError, OSError, TimeoutError) as e:
             log.warning("pub/sub %s %s failed (%r); relying on the log", command.__name__, channel, e)
 

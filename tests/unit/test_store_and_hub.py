@@ -186,3 +186,41 @@ def test_frame_reads_type_and_seq_of_every_event_form() -> None:
     assert frame(tok)[:2] == ("token", 12)
     assert frame('{"finish_reason":"cancelled","type":"done","status":"cancelled","seq":7}')[:2] == ("done", 7)
     assert frame(DoneEvent(seq=3, finish_reason="stop").model_dump_json()).terminal
+
+
+async def test_hub_forgets_a_listener_that_leaves_while_subscribing(store, redis_server) -> None:
+    async with running_hub(redis_server.url, store) as hub:
+        job = await claimed_job(store)
+        reader = asyncio.create_task(collect(hub, job))
+        await asyncio.sleep(0)  # inside the subscribe
+        reader.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await reader
+        assert hub.channels == 0 and keys.job_channel(job) not in hub._sub.channels
+
+
+async def test_subscriber_error_replies_force_a_reconnect_with_backoff(tmp_path) -> None:
+    """A Redis that answers with errors (here NOAUTH: no password given) is not taken for a
+    working connection; with the password it is."""
+    from api.pubsub import Subscriber
+    from bench.stack import Proc, free_port
+
+    port = free_port()
+    server = Proc("redis-auth", ["redis-server", "--port", str(port), "--save", "", "--requirepass", "sekrit"],
+                  {}, tmp_path / "redis.log")
+    try:
+        await asyncio.sleep(0.5)
+        sub = Subscriber(f"redis://127.0.0.1:{port}/0", lambda c, d: None, lambda c: None)
+        await sub.start()
+        await asyncio.sleep(1.5)
+        connected, backoff = sub.connected.is_set(), sub._backoff
+        await sub.stop()
+        assert not connected and backoff >= 0.4  # growing, not a tight reconnect loop
+        ok = Subscriber(f"redis://:sekrit@127.0.0.1:{port}/0", lambda c, d: None, lambda c: None)
+        await ok.start()
+        try:
+            await asyncio.wait_for(ok.connected.wait(), 3)
+        finally:
+            await ok.stop()
+    finally:
+        server.stop()
