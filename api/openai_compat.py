@@ -104,7 +104,7 @@ class Collected:
 
 async def collect(hub: StreamHub, job_id: str, n: int) -> Collected:
     out = Collected(choices={i: Choice() for i in range(n)})
-    async for ev in hub.events(job_id):
+    async for ev in hub.events(job_id, merge=True):
         if ev.type == "token":
             out.add(ev)
         elif ev.type == "restart":  # a lost attempt: start over
@@ -161,7 +161,7 @@ async def chat_chunks(hub: StreamHub, job_id: str, model: str, req: ChatCompleti
         return ChatCompletionChunk(id=job_id, created=created, model=model, choices=choices,
                                    usage=usage).model_dump_json(exclude_none=True)
 
-    async for ev in hub.events(job_id):
+    async for ev in hub.events(job_id, merge=True):
         if ev.type == "token":
             role = None if ev.index in started else "assistant"
             started.add(ev.index)
@@ -200,7 +200,7 @@ async def completion_chunks(hub: StreamHub, job_ids: list[str], model: str,
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     total = Usage()
     for p, job_id in enumerate(job_ids):
-        async for ev in hub.events(job_id):
+        async for ev in hub.events(job_id, merge=True):
             if ev.type == "token":
                 lp = _completion_logprobs(Choice(logprobs=ev.logprobs or []), k) if req.logprobs is not None else None
                 choice = TextChoice(index=p * req.n + ev.index, text=ev.text, logprobs=lp)

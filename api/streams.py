@@ -19,7 +19,7 @@ import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -28,11 +28,12 @@ from api.pubsub import Subscriber
 from shared import keys
 from shared.errors import NotFound
 from shared.redis import redis_retrying
-from shared.schemas import JobStatus, parse_event
+from shared.schemas import JobStatus, TokenEvent, parse_event
 from shared.store import Event, JobStore
 
 log = logging.getLogger(__name__)
 _TERMINAL = {s.value for s in JobStatus if s.terminal}
+MAX_BATCH = 256  # frames handed on at once to a reader that is behind
 _TOKEN = '{"type":"token","seq":'  # how a worker's token event starts (pydantic keeps field order)
 
 
@@ -46,6 +47,13 @@ class Frame(NamedTuple):
     @property
     def terminal(self) -> bool:
         return self.type in ("done", "error")
+
+    def event(self) -> Event:
+        """The parsed event. A plain token event (the hot path, written by a worker through
+        pydantic) is rebuilt without validating it again."""
+        if self.type == "token" and '"logprobs"' not in self.raw:
+            return TokenEvent.model_construct(**json.loads(self.raw))
+        return parse_event(self.raw)
 
     def json(self) -> str:
         """The text to send a client: a token event as it is; others in their canonical form
@@ -137,46 +145,97 @@ class StreamHub:
                 return None if raw is None else str(json.loads(raw))
         raise AssertionError("unreachable")
 
-    async def events(self, job_id: str, after: int = 0) -> AsyncIterator[Event]:
-        """Every event of the job with ``seq > after``, exactly once and in order, up to the last."""
-        async for f in self.frames(job_id, after):
-            yield parse_event(f.raw)
+    async def events(self, job_id: str, after: int = 0, merge: bool = False) -> AsyncIterator[Event]:
+        """Every event of the job with ``seq > after``, exactly once and in order, up to the last.
+        With ``merge``, token events that were already waiting together come as one (a reader
+        that is behind gets fewer, larger deltas; their ``seq`` is the last one's)."""
+        async for batch in self.batches(job_id, after):
+            for ev in merged(batch) if merge else [f.event() for f in batch]:
+                yield ev
 
     async def frames(self, job_id: str, after: int = 0) -> AsyncIterator[Frame]:
         """:meth:`events`, unparsed."""
+        async for batch in self.batches(job_id, after):
+            for f in batch:
+                yield f
+
+    async def batches(self, job_id: str, after: int = 0) -> AsyncIterator[list[Frame]]:
+        """:meth:`frames` in lists: what the log held, or what arrived while the reader was busy."""
         async with self._listen(job_id) as q:
             last = after
             while True:
                 backlog = await self._read_log(job_id, last)
-                for f in backlog:
-                    yield f
-                    last = f.seq
-                    if f.terminal:
+                if backlog:
+                    head = _upto_terminal(backlog)
+                    yield head
+                    if head[-1].terminal:
                         return
-                if not backlog:
+                    last = head[-1].seq
+                else:
                     status = await self._status(job_id)
                     if status is None:
                         raise NotFound(f"job {job_id} not found (or expired)")
                     if status in _TERMINAL:  # ended meanwhile, or `after` is past its last event
-                        for f in await self._read_log(job_id, last):
-                            yield f
+                        if rest := await self._read_log(job_id, last):
+                            yield _upto_terminal(rest)
                         return
                 # Live: forward until a gap or a quiet spell sends us back to the log.
-                while True:
+                gap = False
+                while not gap:
                     if q.empty():
                         try:
                             async with asyncio.timeout(self.idle_check_s):
-                                raw = await q.get()
+                                raws = [await q.get()]
                         except TimeoutError:
                             break
                     else:  # behind: no timer for what is already here
-                        raw = q.get_nowait()
-                    f = frame(raw)
-                    if f.seq <= last:
-                        continue
-                    if f.seq > last + 1:
-                        break
-                    yield f
-                    last = f.seq
-                    if f.terminal:
-                        return
+                        raws = []
+                    while not q.empty() and len(raws) < MAX_BATCH:
+                        raws.append(q.get_nowait())
+                    batch: list[Frame] = []
+                    for raw in raws:
+                        f = frame(raw)
+                        if f.seq <= last:
+                            continue
+                        if f.seq > last + 1:  # what follows the gap is in the log too
+                            gap = True
+                            break
+                        batch.append(f)
+                        last = f.seq
+                        if f.terminal:
+                            yield batch
+                            return
+                    if batch:
+                        yield batch
+
+
+def _upto_terminal(frames: list[Frame]) -> list[Frame]:
+    end = next((i for i, f in enumerate(frames) if f.terminal), len(frames) - 1)
+    return frames[:end + 1]
+
+
+def merged(frames: list[Frame]) -> list[Event]:
+    """The frames' events, consecutive plain token events of the same completion joined into
+    one (texts and token counts added up, ``seq`` the last one's). Events with logprobs, and all
+    others, pass as they are."""
+    out: list[Event] = []
+    run: dict[str, Any] | None = None
+    for f in frames:
+        if f.type == "token" and '"logprobs"' not in f.raw:
+            d = json.loads(f.raw)
+            if run is not None and run.get("index", 0) == d.get("index", 0):
+                run["text"] += d["text"]
+                run["n_tokens"] = run.get("n_tokens", 0) + d.get("n_tokens", 0)
+                run["seq"] = d["seq"]
+                continue
+            if run is not None:
+                out.append(TokenEvent.model_construct(**run))
+            run = d
+            continue
+        if run is not None:
+            out.append(TokenEvent.model_construct(**run))
+            run = None
+        out.append(f.event())
+    if run is not None:
+        out.append(TokenEvent.model_construct(**run))
+    return out

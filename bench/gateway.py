@@ -36,39 +36,63 @@ from shared.schemas import DoneEvent, JobRecord, JobRequest, TokenEvent
 from shared.store import JobStore
 
 TICK_S = 0.005
+STAMP_LEN = 17  # an event's text: its publish time, f"{t:017.6f}"
 PUBLISHER = "bench-publisher"
 
 
-def _client(ws: str, job_ids: list[str], ready: Any, out: Any) -> None:
-    """Follow every job over its own WebSocket; report tokens, timing and latency percentiles."""
+def _client(kind: str, base: str, jobs: list[str] | int, k: int, ready: Any, out: Any) -> None:
+    """Follow every job (WebSocket: the given job ids; SSE: ``jobs`` new chat completions that the
+    publisher then claims); report tokens, timing and latency percentiles."""
+    import httpx
     from websockets.asyncio.client import connect
 
-    async def follow(job_id: str, lat: list[float], stats: dict[str, float], opened: asyncio.Event,
-                     n_open: list[int]) -> None:
-        async with connect(f"{ws}/v1/jobs/{job_id}/stream", max_queue=None) as c:  # offers deflate
-            n_open[0] += 1
-            if n_open[0] == len(job_ids):
-                opened.set()
+    lat: list[float] = []
+    stats = {"tokens": 0, "messages": 0, "first": float("inf"), "last": 0.0}
+    started = [0]
+    n = jobs if isinstance(jobs, int) else len(jobs)
+
+    def got(text: str) -> None:
+        """One message: one publish time per event in it (a stream may merge events)."""
+        now = time.time()
+        stamps = [text[i:i + STAMP_LEN] for i in range(0, len(text), STAMP_LEN)]
+        lat.extend(now - float(t) for t in stamps)
+        stats["tokens"] += k * len(stamps)
+        stats["messages"] += 1
+        stats["first"] = min(stats["first"], now)
+        stats["last"] = now
+
+    def opened() -> None:
+        started[0] += 1
+        if started[0] == n:
+            ready.set()
+
+    async def ws_follow(job_id: str) -> None:
+        async with connect(f"{base.replace('http', 'ws')}/v1/jobs/{job_id}/stream", max_queue=None) as c:
+            opened()  # the client offers permessage-deflate, as browsers do
             async for raw in c:
-                now = time.time()
                 ev = json.loads(raw)
                 if ev["type"] != "token":
-                    stats["ended"] += 1
                     return
-                lat.append(now - float(ev["text"]))
-                stats["tokens"] += ev["n_tokens"]
-                stats["messages"] += 1
-                stats["first"] = min(stats["first"], now)
-                stats["last"] = now
+                got(ev["text"])
+
+    async def sse_follow(http: httpx.AsyncClient) -> None:
+        body = {"model": "inferq-tiny", "messages": [{"role": "user", "content": "x"}], "stream": True}
+        async with http.stream("POST", "/v1/chat/completions", json=body) as r:
+            opened()
+            async for line in r.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                choices = json.loads(line[6:])["choices"]
+                if choices and (text := choices[0]["delta"].get("content")):
+                    got(text)
 
     async def main() -> None:
-        lat: list[float] = []
-        stats = {"tokens": 0, "messages": 0, "ended": 0, "first": float("inf"), "last": 0.0}
-        opened, n_open = asyncio.Event(), [0]
-        tasks = [asyncio.create_task(follow(j, lat, stats, opened, n_open)) for j in job_ids]
-        await opened.wait()
-        ready.set()
-        await asyncio.gather(*tasks)
+        if isinstance(jobs, int):
+            async with httpx.AsyncClient(base_url=base, timeout=None,
+                                         limits=httpx.Limits(max_connections=jobs + 8)) as http:
+                await asyncio.gather(*(sse_follow(http) for _ in range(jobs)))
+        else:
+            await asyncio.gather(*(ws_follow(j) for j in jobs))
         a = np.array(lat) * 1000
         out.put({**stats, "latency_ms": {p: float(np.percentile(a, q)) for p, q in
                                          (("p50", 50), ("p99", 99), ("max", 100))} if a.size else {}})
@@ -96,7 +120,7 @@ async def _publish(store: JobStore, job_ids: list[str], rate: float, per_job: in
     order = [(j, s) for s in range(1, per_job + 1) for j in job_ids]  # round robin over the jobs
     t0 = time.monotonic()
     for i in range(0, len(order), events_per_tick):
-        items = [(j, 1, TokenEvent(seq=s, text=f"{time.time():.6f}", n_tokens=k))
+        items = [(j, 1, TokenEvent(seq=s, text=f"{time.time():017.6f}", n_tokens=k))
                  for j, s in order[i:i + events_per_tick]]
         res = await store.append(items)
         if not all(r is True for r in res):
@@ -111,49 +135,78 @@ async def _publish(store: JobStore, job_ids: list[str], rate: float, per_job: in
     return wall
 
 
-async def _jobs(redis_url: str, n: int, tag: str) -> list[str]:
+async def _jobs(store: JobStore, n: int, tag: str) -> list[str]:
     """``n`` jobs, each claimed by the publisher (running, attempt 1), as a worker would."""
-    redis = make_redis(redis_url)
-    store = JobStore(redis, ttl_s=600)
     ids = []
     for i in range(n):
         rec = JobRecord(id=f"gwbench-{tag}-{i}", model="bench", request=JobRequest(prompt="x", max_tokens=1))
         await store.create(rec)
-        claim = await store.claim(rec.id, PUBLISHER)
-        assert claim is not None and claim.attempt == 1
         ids.append(rec.id)
-    await redis.aclose()
     return ids
 
 
-def run_rate(redis_url: str, ws: str, gw: psutil.Process, rate: float, jobs: int, seconds: float,
-             k: int, tag: str) -> dict[str, object]:
+async def _claim(store: JobStore, job_ids: list[str] | None, n: int, timeout: float = 60) -> list[str]:
+    """Claim the given jobs, or (``None``) the first ``n`` that the gateway queues."""
+    from shared import keys
+
+    deadline = time.monotonic() + timeout
+    while job_ids is None:
+        queued = await store.redis.zrange(keys.QUEUED, 0, -1)
+        if len(queued) >= n:
+            job_ids = list(queued[:n])
+        elif time.monotonic() > deadline:
+            raise TimeoutError(f"only {len(queued)} of {n} jobs were queued")
+        else:
+            await asyncio.sleep(0.05)
+    for j in job_ids:
+        claim = await store.claim(j, PUBLISHER)
+        assert claim is not None and claim.attempt == 1, (j, claim)
+    return job_ids
+
+
+def run_rate(redis_url: str, base: str, gw: psutil.Process, kind: str, rate: float, jobs: int,
+             seconds: float, k: int, tag: str, profile: Path | None = None) -> dict[str, object]:
+    """One offered rate; with ``profile``, py-spy records the gateway while tokens flow."""
     per_job = max(1, round(rate * seconds / k / jobs))
-    job_ids = asyncio.run(_jobs(redis_url, jobs, tag))
+
+    async def create() -> list[str]:
+        r = make_redis(redis_url)
+        try:
+            return await _jobs(JobStore(r, ttl_s=600), jobs, tag)
+        finally:
+            await r.aclose()
+
+    job_ids = asyncio.run(create()) if kind == "ws" else None
     ctx = mp.get_context("spawn")
     ready, out = ctx.Event(), ctx.Queue()
-    client = ctx.Process(target=_client, args=(ws, job_ids, ready, out))
+    client = ctx.Process(target=_client, args=(kind, base, job_ids if job_ids is not None else jobs, k, ready, out))
     client.start()
     if not ready.wait(60):
         client.kill()
-        raise TimeoutError("the client could not open its sockets")
+        raise TimeoutError("the client could not open its streams")
 
     async def publish() -> tuple[float, float]:
         r = make_redis(redis_url)
         s = JobStore(r, ttl_s=600)
-        await _subscribed(s, job_ids)
+        ids = await _claim(s, job_ids, jobs)
+        await _subscribed(s, ids)
+        nonlocal spy
+        spy = _profile(gw.pid, seconds, profile) if profile else None
         cpu0 = sum(gw.cpu_times()[:2])
-        wall = await _publish(s, job_ids, rate, per_job, k)
+        wall = await _publish(s, ids, rate, per_job, k)
         await r.aclose()
         return wall, cpu0
 
+    spy: subprocess.Popen[bytes] | None = None
     wall, cpu0 = asyncio.run(publish())
+    if spy is not None:
+        spy.wait(60)
     res = out.get(timeout=120)
     cpu = sum(gw.cpu_times()[:2]) - cpu0
     client.join(10)
     span = res["last"] - res["first"]
     delivered = res["tokens"] / span if span > 0 else 0.0
-    return {"offered_tok_s": rate, "tokens_per_event": k, "jobs": jobs, "tokens": res["tokens"],
+    return {"client": kind, "offered_tok_s": rate, "tokens_per_event": k, "jobs": jobs, "tokens": res["tokens"],
             "expected_tokens": per_job * jobs * k, "publish_s": round(wall, 3), "deliver_s": round(span, 3),
             "delivered_tok_s": round(delivered), "gateway_cpu_s": round(cpu, 3),
             "gateway_cpu_util": round(cpu / span, 3) if span > 0 else None,
@@ -188,6 +241,8 @@ def top_frames(raw: Path, n: int = 25, inclusive: bool = False) -> list[tuple[st
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench gateway", description=__doc__.split("\n\n")[0])
     p.add_argument("--rates", default="10000,25000,50000,75000", help="offered tokens/s, comma-separated")
+    p.add_argument("--client", choices=["ws", "sse"], default="ws",
+                   help="ws: WS /v1/jobs/{id}/stream; sse: streamed POST /v1/chat/completions")
     p.add_argument("--jobs", type=int, default=64, help="concurrent streams")
     p.add_argument("--seconds", type=float, default=8.0, help="publishing time per rate")
     p.add_argument("--tokens-per-event", type=int, default=1, help="tokens per message (worker coalescing)")
@@ -218,19 +273,16 @@ def main(argv: list[str] | None = None) -> int:
         results = []
         for i, rate in enumerate(rates):
             prof = Path(a.profile) if a.profile and i == len(rates) - 1 else None
-            spy = _profile(gw.proc.pid, a.seconds, prof) if prof else None
-            r = run_rate(redis_url, base.replace("http", "ws"), gwp, rate, a.jobs, a.seconds,
-                         a.tokens_per_event, str(i))
+            r = run_rate(redis_url, base, gwp, a.client, rate, a.jobs, a.seconds, a.tokens_per_event, str(i), prof)
             results.append(r)
             print(json.dumps(r), flush=True)
-            if spy is not None and prof is not None:
-                spy.wait(60)
-                if prof.exists():
-                    for inclusive in (False, True):
-                        print("inclusive" if inclusive else "self")
-                        for f, share in top_frames(prof, inclusive=inclusive):
-                            print(f"  {share:6.1%}  {f}")
-    doc = {"benchmark": "gateway-alone", "cpus": len(cpus), "pinned": pin, "ws_compression": a.ws_compression, "cpu_model": _cpu_model(),
+            if prof is not None and prof.exists():
+                for inclusive in (False, True):
+                    print("inclusive" if inclusive else "self")
+                    for f, share in top_frames(prof, inclusive=inclusive):
+                        print(f"  {share:6.1%}  {f}")
+    doc = {"benchmark": "gateway-alone", "client": a.client, "cpus": len(cpus), "pinned": pin,
+           "ws_compression": a.ws_compression, "cpu_model": _cpu_model(),
            "results": results}
     if a.out:
         Path(a.out).write_text(json.dumps(doc, indent=1))

@@ -224,3 +224,42 @@ async def test_subscriber_error_replies_force_a_reconnect_with_backoff(tmp_path)
             await ok.stop()
     finally:
         server.stop()
+
+
+def test_merged_joins_consecutive_plain_deltas_of_one_completion() -> None:
+    from api.streams import frame, merged
+    from shared.schemas import TokenLogprob
+
+    lp = [TokenLogprob(token="b", logprob=-1.0)]
+    evs = [TokenEvent(seq=1, text="a", n_tokens=1), TokenEvent(seq=2, text="b", n_tokens=2),
+           TokenEvent(seq=3, index=1, text="x", n_tokens=1), TokenEvent(seq=4, index=1, text="y", logprobs=lp),
+           TokenEvent(seq=5, index=1, text="z", n_tokens=1), TokenEvent(seq=6, index=1, text="w", n_tokens=1),
+           DoneEvent(seq=7, finish_reason="stop")]
+    got = merged([frame(e.model_dump_json(exclude_none=True)) for e in evs])
+    assert [(e.seq, getattr(e, "text", None)) for e in got] == [(2, "ab"), (3, "x"), (4, "y"), (6, "zw"), (7, None)]
+    assert got[0] == TokenEvent(seq=2, text="ab", n_tokens=3) and got[2].logprobs == lp
+
+
+async def test_hub_batches_what_waited_and_merges_on_request(store, redis_server) -> None:
+    async with running_hub(redis_server.url, store, 5.0) as hub:
+        job = await claimed_job(store)
+        await store.append([(job, 1, TokenEvent(seq=i, text=str(i), n_tokens=1)) for i in range(1, 5)])
+        it = hub.batches(job)
+        assert [f.seq for f in await anext(it)] == [1, 2, 3, 4]  # the log, in one piece
+        await store.append([(job, 1, TokenEvent(seq=5, text="5", n_tokens=1)),
+                            (job, 1, DoneEvent(seq=6, finish_reason="stop"))])
+        rest = [f.seq async for batch in it for f in batch]
+        assert rest == [5, 6]
+        merged = [e async for e in hub.events(job, merge=True)]
+        assert [(e.seq, getattr(e, "text", None)) for e in merged] == [(5, "12345"), (6, None)]
+
+
+def test_frame_event_equals_the_validated_parse() -> None:
+    from api.streams import frame
+    from shared.schemas import TokenLogprob, parse_event
+
+    for ev in (TokenEvent(seq=3, index=1, text='say "logprobs"', n_tokens=2),
+               TokenEvent(seq=4, text="x", logprobs=[TokenLogprob(token="x", logprob=-0.5)]),
+               DoneEvent(seq=5, finish_reason="stop")):
+        raw = ev.model_dump_json(exclude_none=True)
+        assert frame(raw).event() == parse_event(raw) == ev
