@@ -110,7 +110,11 @@ class WorkerRuntime:
                 self.exit_code = 4
                 threading.Thread(target=self._die, name="engine-dead-exit", daemon=True).start()
             try:
+                started = time.monotonic()
                 await self._beat()
+                if time.monotonic() - started > self.settings.heartbeat_s:
+                    # the beat waited out an outage inside Redis retries: that was a reconnection too
+                    connected_since = None
                 connected_since = connected_since or time.monotonic()
                 # judge others' heartbeats only after a full TTL of our own: right after a Redis
                 # outage every worker's last beat looks old
@@ -128,6 +132,8 @@ class WorkerRuntime:
             return
         for model in await self.redis.zrange(keys.MODELS, 0, -1):
             for wid in await self.redis.zrangebyscore(keys.workers(model), 0, time.time() - s.worker_ttl_s):
+                if wid == self.id:  # alive by definition; a stale score is from a beat that waited out an outage
+                    continue
                 for job_id in await self.redis.smembers(keys.worker_jobs(wid)):
                     await self.hand_back(job_id, wid, None, "worker_lost")
                 await self.redis.zrem(keys.workers(model), wid)

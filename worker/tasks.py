@@ -19,10 +19,12 @@ from pydantic import ValidationError
 from shared import keys
 from shared.schemas import JobMessage
 from shared.settings import get_settings
+from worker import kombu_fix
 from worker.celery_app import make_celery
 from worker.runtime import WorkerRuntime, kill_children
 
 log = logging.getLogger(__name__)
+kombu_fix.install()
 app = make_celery(get_settings())
 _runtime: WorkerRuntime | None = None
 

@@ -170,7 +170,12 @@ def test_sigterm_drains_then_hands_back_what_is_left(fleet) -> None:
 
 @pytest.mark.faults
 def test_redis_restart_everyone_reconnects(fleet) -> None:
+    """Redis dies while both workers hold jobs (unacked Celery messages): nobody exits, the
+    jobs in flight finish, and new ones run."""
     ensure_two_workers(fleet)
+    with fleet.http() as http:
+        busy = [submit(http, prompt=f"in flight {i}", max_tokens=1500, ignore_eos=True) for i in range(4)]
+        running_on(fleet, busy[-1], min_text=1)  # the last one generating: all four are in flight
     fleet.redis.stop(signal.SIGKILL)
     try:
         assert httpx.get(f"{fleet.base}/readyz", timeout=10).status_code == 503
@@ -180,6 +185,8 @@ def test_redis_restart_everyone_reconnects(fleet) -> None:
     wait_for(lambda: http_ok(f"{fleet.base}/readyz"), 30, "readyz after restart")
     with fleet.http() as http:
         assert wait_status(http, submit(http, prompt="after", max_tokens=8))["status"] == "succeeded"
+        views = [wait_status(http, job_id, timeout=180) for job_id in busy]
+    assert [v["status"] for v in views] == ["succeeded"] * 4, [(v["status"], v["error"]) for v in views]
     assert fleet.gateway.proc.poll() is None and all(fleet.workers[w].proc.poll() is None for w in fleet.live())
     assert len(fleet.live()) == 2
 
