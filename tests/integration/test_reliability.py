@@ -4,6 +4,7 @@ overload, deadlines and priorities. A fleet of its own, so that breaking it harm
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import time
 
@@ -12,6 +13,7 @@ import psutil
 import pytest
 import redis
 
+from shared import keys
 from tests.conftest import free_port, spawn, wait_for
 from tests.fleet import PY, Fleet
 from tests.helpers import submit, token_text, wait_status, ws_events
@@ -36,13 +38,15 @@ def ensure_two_workers(fleet: Fleet) -> None:
 
 
 def running_on(fleet: Fleet, job_id: str, min_text: int = 1) -> str:
-    with fleet.http() as http:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            v = http.get(f"/v1/jobs/{job_id}").json()
-            if v["status"] == "running" and len(v["text"]) >= min_text:
-                return str(v["worker"])
-            time.sleep(0.05)
+    """The worker running the job once it has logged ``min_text`` token events. Read from Redis
+    directly: a gateway slowed by a busy 2-core machine could answer after a short job ended."""
+    r = redis.Redis(port=fleet.redis_port, decode_responses=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        status, worker = r.hmget(keys.job(job_id), ["status", "worker"])
+        if status == '"running"' and worker and r.xlen(keys.job_log(job_id)) >= min_text:
+            return str(json.loads(worker))
+        time.sleep(0.02)
     raise TimeoutError(f"job {job_id} never ran")
 
 
