@@ -48,10 +48,15 @@ class Frame(NamedTuple):
     def terminal(self) -> bool:
         return self.type in ("done", "error")
 
+    @property
+    def plain_token(self) -> bool:
+        """A token event without logprobs: the hot path, rebuilt from JSON without validation
+        (a worker wrote it through pydantic)."""
+        return self.type == "token" and '"logprobs"' not in self.raw
+
     def event(self) -> Event:
-        """The parsed event. A plain token event (the hot path, written by a worker through
-        pydantic) is rebuilt without validating it again."""
-        if self.type == "token" and '"logprobs"' not in self.raw:
+        """The parsed event."""
+        if self.plain_token:
             return TokenEvent.model_construct(**json.loads(self.raw))
         return parse_event(self.raw)
 
@@ -221,7 +226,7 @@ def merged(frames: list[Frame]) -> list[Event]:
     out: list[Event] = []
     run: dict[str, Any] | None = None
     for f in frames:
-        if f.type == "token" and '"logprobs"' not in f.raw:
+        if f.plain_token:
             d = json.loads(f.raw)
             if run is not None and run.get("index", 0) == d.get("index", 0):
                 run["text"] += d["text"]

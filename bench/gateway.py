@@ -2,7 +2,8 @@
 
 No engine and no worker: a publisher plays N running jobs and appends their token events through
 :meth:`JobStore.append` (the worker's write path: Lua fencing, log, pub/sub), at a fixed offered
-rate; one client process follows every job over ``WS /v1/jobs/{id}/stream``. Each event carries
+rate; one client process follows every job over ``WS /v1/jobs/{id}/stream`` (``--client ws``) or
+streams it as an OpenAI chat completion (``--client sse``). Each event carries
 its publish time, so the client measures publish-to-client latency. The gateway is pinned to one
 core and everything else to the others, and its CPU time is read from /proc, so the result is
 also given per gateway CPU-second: the capacity of one process on one core, even when the
@@ -30,7 +31,8 @@ import httpx
 import numpy as np
 import psutil
 
-from bench.stack import Procs, base_env, free_port
+from bench.stack import Procs, base_env, free_port, http_ok, start_redis
+from bench.sysinfo import cpu_model
 from shared.redis import make_redis
 from shared.schemas import DoneEvent, JobRecord, JobRequest, TokenEvent
 from shared.store import JobStore
@@ -43,7 +45,6 @@ PUBLISHER = "bench-publisher"
 def _client(kind: str, base: str, jobs: list[str] | int, k: int, ready: Any, out: Any) -> None:
     """Follow every job (WebSocket: the given job ids; SSE: ``jobs`` new chat completions that the
     publisher then claims); report tokens, timing and latency percentiles."""
-    import httpx
     from websockets.asyncio.client import connect
 
     lat: list[float] = []
@@ -256,15 +257,13 @@ def main(argv: list[str] | None = None) -> int:
     cpus = sorted(os.sched_getaffinity(0))
     pin = not a.no_pin and len(cpus) > 1
     with tempfile.TemporaryDirectory() as logdir, Procs(Path(logdir)) as procs:
-        rport, gport = free_port(), free_port()
-        redis_url = f"redis://127.0.0.1:{rport}/0"
-        redis = procs.start("redis", [shutil.which("redis-server") or "redis-server", "--port", str(rport),
-                                      "--save", "", "--appendonly", "no"], base_env())
+        redis_url, redis = start_redis(procs, "redis")
+        gport = free_port()
         gw = procs.start("gateway", [sys.executable, "-m", "shared.cli", "api", "--port", str(gport), "--workers", "1"],
                          base_env(INFERQ_REDIS_URL=redis_url, INFERQ_LOG_LEVEL="WARNING",
                                   INFERQ_WS_COMPRESSION=str(a.ws_compression).lower()))
         base = f"http://127.0.0.1:{gport}"
-        procs.wait(lambda: _ok(f"{base}/healthz"), 60, "gateway")
+        procs.wait(lambda: http_ok(f"{base}/healthz"), 60, "gateway")
         gwp = psutil.Process(gw.proc.pid)
         if pin:
             gwp.cpu_affinity(cpus[:1])
@@ -282,25 +281,11 @@ def main(argv: list[str] | None = None) -> int:
                     for f, share in top_frames(prof, inclusive=inclusive):
                         print(f"  {share:6.1%}  {f}")
     doc = {"benchmark": "gateway-alone", "client": a.client, "cpus": len(cpus), "pinned": pin,
-           "ws_compression": a.ws_compression, "cpu_model": _cpu_model(),
+           "ws_compression": a.ws_compression, "cpu_model": cpu_model(),
            "results": results}
     if a.out:
         Path(a.out).write_text(json.dumps(doc, indent=1))
     return 0
-
-
-def _ok(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
-def _cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
 
 
 if __name__ == "__main__":

@@ -101,7 +101,7 @@ def base_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def _http_ok(url: str, check: Callable[[httpx.Response], bool] = lambda r: True) -> bool:
+def http_ok(url: str, check: Callable[[httpx.Response], bool] = lambda r: True) -> bool:
     try:
         r = httpx.get(url, timeout=2)
         return r.status_code == 200 and check(r)
@@ -109,15 +109,22 @@ def _http_ok(url: str, check: Callable[[httpx.Response], bool] = lambda r: True)
         return False
 
 
-def start_inferq(procs: Procs, w: Workload, spec: StackSpec, tag: str) -> str:
-    """redis-server + ``spec.workers`` workers + the gateway; returns the gateway's base URL."""
+def start_redis(procs: Procs, name: str) -> tuple[str, Proc]:
+    """A throwaway redis-server (no persistence) on a free port: its URL and process."""
     exe = shutil.which("redis-server")
     if exe is None:
         raise RuntimeError("redis-server is not on PATH")
-    rport, gport = free_port(), free_port()
-    procs.start(f"redis-{tag}", [exe, "--port", str(rport), "--bind", "127.0.0.1", "--save", "",
-                                 "--appendonly", "no"], base_env())
-    inferq = {"INFERQ_REDIS_URL": f"redis://127.0.0.1:{rport}/0", "INFERQ_LOG_LEVEL": "WARNING",
+    port = free_port()
+    proc = procs.start(name, [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+                       base_env())
+    return f"redis://127.0.0.1:{port}/0", proc
+
+
+def start_inferq(procs: Procs, w: Workload, spec: StackSpec, tag: str) -> str:
+    """redis-server + ``spec.workers`` workers + the gateway; returns the gateway's base URL."""
+    redis_url, _ = start_redis(procs, f"redis-{tag}")
+    gport = free_port()
+    inferq = {"INFERQ_REDIS_URL": redis_url, "INFERQ_LOG_LEVEL": "WARNING",
               "INFERQ_MAX_NUM_SEQS": str(spec.max_num_seqs), "INFERQ_CPU_KV_CACHE_GIB": str(spec.kv_cache_gib),
               "INFERQ_GPU_MEMORY_UTILIZATION": str(spec.gpu_memory_utilization),
               "INFERQ_LOAD_FORMAT": w.load_format, "INFERQ_DTYPE": w.dtype, **spec.env}
@@ -132,7 +139,7 @@ def start_inferq(procs: Procs, w: Workload, spec: StackSpec, tag: str) -> str:
                     base_env(**inferq, INFERQ_WORKER_ID=f"bench-{tag}-{i}", **extra))
     procs.start(f"gateway-{tag}", [*py, "api", "--port", str(gport)], base_env(**inferq))
     base = f"http://127.0.0.1:{gport}"
-    procs.wait(lambda: _http_ok(f"{base}/readyz", lambda r: r.json().get("workers") == spec.workers),
+    procs.wait(lambda: http_ok(f"{base}/readyz", lambda r: r.json().get("workers") == spec.workers),
                spec.startup_timeout_s, f"inferq stack {tag!r} ({spec.workers} workers)")
     return base
 
@@ -146,5 +153,5 @@ def start_naive(procs: Procs, w: Workload, model_path: str, mode: str, batch_siz
            "--load-format", w.load_format, "--dtype", w.naive_dtype]
     procs.start(name, cmd, base_env(**env))
     base = f"http://127.0.0.1:{port}"
-    procs.wait(lambda: _http_ok(f"{base}/health"), 900, f"naive server {name}")
+    procs.wait(lambda: http_ok(f"{base}/health"), 900, f"naive server {name}")
     return base

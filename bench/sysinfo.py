@@ -22,7 +22,7 @@ def _run(cmd: list[str]) -> str | None:
         return None
 
 
-def _cpu_model() -> str | None:
+def cpu_model() -> str | None:
     try:
         with open("/proc/cpuinfo") as f:
             return next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), None)
@@ -44,7 +44,7 @@ def environment() -> dict[str, Any]:
         gpus = out.splitlines() if out else None
     redis = _run(["redis-server", "--version"]) if shutil.which("redis-server") else None
     return {
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cpu_count": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "gpus": gpus,
         "python": platform.python_version(),

@@ -113,3 +113,15 @@ def test_stop_string_ends_the_completion(stack) -> None:
         view = wait_status(http, submit(http, prompt="def f(x):", max_tokens=24, temperature=0, stop=[stop]))
     assert view["finish_reason"] == "stop", view
     assert stop not in view["text"] and text.startswith(view["text"])
+
+
+async def test_websocket_refuses_permessage_deflate_by_default(stack) -> None:
+    """Clients offer deflate (websockets does by default, browsers too); the gateway declines it."""
+    from websockets.asyncio.client import connect
+
+    with stack.http() as http:
+        job_id = submit(http, prompt="deflate?", max_tokens=4)
+    async with connect(f"{stack.ws}/v1/jobs/{job_id}/stream") as ws:
+        assert "permessage-deflate" in (ws.request.headers.get("Sec-WebSocket-Extensions") or "")
+        assert ws.response.headers.get("Sec-WebSocket-Extensions") is None
+        assert [e async for e in ws][-1]
