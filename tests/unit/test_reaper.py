@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 
+from bench.stack import Proc, free_port
 from shared import keys
 from shared.redis import make_redis
 from shared.schemas import JobRecord, JobRequest, JobStatus
@@ -14,11 +16,16 @@ from worker.celery_app import make_celery
 from worker.runtime import WorkerRuntime
 
 
-async def test_reaper_requeues_a_silent_worker_but_never_itself(redis_server) -> None:
+async def test_reaper_requeues_a_silent_worker_but_never_itself(tmp_path) -> None:
+    # a Redis of its own: the session's serves live workers whose reapers would take the lock
+    port = free_port()
+    server = Proc("redis-reaper", ["redis-server", "--port", str(port), "--save", ""], {}, tmp_path / "redis.log")
+    url = f"redis://127.0.0.1:{port}/0"
+    await asyncio.sleep(0.5)
     model = f"m-{uuid.uuid4().hex[:6]}"
-    settings = Settings(redis_url=redis_server.url, worker_id="me", served_model_name=model, worker_ttl_s=3)
+    settings = Settings(redis_url=url, worker_id="me", served_model_name=model, worker_ttl_s=3)
     rt = WorkerRuntime(settings, make_celery(settings))
-    rt.redis = make_redis(redis_server.url)
+    rt.redis = make_redis(url)
     rt.store = JobStore(rt.redis, 120)
     try:
         jobs = {}
@@ -39,3 +46,4 @@ async def test_reaper_requeues_a_silent_worker_but_never_itself(redis_server) ->
         assert await rt.redis.zscore(keys.workers(model), "gone") is None
     finally:
         await rt.redis.aclose()
+        server.stop()
