@@ -28,12 +28,12 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
-from api.auth import Principal
-from api.service import JobService, new_job_id
-from shared import keys
-from shared.errors import IdempotencyConflict, IdempotencyKeyReused, InvalidRequest, NotFound, RateLimited
-from shared.schemas import JobRecord, JobRequest, JobStatus
-from shared.settings import Settings
+from inferq.api.auth import Principal
+from inferq.api.service import JobService, new_job_id
+from inferq.shared import keys
+from inferq.shared.errors import IdempotencyConflict, IdempotencyKeyReused, InvalidRequest, NotFound, RateLimited
+from inferq.shared.schemas import JobRecord, JobRequest, JobStatus
+from inferq.shared.settings import Settings
 
 log = logging.getLogger(__name__)
 WINDOW_S = 60

@@ -8,18 +8,18 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from api import errors
-from api.admission import Admission
-from api.auth import KeyRing
-from api.deps import Caller
-from api.limits import BodyLimit
-from api.routes import health, jobs, openai, stream
-from api.service import JobService
-from api.streams import StreamHub
-from shared.redis import make_redis
-from shared.settings import Settings, get_settings
-from shared.store import JobStore
-from worker.celery_app import make_celery
+from inferq.api import errors
+from inferq.api.admission import Admission
+from inferq.api.auth import KeyRing
+from inferq.api.deps import Caller
+from inferq.api.limits import BodyLimit
+from inferq.api.routes import health, jobs, openai, stream
+from inferq.api.service import JobService
+from inferq.api.streams import StreamHub
+from inferq.shared.redis import make_redis
+from inferq.shared.settings import Settings, get_settings
+from inferq.shared.store import JobStore
+from inferq.shared.celery_app import make_celery
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:

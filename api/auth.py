@@ -16,8 +16,8 @@ from pathlib import Path
 
 from starlette.requests import HTTPConnection
 
-from shared.errors import Unauthenticated
-from shared.settings import Settings
+from inferq.shared.errors import Unauthenticated
+from inferq.shared.settings import Settings
 
 
 def key_id(key: str) -> str:

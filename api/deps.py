@@ -7,12 +7,12 @@ from typing import Annotated
 from fastapi import Depends, Request, WebSocket
 from starlette.requests import HTTPConnection
 
-from api.admission import Admission
-from api.auth import KeyRing, Principal
-from api.service import JobService
-from api.streams import StreamHub
-from shared.errors import Unauthenticated
-from shared.settings import Settings
+from inferq.api.admission import Admission
+from inferq.api.auth import KeyRing, Principal
+from inferq.api.service import JobService
+from inferq.api.streams import StreamHub
+from inferq.shared.errors import Unauthenticated
+from inferq.shared.settings import Settings
 
 
 def get_service(conn: HTTPConnection) -> JobService:

@@ -14,7 +14,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from shared.errors import InferqError
+from inferq.shared.errors import InferqError
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from typing import Any, Awaitable, Callable
 
 from fastapi import HTTPException
 
-from api.errors import error_body
+from inferq.api.errors import error_body
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]

@@ -12,7 +12,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from api.openai_schemas import (
+from inferq.api.openai_schemas import (
     AssistantMessage,
     ChatChoice,
     ChatCompletion,
@@ -28,9 +28,9 @@ from api.openai_schemas import (
     TextCompletion,
     TopLogprobOut,
 )
-from api.streams import StreamHub
-from shared.errors import ContextLengthExceeded, EngineError, InferqError, InvalidRequest
-from shared.schemas import ErrorEvent, ErrorInfo, JobRequest, RestartEvent, TokenEvent, TokenLogprob, Usage
+from inferq.api.streams import StreamHub
+from inferq.shared.errors import ContextLengthExceeded, EngineError, InferqError, InvalidRequest
+from inferq.shared.schemas import ErrorEvent, ErrorInfo, JobRequest, RestartEvent, TokenEvent, TokenLogprob, Usage
 
 
 def chat_job(req: ChatCompletionRequest) -> JobRequest:

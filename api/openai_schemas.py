@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from shared.schemas import ChatMessage, Usage
+from inferq.shared.schemas import ChatMessage, Usage
 
 
 class TextPart(BaseModel):

@@ -18,10 +18,10 @@ from celery import Celery
 from redis.asyncio import Redis
 from starlette.concurrency import run_in_threadpool
 
-from api.auth import Principal
-from shared import keys
-from shared.errors import ContextLengthExceeded, NotFound, QueueFull, Unavailable
-from shared.schemas import (
+from inferq.api.auth import Principal
+from inferq.shared import keys
+from inferq.shared.errors import ContextLengthExceeded, NotFound, QueueFull, Unavailable
+from inferq.shared.schemas import (
     ChoiceView,
     ControlMessage,
     ErrorInfo,
@@ -32,9 +32,9 @@ from shared.schemas import (
     JobView,
     WorkerInfo,
 )
-from shared.settings import Settings
-from shared.store import JobStore
-from worker.celery_app import send_job
+from inferq.shared.settings import Settings
+from inferq.shared.store import JobStore
+from inferq.shared.celery_app import send_job
 
 log = logging.getLogger(__name__)
 

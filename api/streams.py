@@ -24,12 +24,12 @@ from typing import Any, NamedTuple
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from api.pubsub import Subscriber
-from shared import keys
-from shared.errors import NotFound
-from shared.redis import redis_retrying
-from shared.schemas import JobStatus, TokenEvent, parse_event
-from shared.store import Event, JobStore
+from inferq.api.pubsub import Subscriber
+from inferq.shared import keys
+from inferq.shared.errors import NotFound
+from inferq.shared.redis import redis_retrying
+from inferq.shared.schemas import JobStatus, TokenEvent, parse_event
+from inferq.shared.store import Event, JobStore
 
 log = logging.getLogger(__name__)
 _TERMINAL = {s.value for s in JobStatus if s.terminal}

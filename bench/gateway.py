@@ -33,9 +33,9 @@ import psutil
 
 from bench.stack import Procs, base_env, free_port, http_ok, start_redis
 from bench.sysinfo import cpu_model
-from shared.redis import make_redis
-from shared.schemas import DoneEvent, JobRecord, JobRequest, TokenEvent
-from shared.store import JobStore
+from inferq.shared.redis import make_redis
+from inferq.shared.schemas import DoneEvent, JobRecord, JobRequest, TokenEvent
+from inferq.shared.store import JobStore
 
 TICK_S = 0.005
 STAMP_LEN = 17  # an event's text: its publish time, f"{t:017.6f}"
@@ -103,7 +103,7 @@ def _client(kind: str, base: str, jobs: list[str] | int, k: int, ready: Any, out
 
 async def _subscribed(store: JobStore, job_ids: list[str], timeout: float = 30) -> None:
     """Wait until the gateway's hub listens on every job's channel."""
-    from shared import keys
+    from inferq.shared import keys
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -148,7 +148,7 @@ async def _jobs(store: JobStore, n: int, tag: str) -> list[str]:
 
 async def _claim(store: JobStore, job_ids: list[str] | None, n: int, timeout: float = 60) -> list[str]:
     """Claim the given jobs, or (``None``) the first ``n`` that the gateway queues."""
-    from shared import keys
+    from inferq.shared import keys
 
     deadline = time.monotonic() + timeout
     while job_ids is None:
@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as logdir, Procs(Path(logdir)) as procs:
         redis_url, redis = start_redis(procs, "redis")
         gport = free_port()
-        gw = procs.start("gateway", [sys.executable, "-m", "shared.cli", "api", "--port", str(gport), "--workers", "1"],
+        gw = procs.start("gateway", [sys.executable, "-m", "inferq.cli", "api", "--port", str(gport), "--workers", "1"],
                          base_env(INFERQ_REDIS_URL=redis_url, INFERQ_LOG_LEVEL="WARNING",
                                   INFERQ_WS_COMPRESSION=str(a.ws_compression).lower()))
         base = f"http://127.0.0.1:{gport}"

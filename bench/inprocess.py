@@ -21,11 +21,11 @@ from bench.load import RequestResult, Timer, drive
 
 def engine_args(spec: dict[str, Any]) -> Any:
     """AsyncEngineArgs exactly as a worker with the same INFERQ_* settings would build them."""
-    from shared.settings import Settings
+    from inferq.shared.settings import Settings
 
     settings = Settings(**spec["settings"])
     try:
-        from worker.engine import EngineHost
+        from inferq.worker.engine import EngineHost
 
         host = EngineHost(settings)
         host.model_path = spec["model_path"]

@@ -23,8 +23,8 @@ def resolve_model_path(model: str | None) -> str:
     """The model folder or id: ``model``, or the built-in tiny model (built on first use)."""
     if model:
         return model
-    from shared.settings import Settings
-    from worker.models import tiny_model_dir
+    from inferq.shared.settings import Settings
+    from inferq.worker.models import tiny_model_dir
 
     return str(tiny_model_dir(Settings().cache_dir))
 

@@ -132,7 +132,7 @@ def start_inferq(procs: Procs, w: Workload, spec: StackSpec, tag: str) -> str:
         inferq["INFERQ_MODEL"] = w.model
     if w.max_model_len:
         inferq["INFERQ_MAX_MODEL_LEN"] = str(w.max_model_len)
-    py = [sys.executable, "-m", "shared.cli"]
+    py = [sys.executable, "-m", "inferq.cli"]
     for i in range(spec.workers):
         extra = spec.worker_env[i] if i < len(spec.worker_env) else {}
         procs.start(f"worker-{tag}-{i}", [*py, "worker"],

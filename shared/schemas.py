@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
 
-from shared.settings import get_settings
+from inferq.shared.settings import get_settings
 
 
 class JobStatus(str, Enum):

@@ -17,8 +17,8 @@ from typing import Sequence
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from shared import keys
-from shared.schemas import (
+from inferq.shared import keys
+from inferq.shared.schemas import (
     DoneEvent,
     ErrorEvent,
     JobRecord,

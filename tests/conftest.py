@@ -111,7 +111,7 @@ class Stack:
 @pytest.fixture(scope="session")
 def stack(redis_server: RedisServer, logdir: Path) -> Iterator[Stack]:
     """Two workers on the default model's queue and one gateway, all real processes."""
-    py = [sys.executable, "-m", "shared.cli"]
+    py = [sys.executable, "-m", "inferq.cli"]
     port = free_port()
     st = Stack(f"http://127.0.0.1:{port}", f"ws://127.0.0.1:{port}", redis_server)
     try:

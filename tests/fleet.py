@@ -15,7 +15,7 @@ import redis
 
 from tests.conftest import Service, free_port, inferq_env, spawn, wait_for
 
-PY = [sys.executable, "-m", "shared.cli"]
+PY = [sys.executable, "-m", "inferq.cli"]
 FLEET_ENV = dict(
     INFERQ_MAX_NUM_SEQS="32",
     INFERQ_CPU_KV_CACHE_GIB="0.25",

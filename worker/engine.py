@@ -14,9 +14,9 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from shared.schemas import EngineStats
-from shared.settings import Settings
-from worker.models import resolve_model
+from inferq.shared.schemas import EngineStats
+from inferq.shared.settings import Settings
+from inferq.worker.models import resolve_model
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from shared import keys
-from shared.settings import get_settings
+from inferq.shared import keys
+from inferq.shared.settings import get_settings
 
 
 def run_worker(loglevel: str = "INFO") -> None:
-    from worker.tasks import app  # imports the task and the engine life-cycle signals
+    from inferq.worker.tasks import app  # imports the task and the engine life-cycle signals
 
     s = get_settings()
     app.worker_main([

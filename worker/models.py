@@ -18,7 +18,7 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
-from shared.settings import Settings
+from inferq.shared.settings import Settings
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.errors import ContextLengthExceeded, EngineError, InferqError, InvalidRequest
-from shared.schemas import (
+from inferq.shared.errors import ContextLengthExceeded, EngineError, InferqError, InvalidRequest
+from inferq.shared.schemas import (
     ChoiceEnd,
     ChoiceView,
     DoneEvent,
@@ -31,10 +31,10 @@ from shared.schemas import (
     TopLogprob,
     Usage,
 )
-from shared.redis import redis_retrying
-from shared.store import JobStore
-from worker.engine import EngineHost
-from worker.writer import EventWriter, FencedOut
+from inferq.shared.redis import redis_retrying
+from inferq.shared.store import JobStore
+from inferq.worker.engine import EngineHost
+from inferq.worker.writer import EventWriter, FencedOut
 
 log = logging.getLogger(__name__)
 

@@ -19,15 +19,15 @@ import uuid
 from celery import Celery
 from redis.asyncio import Redis
 
-from shared import keys
-from shared.redis import make_redis
-from shared.schemas import ControlMessage, JobMessage, JobStatus, WorkerInfo
-from shared.settings import Settings
-from shared.store import JobStore
-from worker.engine import EngineHost
-from worker.celery_app import send_job
-from worker.runner import JobRunner
-from worker.writer import EventWriter
+from inferq.shared import keys
+from inferq.shared.redis import make_redis
+from inferq.shared.schemas import ControlMessage, JobMessage, JobStatus, WorkerInfo
+from inferq.shared.settings import Settings
+from inferq.shared.store import JobStore
+from inferq.worker.engine import EngineHost
+from inferq.shared.celery_app import send_job
+from inferq.worker.runner import JobRunner
+from inferq.worker.writer import EventWriter
 
 log = logging.getLogger(__name__)
 

@@ -16,12 +16,12 @@ from celery import signals
 from celery.exceptions import Reject
 from pydantic import ValidationError
 
-from shared import keys
-from shared.schemas import JobMessage
-from shared.settings import get_settings
-from worker import kombu_fix
-from worker.celery_app import make_celery
-from worker.runtime import WorkerRuntime, kill_children
+from inferq.shared import keys
+from inferq.shared.schemas import JobMessage
+from inferq.shared.settings import get_settings
+from inferq.worker import kombu_fix
+from inferq.shared.celery_app import make_celery
+from inferq.worker.runtime import WorkerRuntime, kill_children
 
 log = logging.getLogger(__name__)
 kombu_fix.install()

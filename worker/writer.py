@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from shared.redis import redis_retrying
-from shared.schemas import TokenEvent
-from shared.store import Event, JobStore, is_duplicate_id
+from inferq.shared.redis import redis_retrying
+from inferq.shared.schemas import TokenEvent
+from inferq.shared.store import Event, JobStore, is_duplicate_id
 
 log = logging.getLogger(__name__)
 MAX_BATCH = 1024

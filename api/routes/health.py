@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
-from api.deps import Caller, Service
-from shared.schemas import WorkerInfo
+from inferq.api.deps import Caller, Service
+from inferq.shared.schemas import WorkerInfo
 
 router = APIRouter(tags=["health"])
 

@@ -6,10 +6,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Body, Header, Response
 
-from api.admission import fingerprint
-from api.deps import Admit, Caller, Service
-from api.service import links
-from shared.schemas import JobAccepted, JobRequest, JobView
+from inferq.api.admission import fingerprint
+from inferq.api.deps import Admit, Caller, Service
+from inferq.api.service import links
+from inferq.shared.schemas import JobAccepted, JobRequest, JobView
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 EXAMPLES = {

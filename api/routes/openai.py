@@ -12,10 +12,10 @@ from fastapi.responses import Response
 from sse_starlette import EventSourceResponse
 from starlette.types import Message, Send
 
-from api import openai_compat as oc
-from api.admission import fingerprint
-from api.deps import Admit, Caller, Hub, Service
-from api.openai_schemas import (
+from inferq.api import openai_compat as oc
+from inferq.api.admission import fingerprint
+from inferq.api.deps import Admit, Caller, Hub, Service
+from inferq.api.openai_schemas import (
     ChatCompletion,
     ChatCompletionRequest,
     CompletionRequest,
@@ -23,8 +23,8 @@ from api.openai_schemas import (
     ModelList,
     TextCompletion,
 )
-from api.service import JobService
-from shared.errors import NotFound
+from inferq.api.service import JobService
+from inferq.shared.errors import NotFound
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 T = TypeVar("T")

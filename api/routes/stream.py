@@ -10,10 +10,10 @@ from fastapi import APIRouter, WebSocket
 from pydantic import ValidationError
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
-from api.deps import Admit, Hub, Service, WsCaller
-from api.errors import validation_message
-from shared.errors import InferqError, NotFound, Unauthenticated
-from shared.schemas import AcceptedMessage, ErrorEvent, ErrorInfo, JobRequest
+from inferq.api.deps import Admit, Hub, Service, WsCaller
+from inferq.api.errors import validation_message
+from inferq.shared.errors import InferqError, NotFound, Unauthenticated
+from inferq.shared.schemas import AcceptedMessage, ErrorEvent, ErrorInfo, JobRequest
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["stream"])

@@ -13,7 +13,7 @@ import psutil
 import pytest
 import redis
 
-from shared import keys
+from inferq.shared import keys
 from tests.conftest import free_port, spawn, wait_for
 from tests.fleet import PY, Fleet
 from tests.helpers import submit, token_text, wait_status, ws_events

@@ -46,7 +46,7 @@ def secure(stack: Stack, logdir: Path, tmp_path_factory: pytest.TempPathFactory)
     env = inferq_env(stack.redis.url, INFERQ_API_KEYS=" , ".join(KEYS), INFERQ_API_KEYS_FILE=str(keys_file),
                      INFERQ_RATE_LIMIT_PER_MINUTE=str(RATE),
                      INFERQ_MAX_CONCURRENT_JOBS_PER_KEY=str(CONCURRENT))
-    cmd = [sys.executable, "-m", "shared.cli", "api", "--port", str(port)]
+    cmd = [sys.executable, "-m", "inferq.cli", "api", "--port", str(port)]
     gw = spawn("gateway-secure", cmd, env, logdir)
     sec = Secure(f"http://127.0.0.1:{port}", f"ws://127.0.0.1:{port}", gw)
     try:
@@ -252,7 +252,7 @@ def test_without_keys_limits_count_per_client_ip(stack, logdir) -> None:
     """Auth off: no key needed, and the limits apply to the client's address instead."""
     port = free_port()
     env = inferq_env(stack.redis.url, INFERQ_RATE_LIMIT_PER_MINUTE="2")
-    gw = spawn("gateway-open-limited", [sys.executable, "-m", "shared.cli", "api", "--port", str(port)],
+    gw = spawn("gateway-open-limited", [sys.executable, "-m", "inferq.cli", "api", "--port", str(port)],
                env, logdir)
     try:
         base = f"http://127.0.0.1:{port}"

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from starlette.requests import Request
 
-from api.admission import check_idempotency_key, fingerprint
-from api.auth import KeyRing, Principal, key_id
-from shared.errors import InvalidRequest, Unauthenticated
-from shared.settings import Settings
+from inferq.api.admission import check_idempotency_key, fingerprint
+from inferq.api.auth import KeyRing, Principal, key_id
+from inferq.shared.errors import InvalidRequest, Unauthenticated
+from inferq.shared.settings import Settings
 
 
 def conn(auth: bytes | None = None, query: bytes = b"") -> Request:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared.cli import main
+from inferq.cli.main import main
 
 
 @pytest.mark.parametrize("argv, expect", [(["bench", "--help"], "{run,report,gateway}"),

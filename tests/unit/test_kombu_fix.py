@@ -6,7 +6,7 @@ import pytest
 from kombu import Connection
 from kombu.transport import redis as kombu_redis
 
-from worker import kombu_fix
+from inferq.worker import kombu_fix
 
 
 def _collected_channel_with_an_unacked_message(url: str):

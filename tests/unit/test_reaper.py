@@ -7,13 +7,13 @@ import time
 import uuid
 
 from bench.stack import Proc, free_port
-from shared import keys
-from shared.redis import make_redis
-from shared.schemas import JobRecord, JobRequest, JobStatus
-from shared.settings import Settings
-from shared.store import JobStore
-from worker.celery_app import make_celery
-from worker.runtime import WorkerRuntime
+from inferq.shared import keys
+from inferq.shared.redis import make_redis
+from inferq.shared.schemas import JobRecord, JobRequest, JobStatus
+from inferq.shared.settings import Settings
+from inferq.shared.store import JobStore
+from inferq.shared.celery_app import make_celery
+from inferq.worker.runtime import WorkerRuntime
 
 
 async def test_reaper_requeues_a_silent_worker_but_never_itself(tmp_path) -> None:

@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from shared.redis import make_redis
-from shared.schemas import EngineStats, JobMessage, JobRecord, JobRequest, JobStatus
-from shared.store import JobStore
-from worker.runner import JobRunner
-from worker.writer import EventWriter
+from inferq.shared.redis import make_redis
+from inferq.shared.schemas import EngineStats, JobMessage, JobRecord, JobRequest, JobStatus
+from inferq.shared.store import JobStore
+from inferq.worker.runner import JobRunner
+from inferq.worker.writer import EventWriter
 
 
 @dataclass

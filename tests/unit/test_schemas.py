@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from shared import keys
-from shared.schemas import (
+from inferq.shared import keys
+from inferq.shared.schemas import (
     DoneEvent,
     ErrorEvent,
     ErrorInfo,
@@ -18,7 +18,7 @@ from shared.schemas import (
     is_terminal,
     parse_event,
 )
-from shared.settings import TINY_MODEL_NAME, Settings
+from inferq.shared.settings import TINY_MODEL_NAME, Settings
 
 
 def test_stop_string_becomes_a_list_and_defaults_hold() -> None:

@@ -9,12 +9,12 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from api.streams import StreamHub
-from shared import keys
-from shared.errors import NotFound
-from shared.redis import make_redis
-from shared.schemas import DoneEvent, JobRecord, JobRequest, JobStatus, TokenEvent
-from shared.store import JobStore, is_duplicate_id
+from inferq.api.streams import StreamHub
+from inferq.shared import keys
+from inferq.shared.errors import NotFound
+from inferq.shared.redis import make_redis
+from inferq.shared.schemas import DoneEvent, JobRecord, JobRequest, JobStatus, TokenEvent
+from inferq.shared.store import JobStore, is_duplicate_id
 
 
 @pytest.fixture
@@ -180,7 +180,7 @@ async def test_hub_resubscribes_after_its_connection_is_killed(store, redis_serv
 
 
 def test_frame_reads_type_and_seq_of_every_event_form() -> None:
-    from api.streams import frame
+    from inferq.api.streams import frame
 
     tok = TokenEvent(seq=12, text='a,"b"').model_dump_json(exclude_none=True)
     assert frame(tok)[:2] == ("token", 12)
@@ -202,7 +202,7 @@ async def test_hub_forgets_a_listener_that_leaves_while_subscribing(store, redis
 async def test_subscriber_error_replies_force_a_reconnect_with_backoff(tmp_path) -> None:
     """A Redis that answers with errors (here NOAUTH: no password given) is not taken for a
     working connection; with the password it is."""
-    from api.pubsub import Subscriber
+    from inferq.api.pubsub import Subscriber
     from bench.stack import Proc, free_port
 
     port = free_port()
@@ -227,8 +227,8 @@ async def test_subscriber_error_replies_force_a_reconnect_with_backoff(tmp_path)
 
 
 def test_merged_joins_consecutive_plain_deltas_of_one_completion() -> None:
-    from api.streams import frame, merged
-    from shared.schemas import TokenLogprob
+    from inferq.api.streams import frame, merged
+    from inferq.shared.schemas import TokenLogprob
 
     lp = [TokenLogprob(token="b", logprob=-1.0)]
     evs = [TokenEvent(seq=1, text="a", n_tokens=1), TokenEvent(seq=2, text="b", n_tokens=2),
@@ -255,8 +255,8 @@ async def test_hub_batches_what_waited_and_merges_on_request(store, redis_server
 
 
 def test_frame_event_equals_the_validated_parse() -> None:
-    from api.streams import frame
-    from shared.schemas import TokenLogprob, parse_event
+    from inferq.api.streams import frame
+    from inferq.shared.schemas import TokenLogprob, parse_event
 
     for ev in (TokenEvent(seq=3, index=1, text='say "logprobs"', n_tokens=2),
                TokenEvent(seq=4, text="x", logprobs=[TokenLogprob(token="x", logprob=-0.5)]),

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from celery import Celery
 
-from shared import keys
-from shared.schemas import JobMessage
-from shared.settings import Settings
+from inferq.shared import keys
+from inferq.shared.schemas import JobMessage
+from inferq.shared.settings import Settings
 
 
 def make_celery(settings: Settings) -> Celery:

@@ -7,7 +7,7 @@ import logging
 import os
 import sys
 
-from shared.settings import get_settings
+from inferq.shared.settings import get_settings
 
 
 def _logging(level: str) -> None:
@@ -17,12 +17,12 @@ def _logging(level: str) -> None:
 def cmd_api(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from api.app import create_app
+    from inferq.api.app import create_app
 
     s = get_settings()
     workers = args.workers or s.api_workers
     # several processes need the app as an import string; they share nothing but Redis
-    app = "api.app:create_app" if workers > 1 else create_app(s)
+    app = "inferq.api.app:create_app" if workers > 1 else create_app(s)
     uvicorn.run(app, factory=workers > 1, workers=workers, host=args.host or s.host,
                 port=args.port or s.port, log_level=s.log_level.lower(), ws="websockets",
                 ws_max_size=s.max_body_bytes, ws_per_message_deflate=s.ws_compression,
@@ -31,14 +31,14 @@ def cmd_api(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from worker.main import run_worker
+    from inferq.worker.main import run_worker
 
     run_worker(get_settings().log_level)
     return 0
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from shared.launcher import up
+    from inferq.cli.launcher import up
 
     return up(get_settings(), host=args.host, port=args.port)
 
@@ -49,13 +49,13 @@ def _ws_base(args: argparse.Namespace) -> str:
 
 
 def cmd_stream(args: argparse.Namespace) -> int:
-    from shared.wsclient import stream
+    from inferq.cli.wsclient import stream
 
     return stream(_ws_base(args), args.job_id, args.after, args.raw)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from shared.wsclient import generate
+    from inferq.cli.wsclient import generate
 
     body = {"prompt": args.prompt, "max_tokens": args.max_tokens, "temperature": args.temperature}
     return generate(_ws_base(args), body, args.raw)
@@ -64,12 +64,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["bench"]:  # the harness parses its own arguments
-        from bench.__main__ import main as bench_main
-
+        try:
+            from bench.__main__ import main as bench_main
+        except ImportError:
+            print("the benchmark harness runs from a source checkout: `make bench` or `python -m bench`",
+                  file=sys.stderr)
+            return 2
         return bench_main(argv[1:])
     parser = argparse.ArgumentParser(prog="inferq", description="Queue-based LLM inference on vLLM.")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("bench", help="the benchmark harness: inferq bench run|report|gateway ... (see bench/)",
+    sub.add_parser("bench", help="the benchmark harness, from a source checkout: inferq bench run|report|gateway ...",
                    add_help=False)
     p = sub.add_parser("api", help="run the gateway (FastAPI on uvicorn)")
     p.add_argument("--host")

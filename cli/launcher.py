@@ -14,7 +14,7 @@ from urllib.parse import urlparse
 
 import redis
 
-from shared.settings import Settings
+from inferq.shared.settings import Settings
 
 
 class Proc:
@@ -79,7 +79,7 @@ def up(settings: Settings, host: str | None = None, port: int | None = None) -> 
             time.sleep(0.1)
     else:
         print(f"  redis    using {settings.redis_url}")
-    py = [sys.executable, "-m", "shared.cli"]
+    py = [sys.executable, "-m", "inferq.cli"]
     procs.append(Proc("worker", [*py, "worker"], logs / "worker.log", env))
     procs.append(Proc("gateway", [*py, "api", "--host", host, "--port", str(port)], logs / "api.log", env))
     base = f"http://{host}:{port}"

@@ -1,0 +1,5 @@
+import sys
+
+from inferq.cli.main import main
+
+sys.exit(main())
