@@ -7,6 +7,11 @@ COPY pyproject.toml README.md ./
 COPY api ./api
 COPY worker ./worker
 COPY shared ./shared
-RUN pip install ".[${ENGINE}]" && pip uninstall -y torchvision torchaudio torchcodec || true
+COPY cli ./cli
+# Each step fails the build on its own: a failed install never yields a green image.
+RUN pip install ".[${ENGINE}]"
+# PyPI's torchvision/torchaudio/torchcodec do not match vLLM's torch (pip skips those not installed)
+RUN pip uninstall -y torchvision torchaudio torchcodec
+RUN python -c "import inferq.api.app, inferq.worker.tasks" && inferq --help >/dev/null
 EXPOSE 8000
 CMD ["inferq", "api", "--host", "0.0.0.0", "--port", "8000"]
