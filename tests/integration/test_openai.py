@@ -115,7 +115,7 @@ def test_json_object_mode(client) -> None:
 @pytest.mark.parametrize(("kwargs", "exc", "param"), [
     ({"temperature": 9}, openai.UnprocessableEntityError, "temperature"),
     ({"max_tokens": 0}, openai.UnprocessableEntityError, "max_tokens"),
-    ({"n": 100}, openai.UnprocessableEntityError, "n"),
+    ({"n": 100}, openai.BadRequestError, "n"),
     ({"top_logprobs": 50, "logprobs": True}, openai.UnprocessableEntityError, "top_logprobs"),
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, openai.UnprocessableEntityError, "tools"),
     ({"logit_bias": {"1": 5}}, openai.UnprocessableEntityError, "logit_bias"),
