@@ -218,6 +218,13 @@ class JobStore:
             res = await p.execute(raise_on_error=False)
         return [r if isinstance(r, Exception) else bool(r) for r in res]
 
+    async def queue_depth(self, model: str) -> int:
+        """Messages waiting in the model's Celery queue, all priorities together (one round trip)."""
+        async with self.redis.pipeline(transaction=False) as p:
+            for name in keys.queue_lists(model):
+                p.llen(name)
+            return sum(await p.execute())
+
     async def read_log(self, job_id: str, after: int = 0) -> list[Event]:
         """Every logged event with ``seq > after``, in order."""
         return [parse_event(raw) for raw in await self.read_log_raw(job_id, after)]
