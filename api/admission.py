@@ -36,14 +36,15 @@ from inferq.api.service import JobService, new_job_id
 from inferq.shared import keys
 from inferq.shared.errors import IdempotencyConflict, IdempotencyKeyReused, InvalidRequest, NotFound, RateLimited
 from inferq.shared.request_limits import check_limits
-from inferq.shared.schemas import JobRecord, JobRequest, JobStatus
+from inferq.shared.schemas import TERMINAL_STATUSES, JobRecord, JobRequest
 from inferq.shared.settings import Settings
 
 log = logging.getLogger(__name__)
 WINDOW_S = 60
 #: A job id admitted this recently may not have its record yet: not "gone".
 _CREATE_GRACE_S = 60
-_TERMINAL = [json.dumps(s.value) for s in JobStatus if s.terminal]
+#: The terminal statuses as the job hash stores them (JSON strings), for the Lua script below.
+_TERMINAL_JSON = json.dumps(sorted(json.dumps(s) for s in TERMINAL_STATUSES))
 
 # KEYS[1]=rate zset. ARGV[1]=limit, ARGV[2]=window s, ARGV[3]=unique member.
 # Returns nil when admitted, else the seconds until the oldest entry leaves the window.
@@ -197,7 +198,7 @@ class Admission:
             return
         n = await self._reserve(keys=[keys.active_jobs(subject)],
                                 args=[limit, _CREATE_GRACE_S, keys.job(""), self.settings.job_ttl_s,
-                                      json.dumps(_TERMINAL), *job_ids])
+                                      _TERMINAL_JSON, *job_ids])
         if int(n) >= 0:
             raise RateLimited(f"too many unfinished jobs: {n} of at most {limit} (this request adds "
                               f"{len(job_ids)}); retry when one ends", code="concurrency_limit_exceeded",

@@ -15,8 +15,7 @@ from typing import Any
 import httpx
 
 from bench.load import RequestResult, Timer
-
-TERMINAL = {"succeeded", "failed", "cancelled"}
+from inferq.shared.schemas import TERMINAL_STATUSES
 
 
 def auth_headers(api_key: str | None) -> dict[str, str]:
@@ -133,9 +132,9 @@ async def rest_poll(client: httpx.AsyncClient, index: int, body: dict[str, Any],
     while True:
         await asyncio.sleep(interval_s)
         view = (await client.get(f"/v1/jobs/{r.job_id}")).json()
-        if r.ttft is None and (view.get("text") or view.get("status") in TERMINAL):
+        if r.ttft is None and (view.get("text") or view.get("status") in TERMINAL_STATUSES):
             r.ttft = time.perf_counter() - timer.t0
-        if view.get("status") in TERMINAL:
+        if view.get("status") in TERMINAL_STATUSES:
             break
     r.queued = queued_from_view(view)
     usage = view.get("usage") or {}

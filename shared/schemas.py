@@ -26,7 +26,13 @@ class JobStatus(str, Enum):
 
     @property
     def terminal(self) -> bool:
-        return self in (JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled)
+        return self.value in TERMINAL_STATUSES
+
+
+#: The statuses a job never leaves, as the job record and the API spell them. The one definition:
+#: the gateway's Lua scripts, the tests and the benchmark clients use it too.
+TERMINAL_STATUSES: frozenset[str] = frozenset(s.value for s in (JobStatus.succeeded, JobStatus.failed,
+                                                                JobStatus.cancelled))
 
 
 class ChatMessage(BaseModel):

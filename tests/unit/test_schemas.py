@@ -7,6 +7,7 @@ from pydantic import ValidationError
 
 from inferq.shared import keys
 from inferq.shared.schemas import (
+    TERMINAL_STATUSES,
     DoneEvent,
     ErrorEvent,
     ErrorInfo,
@@ -81,6 +82,7 @@ def test_event_union_parses_each_kind() -> None:
 
 def test_status_terminality() -> None:
     assert {s for s in JobStatus if s.terminal} == {JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled}
+    assert TERMINAL_STATUSES == {"succeeded", "failed", "cancelled"}
 
 
 def test_key_layout() -> None:
