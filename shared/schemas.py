@@ -105,9 +105,6 @@ class JobRequest(SamplingOptions):
             raise ValueError("give exactly one of 'prompt' or 'messages'")
         return self
 
-    def sampling(self) -> SamplingOptions:
-        return SamplingOptions.model_validate(self.model_dump(include=set(SamplingOptions.model_fields)))
-
 
 class JobMessage(BaseModel):
     """The Celery task payload: everything a worker needs to run the job."""
@@ -188,10 +185,6 @@ _EVENT = TypeAdapter(StreamEvent)
 def parse_event(data: str | bytes) -> TokenEvent | DoneEvent | ErrorEvent | RestartEvent:
     """Decode one event from its JSON form."""
     return _EVENT.validate_json(data)
-
-
-def is_terminal(event: TokenEvent | DoneEvent | ErrorEvent | RestartEvent) -> bool:
-    return event.type in ("done", "error")
 
 
 class AcceptedMessage(BaseModel):

@@ -234,11 +234,6 @@ class JobStore:
         rows = await self.redis.xrange(keys.job_log(job_id), min=f"{after + 1}-0", max="+")
         return [fields["e"] for _, fields in rows]
 
-    async def last_seq(self, job_id: str) -> int:
-        rows = await self.redis.xrevrange(keys.job_log(job_id), count=1)
-        return int(rows[0][0].split("-")[0]) if rows else 0
-
-
 def is_duplicate_id(err: Exception | None) -> bool:
     """True for Redis' refusal of an event whose seq was already logged."""
     return isinstance(err, ResponseError) and "equal or smaller" in str(err)
