@@ -15,7 +15,8 @@ from bench.config import StackSpec, Workload
 from inferq.cli.procs import Proc, Procs, free_port, http_ok, start_redis
 
 ROOT = Path(__file__).resolve().parent.parent
-__all__ = ["ROOT", "Proc", "Procs", "free_port", "http_ok", "start_redis", "base_env", "start_inferq", "start_naive"]
+__all__ = ["ROOT", "Proc", "Procs", "free_port", "http_ok", "start_redis", "base_env", "start_inferq",
+           "start_naive"]
 
 
 def base_env(**extra: str) -> dict[str, str]:

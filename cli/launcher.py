@@ -31,7 +31,8 @@ def up(settings: Settings, host: str | None = None, port: int | None = None) -> 
         if not redis_pings(settings.redis_url):
             u = urlparse(settings.redis_url)
             if u.hostname not in ("127.0.0.1", "localhost", "::1"):
-                print(f"Redis at {settings.redis_url} does not answer, and it is not a local one I can start.")
+                print(f"Redis at {settings.redis_url} does not answer, and it is not a local one "
+                      "I can start.")
                 return 1
             try:
                 _started(procs.add(start_redis(u.port or 6379, logs, env=env)))
@@ -49,7 +50,8 @@ def up(settings: Settings, host: str | None = None, port: int | None = None) -> 
             while True:
                 for p in procs.procs:
                     if not p.alive():
-                        print(f"\n{p.name} exited with code {p.returncode}; last lines of {p.log}:\n{p.tail(20)}")
+                        print(f"\n{p.name} exited with code {p.returncode}; last lines of {p.log}:\n"
+                              f"{p.tail(20)}")
                         return 1
                 if not announced and http_ok(f"{base}/readyz"):
                     announced = True

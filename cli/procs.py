@@ -170,7 +170,8 @@ def start_redis(port: int, logdir: Path, appendonly: bool = False, *, name: str 
         cmd += ["--appendonly", "no"]
     proc = RedisProc(name, cmd, env, logdir / f"{name}.log", port)
     try:
-        wait_until(lambda: redis_pings(proc.url), timeout, f"redis-server on port {port}", [proc], interval=0.05)
+        wait_until(lambda: redis_pings(proc.url), timeout, f"redis-server on port {port}", [proc],
+                   interval=0.05)
     except BaseException:
         proc.stop(signal.SIGKILL)
         raise
