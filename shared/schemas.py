@@ -39,6 +39,9 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
     role: Literal["system", "user", "assistant", "tool"]
     content: str
+    name: str | None = Field(default=None, min_length=1, max_length=256,
+                             description="The participant's name; the model's chat template sees it as "
+                             "`message.name` (templates that do not use it ignore it).")
 
 
 class SamplingOptions(BaseModel):
@@ -96,8 +99,9 @@ class JobRequest(SamplingOptions):
     model: str | None = Field(default=None, min_length=1, max_length=256)
     user: str | None = Field(default=None, max_length=256, description="End-user id, for your logs.")
     priority: int = Field(default=5, ge=0, le=9, description="0 runs first, 9 last (queue and engine).")
-    timeout: float | None = Field(default=None, gt=0, description="Seconds from submit until the job "
-                                  "is abandoned; default INFERQ_DEFAULT_TIMEOUT_S, at most INFERQ_MAX_TIMEOUT_S.")
+    timeout: float | None = Field(default=None, gt=0, description="Seconds from submit until the job is "
+                                  "abandoned; default INFERQ_DEFAULT_TIMEOUT_S, at most "
+                                  "INFERQ_MAX_TIMEOUT_S.")
 
     @model_validator(mode="after")
     def _one_input(self) -> JobRequest:
