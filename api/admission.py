@@ -1,6 +1,9 @@
-"""Admission: the per-caller checks in front of :meth:`JobService.submit`, all kept in Redis so
-that every gateway process counts the same way.
+"""Admission: the checks in front of :meth:`JobService.submit`. Every submission (REST,
+``WS /v1/generate``, OpenAI chat and completions) comes through :meth:`Admission.submit`.
+The per-caller checks are kept in Redis so that every gateway process counts the same way.
 
+- **Request limits**, first: this gateway's configured ``INFERQ_MAX_*``
+  (:func:`inferq.shared.request_limits.check_limits`, 400 naming the field).
 - **Rate**: at most ``rate_limit_per_minute`` submitting requests per caller in any 60 s (a
   sliding-window log: a sorted set of request times, trimmed and counted in one Lua script).
 - **Concurrency**: at most ``max_concurrent_jobs_per_key`` unfinished jobs per caller. A sorted set
@@ -32,14 +35,16 @@ from inferq.api.auth import Principal
 from inferq.api.service import JobService, new_job_id
 from inferq.shared import keys
 from inferq.shared.errors import IdempotencyConflict, IdempotencyKeyReused, InvalidRequest, NotFound, RateLimited
-from inferq.shared.schemas import JobRecord, JobRequest, JobStatus
+from inferq.shared.request_limits import check_limits
+from inferq.shared.schemas import TERMINAL_STATUSES, JobRecord, JobRequest
 from inferq.shared.settings import Settings
 
 log = logging.getLogger(__name__)
 WINDOW_S = 60
 #: A job id admitted this recently may not have its record yet: not "gone".
 _CREATE_GRACE_S = 60
-_TERMINAL = [json.dumps(s.value) for s in JobStatus if s.terminal]
+#: The terminal statuses as the job hash stores them (JSON strings), for the Lua script below.
+_TERMINAL_JSON = json.dumps(sorted(json.dumps(s) for s in TERMINAL_STATUSES))
 
 # KEYS[1]=rate zset. ARGV[1]=limit, ARGV[2]=window s, ARGV[3]=unique member.
 # Returns nil when admitted, else the seconds until the oldest entry leaves the window.
@@ -119,6 +124,8 @@ class Admission:
     async def submit(self, caller: Principal, reqs: list[JobRequest], *, idempotency_key: str | None = None,
                      fingerprint: str = "") -> Admitted:
         """Admit and queue one job per request, owned by ``caller``; all or none of them."""
+        for req in reqs:  # before anything is counted or claimed: a refused request leaves no trace
+            check_limits(req, self.settings)
         if idempotency_key is None:
             return Admitted(await self._admit(caller, reqs, [new_job_id() for _ in reqs]), False)
         digest = hashlib.sha256(check_idempotency_key(idempotency_key).encode()).hexdigest()[:32]
@@ -191,7 +198,7 @@ class Admission:
             return
         n = await self._reserve(keys=[keys.active_jobs(subject)],
                                 args=[limit, _CREATE_GRACE_S, keys.job(""), self.settings.job_ttl_s,
-                                      json.dumps(_TERMINAL), *job_ids])
+                                      _TERMINAL_JSON, *job_ids])
         if int(n) >= 0:
             raise RateLimited(f"too many unfinished jobs: {n} of at most {limit} (this request adds "
                               f"{len(job_ids)}); retry when one ends", code="concurrency_limit_exceeded",

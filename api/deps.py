@@ -12,7 +12,6 @@ from inferq.api.auth import KeyRing, Principal
 from inferq.api.service import JobService
 from inferq.api.streams import StreamHub
 from inferq.shared.errors import Unauthenticated
-from inferq.shared.settings import Settings
 
 
 def get_service(conn: HTTPConnection) -> JobService:
@@ -21,10 +20,6 @@ def get_service(conn: HTTPConnection) -> JobService:
 
 def get_hub(conn: HTTPConnection) -> StreamHub:
     return conn.app.state.hub
-
-
-def get_settings_dep(conn: HTTPConnection) -> Settings:
-    return conn.app.state.settings
 
 
 def get_admission(conn: HTTPConnection) -> Admission:
@@ -52,5 +47,4 @@ Admit = Annotated[Admission, Depends(get_admission)]
 Caller = Annotated[Principal, Depends(get_caller)]
 WsCaller = Annotated[Principal | Unauthenticated, Depends(get_ws_caller)]
 Hub = Annotated[StreamHub, Depends(get_hub)]
-SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
-__all__ = ["Service", "Hub", "SettingsDep", "Request", "Admit", "Caller", "WsCaller", "Principal"]
+__all__ = ["Service", "Hub", "Request", "Admit", "Caller", "WsCaller", "Principal"]

@@ -1,7 +1,8 @@
 """OpenAI wire messages the gateway accepts and returns (chat, completions, models).
 
 Requests forbid unknown fields: a parameter inferq does not implement (tools, logit_bias, echo,
-suffix, best_of, ...) is refused with a 422 naming it, never silently ignored.
+suffix, best_of, ...) is refused with a 422 naming it, never silently ignored; so is a known one
+set to a value inferq cannot honour (``stream_options.continuous_usage_stats: true``).
 """
 
 from __future__ import annotations
@@ -23,11 +24,13 @@ class OpenAIMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart]
-    name: str | None = Field(default=None, max_length=256)
+    name: str | None = Field(default=None, min_length=1, max_length=256,
+                             description="Passed to the model's chat template as `message.name`.")
 
     def to_chat(self) -> ChatMessage:
         text = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
-        return ChatMessage(role="system" if self.role == "developer" else self.role, content=text)
+        role = "system" if self.role == "developer" else self.role
+        return ChatMessage(role=role, content=text, name=self.name)
 
 
 class JsonSchemaSpec(BaseModel):
@@ -35,7 +38,9 @@ class JsonSchemaSpec(BaseModel):
     name: str = Field(max_length=64)
     description: str | None = None
     schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
-    strict: bool | None = None
+    strict: bool | None = Field(default=None, description="Accepted, true or false: the output always "
+                                "follows the schema (structured outputs constrain every token as it is "
+                                "decoded).")
 
 
 class ResponseFormat(BaseModel):
@@ -52,8 +57,16 @@ class ResponseFormat(BaseModel):
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    include_usage: bool = False
-    continuous_usage_stats: bool = False
+    include_usage: bool = Field(default=False, description="A last chunk with the whole request's usage.")
+    continuous_usage_stats: bool = Field(default=False, description="Not supported (false only): usage is "
+                                         "sent once, at the end, with include_usage.")
+
+    @field_validator("continuous_usage_stats")
+    @classmethod
+    def _once_at_the_end(cls, v: bool) -> bool:
+        if v:
+            raise ValueError("not supported: usage is sent once, at the end, with include_usage")
+        return v
 
 
 class _Common(BaseModel):

@@ -95,10 +95,7 @@ class JobService:
         model, info = await self.resolve_model(req.model)
         if info is not None:
             self.check_context(req, info)
-        async with self.redis.pipeline(transaction=False) as p:
-            for name in keys.queue_lists(model):
-                p.llen(name)
-            depth = sum(await p.execute())
+        depth = await self.store.queue_depth(model)
         if depth >= self.settings.max_queue_depth:
             raise QueueFull(f"model {model!r} has {depth} jobs queued (limit "
                             f"{self.settings.max_queue_depth}); retry later", retry_after=1.0)

@@ -28,11 +28,10 @@ from inferq.api.pubsub import Subscriber
 from inferq.shared import keys
 from inferq.shared.errors import NotFound
 from inferq.shared.redis import redis_retrying
-from inferq.shared.schemas import JobStatus, TokenEvent, parse_event
+from inferq.shared.schemas import TERMINAL_STATUSES, TokenEvent, parse_event
 from inferq.shared.store import Event, JobStore
 
 log = logging.getLogger(__name__)
-_TERMINAL = {s.value for s in JobStatus if s.terminal}
 MAX_BATCH = 256  # frames handed on at once to a reader that is behind
 _TOKEN = '{"type":"token","seq":'  # how a worker's token event starts (pydantic keeps field order)
 
@@ -180,7 +179,7 @@ class StreamHub:
                     status = await self._status(job_id)
                     if status is None:
                         raise NotFound(f"job {job_id} not found (or expired)")
-                    if status in _TERMINAL:  # ended meanwhile, or `after` is past its last event
+                    if status in TERMINAL_STATUSES:  # ended meanwhile, or `after` is past its last event
                         if rest := await self._read_log(job_id, last):
                             yield _upto_terminal(rest)
                         return

@@ -15,8 +15,7 @@ from typing import Any
 import httpx
 
 from bench.load import RequestResult, Timer
-
-TERMINAL = {"succeeded", "failed", "cancelled"}
+from inferq.shared.schemas import TERMINAL_STATUSES
 
 
 def auth_headers(api_key: str | None) -> dict[str, str]:
@@ -70,6 +69,13 @@ async def ws_generate(ws_url: str, index: int, body: dict[str, Any], expected: i
     return r
 
 
+def _refused(r: RequestResult, timer: Timer, status: int, text: str) -> RequestResult:
+    """The server answered with another status than expected: the request failed, and why."""
+    r.error = f"HTTP {status}: {text[:300]}"
+    timer.done(None)
+    return r
+
+
 def _sse_text(chunk: dict[str, Any]) -> str:
     choices = chunk.get("choices") or []
     if not choices:
@@ -86,10 +92,7 @@ async def sse_stream(client: httpx.AsyncClient, path: str, index: int, body: dic
     chunks_with_text, usage, done = 0, None, False
     async with client.stream("POST", path, json=body) as resp:
         if resp.status_code != 200:
-            body_text = (await resp.aread()).decode(errors="replace")[:300]
-            r.error = f"HTTP {resp.status_code}: {body_text}"
-            timer.done(None)
-            return r
+            return _refused(r, timer, resp.status_code, (await resp.aread()).decode(errors="replace"))
         r.job_id = resp.headers.get("x-inferq-job-id")
         async for line in resp.aiter_lines():
             if not line.startswith("data:"):
@@ -126,16 +129,14 @@ async def rest_poll(client: httpx.AsyncClient, index: int, body: dict[str, Any],
     timer = Timer(r)
     resp = await client.post("/v1/jobs", json=body)
     if resp.status_code != 202:
-        r.error = f"HTTP {resp.status_code}: {resp.text[:300]}"
-        timer.done(None)
-        return r
+        return _refused(r, timer, resp.status_code, resp.text)
     r.job_id = resp.json()["id"]
     while True:
         await asyncio.sleep(interval_s)
         view = (await client.get(f"/v1/jobs/{r.job_id}")).json()
-        if r.ttft is None and (view.get("text") or view.get("status") in TERMINAL):
+        if r.ttft is None and (view.get("text") or view.get("status") in TERMINAL_STATUSES):
             r.ttft = time.perf_counter() - timer.t0
-        if view.get("status") in TERMINAL:
+        if view.get("status") in TERMINAL_STATUSES:
             break
     r.queued = queued_from_view(view)
     usage = view.get("usage") or {}
@@ -168,9 +169,7 @@ async def naive_generate(client: httpx.AsyncClient, index: int, body: dict[str, 
     timer = Timer(r)
     resp = await client.post("/generate", json=body)
     if resp.status_code != 200:
-        r.error = f"HTTP {resp.status_code}: {resp.text[:300]}"
-        timer.done(None)
-        return r
+        return _refused(r, timer, resp.status_code, resp.text)
     out = resp.json()
     timer.chunk(int(out["completion_tokens"]))
     r.prompt_tokens = out.get("prompt_tokens")

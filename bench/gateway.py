@@ -257,7 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     cpus = sorted(os.sched_getaffinity(0))
     pin = not a.no_pin and len(cpus) > 1
     with tempfile.TemporaryDirectory() as logdir, Procs(Path(logdir)) as procs:
-        redis_url, redis = start_redis(procs, "redis")
+        redis = procs.add(start_redis(free_port(), procs.logdir, env=base_env()))
+        redis_url = redis.url
         gport = free_port()
         gw = procs.start("gateway", [sys.executable, "-m", "inferq.cli", "api", "--port", str(gport), "--workers", "1"],
                          base_env(INFERQ_REDIS_URL=redis_url, INFERQ_LOG_LEVEL="WARNING",

@@ -1,97 +1,22 @@
-"""Subprocesses the harness owns: redis-server, inferq workers and gateway, naive servers.
+"""The stacks the harness runs: inferq (redis-server, workers, gateway) and the naive servers.
 
-Every process gets its own session (so its children die with it) and a log file in the output
-folder. :class:`Procs` stops everything it started, in reverse order, on exit and on error.
+Processes are started with :mod:`inferq.cli.procs` (``Proc``, ``Procs``, ``free_port``, re-exported
+here): each in a session of its own with a log file in the output folder; :class:`Procs` stops
+everything it started, in reverse order, on exit and on error.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import signal
-import socket
-import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
-import httpx
-
 from bench.config import StackSpec, Workload
+from inferq.cli.procs import Proc, Procs, free_port, http_ok, start_redis
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Proc:
-    """A subprocess in a session of its own (its children die with it), output to ``log``."""
-
-    def __init__(self, name: str, cmd: list[str], env: dict[str, str], log: Path) -> None:
-        self.name, self.log = name, log
-        with open(log, "ab") as f:
-            self.proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
-                                      start_new_session=True)
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def stop(self, sig: int = signal.SIGTERM, grace: float = 20.0) -> None:
-        """Signal the process group; SIGKILL it if it has not exited after ``grace`` seconds."""
-        if self.proc.poll() is not None:
-            return
-        try:
-            os.killpg(self.proc.pid, sig)
-            self.proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        except ProcessLookupError:
-            pass
-
-    def tail(self, n: int = 40) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
-
-
-class Procs:
-    """A group of processes, stopped together (use as a context manager)."""
-
-    def __init__(self, logdir: Path) -> None:
-        self.logdir = logdir
-        self.procs: list[Proc] = []
-
-    def start(self, name: str, cmd: list[str], env: dict[str, str]) -> Proc:
-        p = Proc(name, cmd, env, self.logdir / f"{name}.log")
-        self.procs.append(p)
-        return p
-
-    def wait(self, ready: Callable[[], bool], timeout: float, what: str) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if ready():
-                return
-            for p in self.procs:
-                if not p.alive():
-                    raise RuntimeError(f"{what}: {p.name} exited with code {p.proc.returncode}; "
-                                       f"last lines of {p.log}:\n{p.tail()}")
-            time.sleep(0.5)
-        raise TimeoutError(f"{what}: not ready after {timeout:g} s (logs in {self.logdir})")
-
-    def stop(self) -> None:
-        while self.procs:
-            p = self.procs.pop()
-            p.stop(grace=30.0 if p.name.startswith("worker") else 10.0)
-
-    def __enter__(self) -> Procs:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+__all__ = ["ROOT", "Proc", "Procs", "free_port", "http_ok", "start_redis", "base_env", "start_inferq",
+           "start_naive"]
 
 
 def base_env(**extra: str) -> dict[str, str]:
@@ -101,28 +26,9 @@ def base_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def http_ok(url: str, check: Callable[[httpx.Response], bool] = lambda r: True) -> bool:
-    try:
-        r = httpx.get(url, timeout=2)
-        return r.status_code == 200 and check(r)
-    except httpx.HTTPError:
-        return False
-
-
-def start_redis(procs: Procs, name: str) -> tuple[str, Proc]:
-    """A throwaway redis-server (no persistence) on a free port: its URL and process."""
-    exe = shutil.which("redis-server")
-    if exe is None:
-        raise RuntimeError("redis-server is not on PATH")
-    port = free_port()
-    proc = procs.start(name, [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-                       base_env())
-    return f"redis://127.0.0.1:{port}/0", proc
-
-
 def start_inferq(procs: Procs, w: Workload, spec: StackSpec, tag: str) -> str:
     """redis-server + ``spec.workers`` workers + the gateway; returns the gateway's base URL."""
-    redis_url, _ = start_redis(procs, f"redis-{tag}")
+    redis_url = procs.add(start_redis(free_port(), procs.logdir, name=f"redis-{tag}", env=base_env())).url
     gport = free_port()
     inferq = {"INFERQ_REDIS_URL": redis_url, "INFERQ_LOG_LEVEL": "WARNING",
               "INFERQ_MAX_NUM_SEQS": str(spec.max_num_seqs), "INFERQ_CPU_KV_CACHE_GIB": str(spec.kv_cache_gib),
@@ -139,7 +45,7 @@ def start_inferq(procs: Procs, w: Workload, spec: StackSpec, tag: str) -> str:
                     base_env(**inferq, INFERQ_WORKER_ID=f"bench-{tag}-{i}", **extra))
     procs.start(f"gateway-{tag}", [*py, "api", "--port", str(gport)], base_env(**inferq))
     base = f"http://127.0.0.1:{gport}"
-    procs.wait(lambda: http_ok(f"{base}/readyz", lambda r: r.json().get("workers") == spec.workers),
+    procs.wait(lambda: http_ok(f"{base}/readyz", lambda body: body.get("workers") == spec.workers),
                spec.startup_timeout_s, f"inferq stack {tag!r} ({spec.workers} workers)")
     return base
 
@@ -151,7 +57,7 @@ def start_naive(procs: Procs, w: Workload, model_path: str, mode: str, batch_siz
     cmd = [sys.executable, "-m", "bench.naive_server", "--model", model_path, "--port", str(port),
            "--mode", mode, "--batch-size", str(batch_size), "--window-ms", str(w.naive_batch_window_ms),
            "--load-format", w.load_format, "--dtype", w.naive_dtype]
-    procs.start(name, cmd, base_env(**env))
+    procs.start(name, cmd, base_env(**env), cwd=ROOT)  # `-m bench...` needs the checkout
     base = f"http://127.0.0.1:{port}"
     procs.wait(lambda: http_ok(f"{base}/health"), 900, f"naive server {name}")
     return base

@@ -9,12 +9,13 @@ inferq:job:{id}                 hash      the job record (:class:`shared.schemas
 inferq:job:{id}:log             stream    every stream event of the job, in ``seq`` order (replay)
 inferq:job:{id}:chan            pub/sub   the same events, live
 inferq:control                  pub/sub   control messages to all workers (cancel)
-inferq:workers:{model}          zset      worker id -> last heartbeat (unix s)
+inferq:workers:{model}          zset      worker id -> last heartbeat (unix s); the reaper removes dead ones
 inferq:worker:{wid}             string    the worker's :class:`shared.schemas.WorkerInfo` (TTL)
 inferq:worker:{wid}:jobs        set       ids of the jobs the worker is running (for the reaper)
 inferq:reaper                   string    lock: one worker at a time looks for dead workers (TTL)
 inferq:queued                   zset      queued job ids -> time queued (the reaper finds lost messages)
-inferq:models                   zset      served model name -> last heartbeat (unix s)
+inferq:models                   zset      served model name -> last heartbeat (unix s); never pruned:
+                                          readers keep only models seen within worker_ttl_s
 inferq.q.{model}[:{p}]          list      the model's Celery queue, one list per priority p (kombu)
 unacked, unacked_index          hash,zset kombu's delivered-but-unacked messages (the reaper sweeps)
 inferq:rate:{subject}           zset      submission times of the last minute (sliding window; TTL)
@@ -97,11 +98,3 @@ def idempotency(subject: str, key_hash: str) -> str:
     """One Idempotency-Key of one subject (the key itself is stored hashed); expires
     ``Settings.idempotency_ttl_s``."""
     return f"{PREFIX}:idem:{subject}:{key_hash}"
-
-
-def job_id_from_channel(channel: str) -> str:
-    """Inverse of :func:`job_channel`."""
-    head, tail = f"{PREFIX}:job:", ":chan"
-    if not (channel.startswith(head) and channel.endswith(tail)):
-        raise ValueError(f"not a job channel: {channel!r}")
-    return channel[len(head) : -len(tail)]

@@ -16,8 +16,6 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
 
-from inferq.shared.settings import get_settings
-
 
 class JobStatus(str, Enum):
     queued = "queued"
@@ -28,32 +26,45 @@ class JobStatus(str, Enum):
 
     @property
     def terminal(self) -> bool:
-        return self in (JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled)
+        return self.value in TERMINAL_STATUSES
+
+
+#: The statuses a job never leaves, as the job record and the API spell them. The one definition:
+#: the gateway's Lua scripts, the tests and the benchmark clients use it too.
+TERMINAL_STATUSES: frozenset[str] = frozenset(s.value for s in (JobStatus.succeeded, JobStatus.failed,
+                                                                JobStatus.cancelled))
 
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
     role: Literal["system", "user", "assistant", "tool"]
     content: str
+    name: str | None = Field(default=None, min_length=1, max_length=256,
+                             description="The participant's name; the model's chat template sees it as "
+                             "`message.name` (templates that do not use it ignore it).")
 
 
 class SamplingOptions(BaseModel):
-    """Sampling knobs mirroring vLLM's ``SamplingParams``; bounds are checked here, at the gateway."""
+    """Sampling knobs mirroring vLLM's ``SamplingParams``. The schema holds the shape and fixed
+    bounds; the limits an operator configures (``INFERQ_MAX_*``) are checked where a job is
+    admitted, against that process's settings (:func:`inferq.shared.request_limits.check_limits`)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    max_tokens: int | None = Field(default=None, ge=1, description="Default: INFERQ_DEFAULT_MAX_TOKENS.")
+    max_tokens: int | None = Field(default=None, ge=1, description="Default: INFERQ_DEFAULT_MAX_TOKENS; "
+                                   "at most INFERQ_MAX_TOKENS_LIMIT.")
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     top_k: int = Field(default=-1, ge=-1, le=100_000, description="-1 or 0 disables top-k.")
     min_p: float = Field(default=0.0, ge=0.0, le=1.0)
-    stop: list[str] = Field(default_factory=list)
+    stop: list[str] = Field(default_factory=list, description="At most INFERQ_MAX_STOP_SEQUENCES strings of "
+                            "1 to INFERQ_MAX_STOP_CHARS characters.")
     seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     repetition_penalty: float = Field(default=1.0, gt=0.0, le=2.0)
     ignore_eos: bool = False
-    n: int = Field(default=1, ge=1)
+    n: int = Field(default=1, ge=1, description="Completions of the prompt; at most INFERQ_MAX_N.")
     logprobs: int | None = Field(default=None, ge=0, le=20, description="Top log-probs per token.")
     json_schema: dict[str, Any] | None = Field(default=None, description="Constrain output to this schema.")
     json_object: bool = Field(default=False, description="Constrain output to any JSON object.")
@@ -65,27 +76,9 @@ class SamplingOptions(BaseModel):
 
     @field_validator("stop")
     @classmethod
-    def _stop_limits(cls, v: list[str]) -> list[str]:
-        s = get_settings()
-        if len(v) > s.max_stop_sequences:
-            raise ValueError(f"at most {s.max_stop_sequences} stop sequences")
-        if any(not x or len(x) > s.max_stop_chars for x in v):
-            raise ValueError(f"each stop sequence must be 1 to {s.max_stop_chars} characters")
-        return v
-
-    @field_validator("max_tokens")
-    @classmethod
-    def _max_tokens_limit(cls, v: int | None) -> int | None:
-        limit = get_settings().max_tokens_limit
-        if v is not None and v > limit:
-            raise ValueError(f"must be <= {limit}")
-        return v
-
-    @field_validator("n")
-    @classmethod
-    def _n_limit(cls, v: int) -> int:
-        if v > (limit := get_settings().max_n):
-            raise ValueError(f"must be <= {limit}")
+    def _stop_not_empty(cls, v: list[str]) -> list[str]:
+        if not all(v):
+            raise ValueError("a stop sequence cannot be empty")
         return v
 
     @model_validator(mode="after")
@@ -98,44 +91,23 @@ class SamplingOptions(BaseModel):
 class JobRequest(SamplingOptions):
     """Body of ``POST /v1/jobs``: exactly one of ``prompt`` or ``messages``."""
 
-    prompt: str | None = Field(default=None, min_length=1)
-    messages: list[ChatMessage] | None = Field(default=None, min_length=1, max_length=1024)
+    prompt: str | None = Field(default=None, min_length=1, description="At most INFERQ_MAX_PROMPT_CHARS "
+                               "characters.")
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1, max_length=1024,
+                                               description="Contents of at most INFERQ_MAX_PROMPT_CHARS "
+                                               "characters in all.")
     model: str | None = Field(default=None, min_length=1, max_length=256)
     user: str | None = Field(default=None, max_length=256, description="End-user id, for your logs.")
     priority: int = Field(default=5, ge=0, le=9, description="0 runs first, 9 last (queue and engine).")
-    timeout: float | None = Field(default=None, gt=0, description="Seconds from submit until the job "
-                                  "is abandoned; default INFERQ_DEFAULT_TIMEOUT_S.")
-
-    @field_validator("prompt")
-    @classmethod
-    def _prompt_chars(cls, v: str | None) -> str | None:
-        if v is not None and len(v) > (limit := get_settings().max_prompt_chars):
-            raise ValueError(f"is {len(v)} characters; the limit is {limit}")
-        return v
-
-    @field_validator("messages")
-    @classmethod
-    def _messages_chars(cls, v: list[ChatMessage] | None) -> list[ChatMessage] | None:
-        chars = sum(len(m.content) for m in v or [])
-        if chars > (limit := get_settings().max_prompt_chars):
-            raise ValueError(f"hold {chars} characters; the limit is {limit}")
-        return v
-
-    @field_validator("timeout")
-    @classmethod
-    def _timeout_limit(cls, v: float | None) -> float | None:
-        if v is not None and v > (limit := get_settings().max_timeout_s):
-            raise ValueError(f"must be <= {limit:g} seconds")
-        return v
+    timeout: float | None = Field(default=None, gt=0, description="Seconds from submit until the job is "
+                                  "abandoned; default INFERQ_DEFAULT_TIMEOUT_S, at most "
+                                  "INFERQ_MAX_TIMEOUT_S.")
 
     @model_validator(mode="after")
     def _one_input(self) -> JobRequest:
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("give exactly one of 'prompt' or 'messages'")
         return self
-
-    def sampling(self) -> SamplingOptions:
-        return SamplingOptions.model_validate(self.model_dump(include=set(SamplingOptions.model_fields)))
 
 
 class JobMessage(BaseModel):
@@ -217,10 +189,6 @@ _EVENT = TypeAdapter(StreamEvent)
 def parse_event(data: str | bytes) -> TokenEvent | DoneEvent | ErrorEvent | RestartEvent:
     """Decode one event from its JSON form."""
     return _EVENT.validate_json(data)
-
-
-def is_terminal(event: TokenEvent | DoneEvent | ErrorEvent | RestartEvent) -> bool:
-    return event.type in ("done", "error")
 
 
 class AcceptedMessage(BaseModel):

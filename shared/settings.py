@@ -40,7 +40,7 @@ class Settings(BaseSettings):
     api_workers: int = Field(default=1, ge=1, description="Gateway processes sharing the port.")
     ws_compression: bool = Field(
         default=False, description="Offer permessage-deflate on WebSockets. Off: token events are tiny, and "
-        "compressing each one doubled the gateway's CPU per token (docs/benchmarks.md).")
+        "compressing each one raised the gateway's CPU per token 1.4-1.8x (docs/benchmarks.md).")
     max_body_bytes: int = Field(default=1 << 20, ge=1024, description="Largest request body accepted.")
     max_prompt_chars: int = Field(default=200_000, ge=1)
     max_tokens_limit: int = Field(default=32_768, ge=1, description="Upper bound on max_tokens.")

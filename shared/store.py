@@ -218,6 +218,13 @@ class JobStore:
             res = await p.execute(raise_on_error=False)
         return [r if isinstance(r, Exception) else bool(r) for r in res]
 
+    async def queue_depth(self, model: str) -> int:
+        """Messages waiting in the model's Celery queue, all priorities together (one round trip)."""
+        async with self.redis.pipeline(transaction=False) as p:
+            for name in keys.queue_lists(model):
+                p.llen(name)
+            return sum(await p.execute())
+
     async def read_log(self, job_id: str, after: int = 0) -> list[Event]:
         """Every logged event with ``seq > after``, in order."""
         return [parse_event(raw) for raw in await self.read_log_raw(job_id, after)]
@@ -226,11 +233,6 @@ class JobStore:
         """:meth:`read_log` as stored: each event's JSON text."""
         rows = await self.redis.xrange(keys.job_log(job_id), min=f"{after + 1}-0", max="+")
         return [fields["e"] for _, fields in rows]
-
-    async def last_seq(self, job_id: str) -> int:
-        rows = await self.redis.xrevrange(keys.job_log(job_id), count=1)
-        return int(rows[0][0].split("-")[0]) if rows else 0
-
 
 def is_duplicate_id(err: Exception | None) -> bool:
     """True for Redis' refusal of an event whose seq was already logged."""

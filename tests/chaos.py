@@ -28,9 +28,9 @@ import httpx
 from websockets.asyncio.client import connect
 from websockets.exceptions import WebSocketException
 
+from inferq.shared.schemas import TERMINAL_STATUSES
 from tests.fleet import Fleet
 
-TERMINAL = ("succeeded", "failed", "cancelled")
 
 
 async def _submit(http: httpx.AsyncClient, body: dict[str, Any], key: str) -> str:
@@ -70,7 +70,7 @@ async def _final(http: httpx.AsyncClient, job_id: str, timeout: float) -> dict[s
     while time.monotonic() < deadline:
         try:
             r = await http.get(f"/v1/jobs/{job_id}")
-            if r.status_code == 200 and r.json()["status"] in TERMINAL:
+            if r.status_code == 200 and r.json()["status"] in TERMINAL_STATUSES:
                 return dict(r.json())
         except httpx.HTTPError:
             pass

@@ -7,12 +7,9 @@ session, whatever happened in between.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import subprocess
 import sys
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,34 +17,28 @@ import httpx
 import pytest
 import redis
 
-from bench.stack import Proc as Service
-from bench.stack import free_port
+from inferq.cli.procs import Proc as Service
+from inferq.cli.procs import RedisProc, free_port, http_ok, start_redis, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
+__all__ = ["Service", "Stack", "RedisServer", "free_port", "http_ok", "inferq_env", "spawn", "wait_for"]
 
 
-def wait_for(predicate, timeout: float, what: str, procs: list[subprocess.Popen] | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        for p in procs or []:
-            if p.poll() is not None:
-                raise RuntimeError(f"{what}: process {p.args} exited with {p.returncode}")
-        time.sleep(0.2)
-    raise TimeoutError(f"timed out waiting for {what}")
+def wait_for(predicate: Callable[[], bool], timeout: float, what: str, procs: list | None = None) -> None:
+    """Until ``predicate()`` holds; fails early if one of ``procs`` (Service or Popen) exits."""
+    wait_until(predicate, timeout, what, procs or [])
 
 
 def spawn(name: str, cmd: list[str], env: dict[str, str], logdir: Path) -> Service:
     """Start ``cmd`` in a session of its own, output to ``logdir/name.log``."""
-    return Service(name, cmd, env, logdir / f"{name}.log")
+    return Service(name, cmd, env, logdir / f"{name}.log", cwd=ROOT)
 
 
 @dataclass
 class RedisServer:
     url: str
     port: int
-    service: Service
+    service: RedisProc
 
     def client(self) -> redis.Redis:
         return redis.Redis.from_url(self.url, decode_responses=True)
@@ -60,21 +51,8 @@ def logdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def redis_server(logdir: Path) -> Iterator[RedisServer]:
-    exe = shutil.which("redis-server")
-    assert exe, "redis-server is not installed (Debian package redis-server)"
-    port = free_port()
-    svc = spawn("redis", [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                          "--appendonly", "no"], dict(os.environ), logdir)
-    server = RedisServer(f"redis://127.0.0.1:{port}/0", port, svc)
-
-    def pings() -> bool:
-        try:
-            return bool(server.client().ping())
-        except redis.RedisError:
-            return False
-
-    wait_for(pings, 10, "redis-server", [svc.proc])
-    yield server
+    svc = start_redis(free_port(), logdir)
+    yield RedisServer(svc.url, svc.port, svc)
     svc.stop(signal.SIGKILL)
 
 
@@ -121,15 +99,10 @@ def stack(redis_server: RedisServer, logdir: Path) -> Iterator[Stack]:
         st.gateway = spawn("gateway", [*py, "api", "--port", str(port)], inferq_env(redis_server.url), logdir)
 
         def ready() -> bool:
-            try:
-                r = httpx.get(f"{st.base}/readyz", timeout=2)
-                return r.status_code == 200 and r.json()["workers"] == 2
-            except httpx.HTTPError:
-                return False
+            return http_ok(f"{st.base}/readyz", lambda body: body["workers"] == 2)
 
-        procs = [s.proc for s in [*st.workers.values(), st.gateway]]
         try:
-            wait_for(ready, 240, "two workers and the gateway", procs)
+            wait_for(ready, 240, "two workers and the gateway", [*st.workers.values(), st.gateway])
         except Exception:
             for s in [*st.workers.values(), st.gateway]:
                 print(f"--- {s.name} ---\n{s.tail()}", file=sys.stderr)

@@ -3,7 +3,6 @@ restart keeps the queue and the jobs), a gateway and workers that can be killed 
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 import time
@@ -11,8 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-import redis
 
+from inferq.cli.procs import start_redis
 from tests.conftest import Service, free_port, inferq_env, spawn, wait_for
 
 PY = [sys.executable, "-m", "inferq.cli"]
@@ -61,19 +60,8 @@ class Fleet:
         return self
 
     def start_redis(self) -> None:
-        data = self.logdir / "redis-data"
-        data.mkdir(exist_ok=True)
-        self.redis = spawn("fleet-redis", ["redis-server", "--port", str(self.redis_port), "--bind", "127.0.0.1",
-                                           "--dir", str(data), "--save", "", "--appendonly", "yes",
-                                           "--appendfsync", "always"], dict(os.environ), self.logdir)
-        wait_for(self.redis_pings, 10, "redis-server", [self.redis.proc])
-
-    def redis_pings(self) -> bool:
-        try:
-            return bool(redis.Redis(port=self.redis_port, socket_connect_timeout=0.5).ping())
-        except redis.RedisError:
-            return False
-
+        """redis-server with an append-only file: restarted, it has every job and queue back."""
+        self.redis = start_redis(self.redis_port, self.logdir, appendonly=True, name="fleet-redis")
     def restart_redis(self, down_s: float = 1.0) -> None:
         assert self.redis is not None
         self.redis.stop(signal.SIGKILL)
@@ -82,7 +70,7 @@ class Fleet:
 
     def start_gateway(self) -> None:
         self.gateway = spawn("fleet-gateway", [*PY, "api", "--port", str(self.api_port)], self.env(), self.logdir)
-        wait_for(lambda: self._get("/healthz") is not None, 30, "fleet gateway", [self.gateway.proc])
+        wait_for(lambda: self._get("/healthz") is not None, 30, "fleet gateway", [self.gateway])
 
     def start_worker(self, wait: bool = True) -> str:
         self.spawned += 1
@@ -96,13 +84,13 @@ class Fleet:
         def live() -> bool:
             ws = self._get("/v1/workers")
             return ws is not None and any(w["id"] == wid and not w["draining"] for w in ws)
-        wait_for(live, timeout, f"worker {wid}", [self.workers[wid].proc])
+        wait_for(live, timeout, f"worker {wid}", [self.workers[wid]])
 
     def kill_worker(self, wid: str, sig: int = signal.SIGKILL) -> None:
         self.workers.pop(wid).stop(sig, grace=30)
 
     def live(self) -> list[str]:
-        return [w for w, s in self.workers.items() if s.proc.poll() is None]
+        return [w for w, s in self.workers.items() if s.alive()]
 
     def http(self) -> httpx.Client:
         return httpx.Client(base_url=self.base, timeout=30)

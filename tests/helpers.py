@@ -10,7 +10,7 @@ import httpx
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosedError
 
-TERMINAL = {"succeeded", "failed", "cancelled"}
+from inferq.shared.schemas import TERMINAL_STATUSES
 
 
 def submit(http: httpx.Client, **body: Any) -> str:
@@ -19,7 +19,8 @@ def submit(http: httpx.Client, **body: Any) -> str:
     return str(r.json()["id"])
 
 
-def wait_status(http: httpx.Client, job_id: str, statuses: set[str] = TERMINAL, timeout: float = 120) -> dict:
+def wait_status(http: httpx.Client, job_id: str, statuses: set[str] | frozenset[str] = TERMINAL_STATUSES,
+                timeout: float = 120) -> dict:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         view = http.get(f"/v1/jobs/{job_id}").json()

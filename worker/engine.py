@@ -1,8 +1,11 @@
 """EngineHost: one vLLM ``AsyncLLM`` per worker process, on a background asyncio loop.
 
-This module is the only place inferq imports vLLM. Celery's threads pool hands each job to
-:meth:`EngineHost.run`, which schedules the job's coroutine on the engine's loop; every coroutine
-shares the one engine, so new requests join the running batch at the next step.
+vLLM is imported in two modules of inferq, both in worker/ and always inside functions (importing
+them does not load vLLM): here (the engine, its arguments, the stat logger) and in
+worker/runner.py (sampling and structured-output parameters, ``TokensPrompt``, ``EngineDeadError``).
+Celery's threads pool hands each job to :meth:`EngineHost.run`, which schedules the job's coroutine
+on the engine's loop; every coroutine shares the one engine, so new requests join the running
+batch at the next step.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ import httpx
 import openai
 import pytest
 
+from inferq.shared import keys
 from tests.helpers import wait_status
 
 pytestmark = pytest.mark.integration
@@ -115,18 +116,28 @@ def test_json_object_mode(client) -> None:
 @pytest.mark.parametrize(("kwargs", "exc", "param"), [
     ({"temperature": 9}, openai.UnprocessableEntityError, "temperature"),
     ({"max_tokens": 0}, openai.UnprocessableEntityError, "max_tokens"),
-    ({"n": 100}, openai.UnprocessableEntityError, "n"),
+    ({"n": 100}, openai.BadRequestError, "n"),
     ({"top_logprobs": 50, "logprobs": True}, openai.UnprocessableEntityError, "top_logprobs"),
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, openai.UnprocessableEntityError, "tools"),
     ({"logit_bias": {"1": 5}}, openai.UnprocessableEntityError, "logit_bias"),
     ({"max_tokens": 4000}, openai.BadRequestError, "max_tokens"),
     ({"model": "no-such-model"}, openai.NotFoundError, "model"),
+    ({"stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}},
+     openai.UnprocessableEntityError, "stream_options.continuous_usage_stats"),
 ])
 def test_bad_requests_raise_the_sdk_exception(client, kwargs, exc, param) -> None:
     body = {"model": MODEL, "messages": CHAT, **kwargs}
     with pytest.raises(exc) as e:
         client.chat.completions.create(**body)
     assert e.value.body["param"] == param, e.value.body
+
+
+def test_message_name_travels_with_the_job(client, stack) -> None:
+    """The worker builds the prompt from the job's messages; their names are kept for the template."""
+    messages = [{"role": "user", "content": "Say hi", "name": "alice"}, {"role": "user", "content": "hi"}]
+    r = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2)
+    assert r.choices[0].finish_reason in ("stop", "length")
+    assert json.loads(stack.redis.client().hget(keys.job(r.id), "request"))["messages"] == messages
 
 
 def test_completion_prompt_of_token_ids_is_rejected(client) -> None:

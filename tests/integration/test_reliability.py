@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from inferq.shared import keys
-from tests.conftest import free_port, spawn, wait_for
+from tests.conftest import free_port, http_ok, spawn, wait_for
 from tests.fleet import PY, Fleet
 from tests.helpers import submit, token_text, wait_status, ws_events
 
@@ -50,13 +50,6 @@ def running_on(fleet: Fleet, job_id: str, min_text: int = 1) -> str:
     raise TimeoutError(f"job {job_id} never ran")
 
 
-def http_ok(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=5).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
 def after_last_restart(events: list[dict]) -> list[dict]:
     idx = max((i for i, e in enumerate(events) if e["type"] == "restart"), default=-1)
     return events[idx + 1:]
@@ -68,7 +61,7 @@ def ghost(fleet):
     port = free_port()
     svc = spawn("ghost-gateway", [*PY, "api", "--port", str(port)],
                 fleet.env(INFERQ_SERVED_MODEL_NAME="ghost", INFERQ_MAX_QUEUE_DEPTH="3"), fleet.logdir)
-    wait_for(lambda: http_ok(f"http://127.0.0.1:{port}/healthz"), 30, "ghost gateway", [svc.proc])
+    wait_for(lambda: http_ok(f"http://127.0.0.1:{port}/healthz"), 30, "ghost gateway", [svc])
     yield httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
     svc.stop()
 

@@ -17,7 +17,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from tests.conftest import Service, Stack, free_port, inferq_env, spawn, wait_for
+from tests.conftest import Service, Stack, free_port, http_ok, inferq_env, spawn, wait_for
 from tests.helpers import submit, wait_status
 
 pytestmark = pytest.mark.integration
@@ -50,7 +50,7 @@ def secure(stack: Stack, logdir: Path, tmp_path_factory: pytest.TempPathFactory)
     gw = spawn("gateway-secure", cmd, env, logdir)
     sec = Secure(f"http://127.0.0.1:{port}", f"ws://127.0.0.1:{port}", gw)
     try:
-        wait_for(lambda: _ready(sec.base), 60, "the gateway with API keys", [gw.proc])
+        wait_for(lambda: http_ok(f"{sec.base}/readyz"), 60, "the gateway with API keys", [gw])
         yield sec
     finally:
         gw.stop()
@@ -256,17 +256,10 @@ def test_without_keys_limits_count_per_client_ip(stack, logdir) -> None:
                env, logdir)
     try:
         base = f"http://127.0.0.1:{port}"
-        wait_for(lambda: _ready(base), 60, "the open gateway with limits", [gw.proc])
+        wait_for(lambda: http_ok(f"{base}/readyz"), 60, "the open gateway with limits", [gw])
         with httpx.Client(base_url=base, timeout=60) as http:
             codes = [http.post("/v1/jobs", json={"prompt": "ip", "max_tokens": 1}).status_code for _ in range(3)]
             assert codes == [202, 202, 429]
             assert http.get("/v1/models").status_code == 200  # reading is not limited
     finally:
         gw.stop()
-
-
-def _ready(base: str) -> bool:
-    try:
-        return httpx.get(f"{base}/readyz", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False

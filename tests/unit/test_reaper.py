@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 
-from bench.stack import Proc, free_port
+from inferq.cli.procs import free_port, start_redis
 from inferq.shared import keys
 from inferq.shared.redis import make_redis
 from inferq.shared.schemas import JobRecord, JobRequest, JobStatus
@@ -18,10 +17,8 @@ from inferq.worker.runtime import WorkerRuntime
 
 async def test_reaper_requeues_a_silent_worker_but_never_itself(tmp_path) -> None:
     # a Redis of its own: the session's serves live workers whose reapers would take the lock
-    port = free_port()
-    server = Proc("redis-reaper", ["redis-server", "--port", str(port), "--save", ""], {}, tmp_path / "redis.log")
-    url = f"redis://127.0.0.1:{port}/0"
-    await asyncio.sleep(0.5)
+    server = start_redis(free_port(), tmp_path, name="redis-reaper")
+    url = server.url
     model = f"m-{uuid.uuid4().hex[:6]}"
     settings = Settings(redis_url=url, worker_id="me", served_model_name=model, worker_ttl_s=3)
     rt = WorkerRuntime(settings, make_celery(settings))

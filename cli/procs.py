@@ -1,0 +1,187 @@
+"""Child processes: start, wait for, and stop them. ``inferq up``, the benchmark harness (bench/)
+and the tests all start redis-server, workers and gateways through this module.
+
+Every process gets a session of its own (so its children die with it) and a log file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+import redis
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Proc:
+    """A subprocess in a session of its own, stdout and stderr appended to ``log``."""
+
+    def __init__(self, name: str, cmd: list[str], env: dict[str, str] | None, log: Path,
+                 cwd: Path | None = None) -> None:
+        self.name, self.log = name, log
+        with open(log, "ab") as f:
+            self.proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=cwd,
+                                         start_new_session=True)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode
+
+    def poll(self) -> int | None:
+        """The exit code, or None while it runs."""
+        return self.proc.poll()
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, sig: int = signal.SIGTERM, grace: float = 20.0) -> None:
+        """Signal the process group; SIGKILL it if it has not exited after ``grace`` seconds."""
+        if self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, sig)
+            self.proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        except ProcessLookupError:
+            pass
+
+    def tail(self, n: int = 40) -> str:
+        """The last ``n`` lines of its log."""
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+
+
+P = TypeVar("P", bound=Proc)
+
+
+class _Polled(Protocol):
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, what: str,
+               procs: Iterable[_Polled] = (), interval: float = 0.2) -> None:
+    """Return once ``predicate()`` is true. Raise RuntimeError as soon as one of ``procs`` (a
+    :class:`Proc` or a ``Popen``) has exited, with the end of its log; TimeoutError after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if predicate():
+            return
+        for p in procs:
+            if p.poll() is not None:
+                who = p.name if isinstance(p, Proc) else getattr(p, "args", p)
+                tail = f"; last lines of {p.log}:\n{p.tail()}" if isinstance(p, Proc) else ""
+                raise RuntimeError(f"{what}: {who} exited with code {p.returncode}{tail}")
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"{what}: not ready after {timeout:g} s")
+        time.sleep(interval)
+
+
+class Procs:
+    """A group of processes with their logs in one folder, stopped together, last started first
+    (use as a context manager)."""
+
+    def __init__(self, logdir: Path) -> None:
+        self.logdir = logdir
+        self.procs: list[Proc] = []
+
+    def start(self, name: str, cmd: list[str], env: dict[str, str] | None = None,
+              cwd: Path | None = None) -> Proc:
+        return self.add(Proc(name, cmd, env, self.logdir / f"{name}.log", cwd))
+
+    def add(self, proc: P) -> P:
+        self.procs.append(proc)
+        return proc
+
+    def wait(self, ready: Callable[[], bool], timeout: float, what: str) -> None:
+        """:func:`wait_until` ``ready``, failing early if any process of the group exits."""
+        wait_until(ready, timeout, f"{what} (logs in {self.logdir})", self.procs, interval=0.5)
+
+    def stop(self) -> None:
+        while self.procs:
+            p = self.procs.pop()
+            p.stop(grace=30.0 if p.name.startswith("worker") else 10.0)
+
+    def __enter__(self) -> Procs:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def redis_pings(url: str) -> bool:
+    """True if a Redis server answers PING at ``url``."""
+    try:
+        with redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=1) as r:
+            return bool(r.ping())
+    except redis.RedisError:
+        return False
+
+
+class RedisProc(Proc):
+    """A redis-server that :func:`start_redis` started, on 127.0.0.1:``port``."""
+
+    def __init__(self, name: str, cmd: list[str], env: dict[str, str] | None, log: Path, port: int) -> None:
+        super().__init__(name, cmd, env, log)
+        self.port = port
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+
+def start_redis(port: int, logdir: Path, appendonly: bool = False, *, name: str = "redis",
+                env: dict[str, str] | None = None, timeout: float = 10.0) -> RedisProc:
+    """A local redis-server on ``port`` (log ``logdir/NAME.log``), returned once it answers PING.
+
+    No snapshots. ``appendonly``: an append-only file in ``logdir/NAME-data``, fsynced on every
+    write, so a restart on the same port, name and folder finds every job and queue as it was."""
+    exe = shutil.which("redis-server")
+    if exe is None:
+        raise RuntimeError("redis-server is not on PATH (Debian package redis-server)")
+    cmd = [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+    if appendonly:
+        data = logdir / f"{name}-data"
+        data.mkdir(exist_ok=True)
+        cmd += ["--dir", str(data), "--appendonly", "yes", "--appendfsync", "always"]
+    else:
+        cmd += ["--appendonly", "no"]
+    proc = RedisProc(name, cmd, env, logdir / f"{name}.log", port)
+    try:
+        wait_until(lambda: redis_pings(proc.url), timeout, f"redis-server on port {port}", [proc],
+                   interval=0.05)
+    except BaseException:
+        proc.stop(signal.SIGKILL)
+        raise
+    return proc
+
+
+def http_ok(url: str, check: Callable[[Any], bool] | None = None, timeout: float = 2.0) -> bool:
+    """True if GET ``url`` answers 200 (and ``check`` accepts its JSON body, when given)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status == 200 and (check is None or bool(check(json.loads(r.read()))))
+    except (OSError, ValueError, KeyError, TypeError):  # URLError and HTTPError are OSErrors
+        return False

@@ -1,0 +1,68 @@
+"""OpenAI request fields are honoured or refused, never dropped."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from pydantic import ValidationError
+
+from inferq.api.errors import to_response
+from inferq.api.openai_compat import chat_job
+from inferq.api.openai_schemas import ChatCompletionRequest, CompletionRequest
+from inferq.shared.schemas import JobMessage
+from inferq.worker.runner import JobRunner
+
+CHAT = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize("model", [ChatCompletionRequest, CompletionRequest])
+def test_continuous_usage_stats_is_refused_naming_it(model: type) -> None:
+    body = {"messages": CHAT} if model is ChatCompletionRequest else {"prompt": "x"}
+    ok = model.model_validate({**body, "stream": True,
+                               "stream_options": {"include_usage": True, "continuous_usage_stats": False}})
+    assert ok.stream_options.include_usage
+    with pytest.raises(ValidationError) as e:
+        model.model_validate({**body, "stream": True, "stream_options": {"continuous_usage_stats": True}})
+    r = to_response(e.value)
+    err = r.body.decode()
+    assert r.status_code == 422 and '"param":"stream_options.continuous_usage_stats"' in err
+    assert "usage is sent once, at the end, with include_usage" in err
+
+
+@pytest.mark.parametrize("strict", [True, False, None])
+def test_json_schema_strict_is_accepted_and_the_schema_always_enforced(strict: bool | None) -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    spec = {"name": "thing", "schema": schema, **({} if strict is None else {"strict": strict})}
+    req = ChatCompletionRequest.model_validate({"messages": CHAT, "response_format": {
+        "type": "json_schema", "json_schema": spec}})
+    assert chat_job(req).json_schema == schema
+
+
+def test_message_name_reaches_the_chat_template() -> None:
+    req = ChatCompletionRequest.model_validate({"messages": [
+        {"role": "developer", "content": "be brief", "name": "ops"},
+        {"role": "user", "content": [{"type": "text", "text": "hi"}], "name": "alice"},
+        {"role": "user", "content": "and me"}]})
+    job = chat_job(req)
+    assert [m.name for m in job.messages] == ["ops", "alice", None]
+
+    seen: list[list[dict]] = []
+
+    class Tokenizer:
+        def apply_chat_template(self, messages: list[dict], tokenize: bool, add_generation_prompt: bool) -> str:
+            seen.append(messages)
+            return "rendered"
+
+        def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+            return [1, 2]
+
+    host = SimpleNamespace(tokenizer=Tokenizer())
+    runner = JobRunner(host, store=None, writer=None, worker_id="w", default_max_tokens=4)  # type: ignore[arg-type]
+    assert runner.prompt_ids(JobMessage(id="job-1", model="m", request=job, created_at=0.0)) == [1, 2]
+    # an unset name is absent, not None: templates test `message.name is defined`
+    assert seen == [[{"role": "system", "content": "be brief", "name": "ops"},
+                     {"role": "user", "content": "hi", "name": "alice"},
+                     {"role": "user", "content": "and me"}]]
+    with pytest.raises(ValidationError):
+        ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "x", "name": ""}]})

@@ -1,0 +1,33 @@
+"""Process helpers shared by ``inferq up``, the benchmark harness and the tests."""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+import pytest
+
+from inferq.cli.procs import Procs, free_port, http_ok, redis_pings, start_redis, wait_until
+
+
+def test_start_redis_returns_once_it_answers_and_stop_ends_it(tmp_path) -> None:
+    server = start_redis(free_port(), tmp_path, name="r")
+    try:
+        assert redis_pings(server.url) and server.alive()
+    finally:
+        server.stop(signal.SIGKILL)
+    assert not server.alive() and not redis_pings(server.url)
+
+
+def test_wait_until_fails_early_with_the_log_of_a_process_that_exited(tmp_path) -> None:
+    with Procs(tmp_path) as procs:
+        p = procs.start("crash", [sys.executable, "-c", "print('boom'); raise SystemExit(3)"])
+        with pytest.raises(RuntimeError, match=r"crash exited with code 3(.|\n)*boom"):
+            wait_until(lambda: False, 30, "never", procs.procs)
+        with pytest.raises(TimeoutError):
+            wait_until(lambda: False, 0.1, "nothing to watch")
+    assert p.returncode == 3 and not procs.procs
+
+
+def test_http_ok_is_false_when_nothing_listens() -> None:
+    assert not http_ok(f"http://127.0.0.1:{free_port()}/healthz", timeout=0.5)
