@@ -31,7 +31,7 @@ from redis.asyncio import Redis
 from inferq.api.auth import Principal
 from inferq.api.service import JobService, new_job_id
 from inferq.shared import keys
-from inferq.shared.errors import IdempotencyConflict, IdempotencyKeyReused, InvalidRequest, NotFound, RateLimited
+from inferq.shared.errors import Conflict, InvalidRequest, NotFound, RateLimited
 from inferq.shared.schemas import JobRecord, JobRequest, JobStatus
 from inferq.shared.settings import Settings
 
@@ -101,7 +101,7 @@ def fingerprint(endpoint: str, body: object) -> str:
 def check_idempotency_key(value: str) -> str:
     if not 1 <= len(value) <= 255 or not value.isascii() or not value.isprintable():
         raise InvalidRequest("Idempotency-Key must be 1 to 255 printable ASCII characters",
-                             param="Idempotency-Key", code="invalid_idempotency_key")
+                             param="Idempotency-Key")
     return value
 
 
@@ -138,18 +138,17 @@ class Admission:
                 continue
             prior = json.loads(raw)
             if prior["fp"] != fingerprint:
-                raise IdempotencyKeyReused("this Idempotency-Key was already used with a different request",
-                                           param="Idempotency-Key", code="idempotency_key_reused")
+                raise InvalidRequest("this Idempotency-Key was already used with a different request",
+                                     param="Idempotency-Key", code="idempotency_key_reused")
             records = [await self.service.store.get(i) for i in prior["ids"]]
             if all(r is not None for r in records):
                 return Admitted([r for r in records if r is not None], True)
             if time.time() - prior["at"] > _CREATE_GRACE_S:
                 raise NotFound("the jobs this Idempotency-Key created have expired",
-                               param="Idempotency-Key", code="idempotency_key_expired")
+                               param="Idempotency-Key", code="job_not_found")
             if time.monotonic() > deadline:
-                raise IdempotencyConflict("a request with this Idempotency-Key is still being submitted; "
-                                          "retry later", param="Idempotency-Key",
-                                          code="idempotency_key_in_progress", retry_after=1.0)
+                raise Conflict("a request with this Idempotency-Key is still being submitted; retry later",
+                               param="Idempotency-Key", code="idempotency_in_progress", retry_after=1.0)
             await asyncio.sleep(0.05)
 
     async def _admit(self, caller: Principal, reqs: list[JobRequest], ids: list[str]) -> list[JobRecord]:
@@ -194,5 +193,5 @@ class Admission:
                                       json.dumps(_TERMINAL), *job_ids])
         if int(n) >= 0:
             raise RateLimited(f"too many unfinished jobs: {n} of at most {limit} (this request adds "
-                              f"{len(job_ids)}); retry when one ends", code="concurrency_limit_exceeded",
+                              f"{len(job_ids)}); retry when one ends", code="too_many_jobs",
                               retry_after=1.0)
