@@ -107,10 +107,39 @@ def ws_close_code(err: InferqError) -> int:
     return WS_CLOSE_CODES.get(err.type, WS_CLOSE_SERVER_ERROR)
 
 
+def document(schema: dict[str, Any]) -> dict[str, Any]:
+    """Make an OpenAPI schema say what the gateway answers to an invalid request: ``400`` with
+    :class:`ErrorBody` (FastAPI documents its own ``422``, which the gateway never sends)."""
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    for name in ("HTTPValidationError", "ValidationError"):
+        components.pop(name, None)
+    body = ErrorBody.model_json_schema(ref_template="#/components/schemas/{model}")
+    components.update(body.pop("$defs", {}))
+    components["ErrorBody"] = body
+    invalid = {"description": "Invalid request (docs/errors.md)",
+               "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}}
+    for operations in schema.get("paths", {}).values():
+        for op in operations.values():
+            if "422" in op.get("responses", {}):
+                del op["responses"]["422"]
+                op["responses"].setdefault("400", invalid)
+    return schema
+
+
 def install(app: FastAPI) -> None:
+    """Answer every exception through :func:`to_response`, and document it in the OpenAPI schema."""
+
     async def handler(_: Request, exc: Exception) -> Response:
         return to_response(exc)
 
     for exc_type in (InferqError, RequestValidationError, ValidationError, StarletteHTTPException,
                      RedisConnectionError, RedisTimeoutError, Exception):
         app.add_exception_handler(exc_type, handler)
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = document(build())
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

@@ -277,3 +277,14 @@ def test_one_413_body_whether_the_length_is_declared_or_not() -> None:
     assert declared.json() == streamed.json() == {"error": {
         "message": "request body is larger than 100 bytes", "type": "invalid_request_error", "param": None,
         "code": "body_too_large"}}
+
+
+def test_the_api_schema_documents_400_not_422() -> None:
+    from inferq.api.app import create_app
+    from inferq.shared.settings import Settings
+
+    schema = create_app(Settings()).openapi()
+    submit = schema["paths"]["/v1/jobs"]["post"]["responses"]
+    assert "422" not in json.dumps(schema["paths"]) and "HTTPValidationError" not in schema["components"]["schemas"]
+    assert submit["400"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/ErrorBody"}
+    assert schema["components"]["schemas"]["ErrorInfo"]["properties"]["type"]["enum"] == list(STATUSES)
