@@ -288,3 +288,20 @@ def test_the_api_schema_documents_400_not_422() -> None:
     assert "422" not in json.dumps(schema["paths"]) and "HTTPValidationError" not in schema["components"]["schemas"]
     assert submit["400"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/ErrorBody"}
     assert schema["components"]["schemas"]["ErrorInfo"]["properties"]["type"]["enum"] == list(STATUSES)
+
+
+def test_unknown_route_and_method_have_the_same_body() -> None:
+    app = FastAPI()
+    errors.install(app)
+
+    @app.get("/thing")
+    async def thing() -> dict:
+        return {}
+
+    with TestClient(app) as client:
+        missing, wrong = client.get("/nope"), client.delete("/thing")
+    assert missing.status_code == 404 and (missing.json()["error"]["type"], missing.json()["error"]["code"]) == (
+        "not_found_error", "route_not_found")
+    assert wrong.status_code == 405 and wrong.headers["allow"] == "GET"
+    assert (wrong.json()["error"]["type"], wrong.json()["error"]["code"]) == ("invalid_request_error",
+                                                                              "method_not_allowed")
