@@ -101,8 +101,9 @@ def test_valid_keys_from_env_and_file(secure, stack) -> None:
 
 def test_another_keys_job_is_exactly_like_an_unknown_one(secure, stack) -> None:
     with secure.http("sk-alice") as alice, secure.http("sk-bob") as bob, stack.http() as open_gw:
-        job_id = submit(alice, **LONG)
+        # first: the open gateway's first request can take seconds, longer than the long job itself
         theirs = submit(open_gw, prompt="no owner", max_tokens=2)  # made without auth: nobody's here
+        job_id = submit(alice, **LONG)
         for other_id, client in ((job_id, bob), (theirs, alice)):
             for method in ("GET", "DELETE"):
                 got = client.request(method, f"/v1/jobs/{other_id}")
