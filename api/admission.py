@@ -13,7 +13,7 @@ The per-caller checks are kept in Redis so that every gateway process counts the
   its job's record lives.
 - **Idempotency-Key**: the first request claims the key with ``SET NX`` (value: a fingerprint of
   the request and the job ids it is about to create); a repeat gets those jobs back, a repeat with
-  another body is refused (422), a repeat while the first is still submitting waits a little and
+  another body is refused (400), a repeat while the first is still submitting waits a little and
   then gets 409. A refused first request releases the key, so the client can retry with it.
 
 A "caller" is :attr:`Principal.subject`: the API key's id, or ``ip:ADDRESS`` when auth is off.
@@ -34,7 +34,7 @@ from redis.asyncio import Redis
 from inferq.api.auth import Principal
 from inferq.api.service import JobService, new_job_id
 from inferq.shared import keys
-from inferq.shared.errors import IdempotencyConflict, IdempotencyKeyReused, InvalidRequest, NotFound, RateLimited
+from inferq.shared.errors import Conflict, InvalidRequest, NotFound, RateLimited
 from inferq.shared.request_limits import check_limits
 from inferq.shared.schemas import TERMINAL_STATUSES, JobRecord, JobRequest
 from inferq.shared.settings import Settings
@@ -106,7 +106,7 @@ def fingerprint(endpoint: str, body: object) -> str:
 def check_idempotency_key(value: str) -> str:
     if not 1 <= len(value) <= 255 or not value.isascii() or not value.isprintable():
         raise InvalidRequest("Idempotency-Key must be 1 to 255 printable ASCII characters",
-                             param="Idempotency-Key", code="invalid_idempotency_key")
+                             param="Idempotency-Key")
     return value
 
 
@@ -145,18 +145,17 @@ class Admission:
                 continue
             prior = json.loads(raw)
             if prior["fp"] != fingerprint:
-                raise IdempotencyKeyReused("this Idempotency-Key was already used with a different request",
-                                           param="Idempotency-Key", code="idempotency_key_reused")
+                raise InvalidRequest("this Idempotency-Key was already used with a different request",
+                                     param="Idempotency-Key", code="idempotency_key_reused")
             records = [await self.service.store.get(i) for i in prior["ids"]]
             if all(r is not None for r in records):
                 return Admitted([r for r in records if r is not None], True)
             if time.time() - prior["at"] > _CREATE_GRACE_S:
                 raise NotFound("the jobs this Idempotency-Key created have expired",
-                               param="Idempotency-Key", code="idempotency_key_expired")
+                               param="Idempotency-Key", code="job_not_found")
             if time.monotonic() > deadline:
-                raise IdempotencyConflict("a request with this Idempotency-Key is still being submitted; "
-                                          "retry later", param="Idempotency-Key",
-                                          code="idempotency_key_in_progress", retry_after=1.0)
+                raise Conflict("a request with this Idempotency-Key is still being submitted; retry later",
+                               param="Idempotency-Key", code="idempotency_in_progress", retry_after=1.0)
             await asyncio.sleep(0.05)
 
     async def _admit(self, caller: Principal, reqs: list[JobRequest], ids: list[str]) -> list[JobRecord]:
@@ -201,5 +200,5 @@ class Admission:
                                       _TERMINAL_JSON, *job_ids])
         if int(n) >= 0:
             raise RateLimited(f"too many unfinished jobs: {n} of at most {limit} (this request adds "
-                              f"{len(job_ids)}); retry when one ends", code="concurrency_limit_exceeded",
+                              f"{len(job_ids)}); retry when one ends", code="too_many_jobs",
                               retry_after=1.0)

@@ -1,5 +1,9 @@
-"""Every error the gateway returns is built here, in OpenAI's shape:
-``{"error": {"message", "type", "param", "code"}}`` with the matching HTTP status."""
+"""What a client is told when something fails, in one place for every protocol (docs/errors.md).
+
+:func:`typed` turns any exception into one of the typed errors of ``shared/errors.py``; from
+there an HTTP response (:func:`to_response`), OpenAI's error body (:class:`ErrorBody`, also the
+last SSE payload of a failed stream) or a WebSocket ``error`` event and close code.
+"""
 
 from __future__ import annotations
 
@@ -8,23 +12,37 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
-from pydantic import ValidationError
+from fastapi.responses import Response
+from pydantic import BaseModel, ValidationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from inferq.shared.errors import InferqError
+from inferq.shared.errors import InferqError, InvalidRequest, NotFound, ServerError, Unavailable
+from inferq.shared.schemas import ErrorEvent, ErrorInfo
 
 log = logging.getLogger(__name__)
 
-_HTTP_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-               405: "invalid_request_error", 413: "invalid_request_error", 422: "invalid_request_error",
-               429: "rate_limit_error", 503: "service_unavailable"}
+# WebSocket close codes: what the client did wrong, or 1011 (internal error) for the server's failures.
+WS_CLOSE_CODES: dict[str, int] = {"invalid_request_error": 1008, "authentication_error": 4401,
+                                  "not_found_error": 4404, "conflict_error": 4409, "rate_limit_error": 4429}
+WS_CLOSE_SERVER_ERROR = 1011
+_HTTP_CODES = {404: "route_not_found", 405: "method_not_allowed"}
 
 
-def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+class ErrorBody(BaseModel):
+    """OpenAI's error body: every HTTP error response, and the last payload of a failed SSE stream."""
+
+    error: ErrorInfo
+
+
+class PassThrough(StarletteHTTPException):
+    """A typed error raised where only an ``HTTPException`` gets through untouched (FastAPI wraps
+    anything else raised while it reads a body into a 400)."""
+
+    def __init__(self, error: InferqError) -> None:
+        super().__init__(error.status, error.message)
+        self.error = error
 
 
 def validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
@@ -41,30 +59,87 @@ def validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
     return "; ".join(parts), first
 
 
-def to_response(exc: Exception) -> JSONResponse:
-    """Map any exception to the HTTP response a client gets: the only such mapping."""
+def typed(exc: BaseException) -> InferqError:
+    """``exc`` as the typed error a client is told about."""
     if isinstance(exc, InferqError):
-        headers = {"Retry-After": str(max(1, round(exc.retry_after)))} if exc.retry_after else {}
-        if exc.status == 401:
-            headers["WWW-Authenticate"] = "Bearer"
-        return JSONResponse(error_body(exc.message, exc.type, exc.param, exc.code), exc.status, headers)
+        return exc
+    if isinstance(exc, PassThrough):
+        return exc.error
     if isinstance(exc, (RequestValidationError, ValidationError)):
         message, param = validation_message(list(exc.errors()))
-        return JSONResponse(error_body(message, "invalid_request_error", param, "invalid_value"), 422)
+        return InvalidRequest(message, param=param)
     if isinstance(exc, (RedisConnectionError, RedisTimeoutError)):
         log.warning("Redis unavailable: %s", exc)
-        return JSONResponse(error_body("the job store (Redis) is unavailable; retry shortly",
-                                       "service_unavailable"), 503, {"Retry-After": "1"})
-    if isinstance(exc, StarletteHTTPException):
-        return JSONResponse(error_body(str(exc.detail), _HTTP_TYPES.get(exc.status_code, "error")),
-                            exc.status_code, getattr(exc, "headers", None))
+        return Unavailable("the job store (Redis) is unavailable; retry shortly", retry_after=1.0)
+    if isinstance(exc, StarletteHTTPException):  # routing: no such path, or not with this method
+        if exc.status_code == 404:
+            return NotFound(str(exc.detail), code=_HTTP_CODES[404])
+        if exc.status_code < 500:
+            return InvalidRequest(str(exc.detail), code=_HTTP_CODES.get(exc.status_code))
     log.exception("unhandled error", exc_info=exc)
-    return JSONResponse(error_body("internal error", "internal_error"), 500)
+    return ServerError("internal error")
+
+
+def error_body(err: InferqError) -> ErrorBody:
+    return ErrorBody(error=ErrorInfo.of(err))
+
+
+def to_response(exc: Exception) -> Response:
+    """The HTTP response for any exception: the only such mapping."""
+    err = typed(exc)
+    status, headers = err.status, {}
+    if isinstance(exc, StarletteHTTPException) and not isinstance(exc, PassThrough):
+        status, headers = exc.status_code, dict(exc.headers or {})  # 405 keeps its status and Allow
+    if err.retry_after:
+        headers["Retry-After"] = str(max(1, round(err.retry_after)))
+    if status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    return Response(error_body(err).model_dump_json(), status, headers, media_type="application/json")
+
+
+def ws_error_event(err: InferqError) -> ErrorEvent:
+    """The ``error`` event a WebSocket gets when the gateway itself refuses or fails it; ``seq`` 0:
+    it is not one of the job's events."""
+    return ErrorEvent(seq=0, error=ErrorInfo.of(err))
+
+
+def ws_close_code(err: InferqError) -> int:
+    return WS_CLOSE_CODES.get(err.type, WS_CLOSE_SERVER_ERROR)
+
+
+def document(schema: dict[str, Any]) -> dict[str, Any]:
+    """Make an OpenAPI schema say what the gateway answers to an invalid request: ``400`` with
+    :class:`ErrorBody` (FastAPI documents its own ``422``, which the gateway never sends)."""
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    for name in ("HTTPValidationError", "ValidationError"):
+        components.pop(name, None)
+    body = ErrorBody.model_json_schema(ref_template="#/components/schemas/{model}")
+    components.update(body.pop("$defs", {}))
+    components["ErrorBody"] = body
+    invalid = {"description": "Invalid request (docs/errors.md)",
+               "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}}
+    for operations in schema.get("paths", {}).values():
+        for op in operations.values():
+            if "422" in op.get("responses", {}):
+                del op["responses"]["422"]
+                op["responses"].setdefault("400", invalid)
+    return schema
 
 
 def install(app: FastAPI) -> None:
-    async def handler(_: Request, exc: Exception) -> JSONResponse:
+    """Answer every exception through :func:`to_response`, and document it in the OpenAPI schema."""
+
+    async def handler(_: Request, exc: Exception) -> Response:
         return to_response(exc)
 
-    for exc_type in (InferqError, RequestValidationError, ValidationError, StarletteHTTPException, Exception):
+    for exc_type in (InferqError, RequestValidationError, ValidationError, StarletteHTTPException,
+                     RedisConnectionError, RedisTimeoutError, Exception):
         app.add_exception_handler(exc_type, handler)
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = document(build())
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

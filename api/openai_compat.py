@@ -7,10 +7,10 @@ The completion id is the job id, so every completion can also be polled and stre
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from inferq.api.openai_schemas import (
     AssistantMessage,
@@ -28,9 +28,21 @@ from inferq.api.openai_schemas import (
     TextCompletion,
     TopLogprobOut,
 )
+from inferq.api.errors import error_body
 from inferq.api.streams import StreamHub
-from inferq.shared.errors import ContextLengthExceeded, EngineError, InferqError, InvalidRequest
-from inferq.shared.schemas import ErrorEvent, ErrorInfo, JobRequest, RestartEvent, TokenEvent, TokenLogprob, Usage
+from inferq.shared.errors import InferqError, Unavailable, error_from
+from inferq.shared.schemas import ErrorEvent, JobRequest, RestartEvent, TokenEvent, TokenLogprob, Usage
+
+
+class Payload(NamedTuple):
+    """One SSE ``data`` payload; ``last`` marks the end of the stream: ``[DONE]``, or the error
+    body of a stream that cannot finish."""
+
+    data: str
+    last: bool = False
+
+
+DONE = Payload("[DONE]", last=True)
 
 
 def chat_job(req: ChatCompletionRequest) -> JobRequest:
@@ -58,17 +70,6 @@ def add_usage(a: Usage, b: Usage) -> Usage:
     return Usage(prompt_tokens=a.prompt_tokens + b.prompt_tokens,
                  completion_tokens=a.completion_tokens + b.completion_tokens,
                  total_tokens=a.total_tokens + b.total_tokens)
-
-
-def error_from(info: ErrorInfo) -> InferqError:
-    """The typed error a failed job's ``error`` event stands for (so HTTP status matches)."""
-    if info.type == "context_length_exceeded":
-        err: InferqError = InvalidRequest(info.message, param="max_tokens", code=info.type)
-    elif info.type in (InvalidRequest.type, ContextLengthExceeded.type):
-        err = InvalidRequest(info.message)
-    else:
-        err = EngineError(info.message, code=info.type)
-    return err
 
 
 def _chat_logprobs(lps: list[TokenLogprob] | None, k: int) -> ChatLogprobs | None:
@@ -151,15 +152,16 @@ def completion_response(job_id: str, model: str, req: CompletionRequest, parts: 
     return TextCompletion(id=job_id, created=int(time.time()), model=model, choices=choices, usage=usage)
 
 
-async def chat_chunks(hub: StreamHub, job_id: str, model: str, req: ChatCompletionRequest) -> AsyncIterator[str]:
-    """The SSE ``data`` payloads of a streamed chat completion, ``[DONE]`` last."""
+async def chat_chunks(hub: StreamHub, job_id: str, model: str,
+                      req: ChatCompletionRequest) -> AsyncIterator[Payload]:
+    """The SSE payloads of a streamed chat completion, ``[DONE]`` (or an error) last."""
     created, k = int(time.time()), req.top_logprobs or 0
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     started: set[int] = set()
 
-    def chunk(choices: list[ChunkChoice], usage: Usage | None = None) -> str:
-        return ChatCompletionChunk(id=job_id, created=created, model=model, choices=choices,
-                                   usage=usage).model_dump_json(exclude_none=True)
+    def chunk(choices: list[ChunkChoice], usage: Usage | None = None) -> Payload:
+        return Payload(ChatCompletionChunk(id=job_id, created=created, model=model, choices=choices,
+                                           usage=usage).model_dump_json(exclude_none=True))
 
     async for ev in hub.events(job_id, merge=True):
         if ev.type == "token":
@@ -175,26 +177,23 @@ async def chat_chunks(hub: StreamHub, job_id: str, model: str, req: ChatCompleti
         else:
             yield _stream_end_error(job_id, ev)
             return
-    yield "[DONE]"
+    yield DONE
 
 
-def _stream_end_error(job_id: str, ev: ErrorEvent | RestartEvent) -> str:
+def _stream_end_error(job_id: str, ev: ErrorEvent | RestartEvent) -> Payload:
     """The last SSE payload of a stream that cannot finish: the job failed, or restarted."""
-    return _error_payload(_restarted(job_id) if ev.type == "restart" else error_from(ev.error))
+    err = _restarted(job_id) if ev.type == "restart" else error_from(ev.error)
+    return Payload(error_body(err).model_dump_json(), last=True)
 
 
 def _restarted(job_id: str) -> InferqError:
     """A stream cannot take back text it sent: end it, and say where the new attempt can be read."""
-    return EngineError(f"the worker generating this completion was lost and generation restarted; "
+    return Unavailable(f"the worker generating this completion was lost and generation restarted; "
                        f"retry, or read the new attempt at /v1/jobs/{job_id}", code="restarted")
 
 
-def _error_payload(err: InferqError) -> str:
-    return json.dumps({"error": {"message": err.message, "type": err.type, "param": err.param, "code": err.code}})
-
-
 async def completion_chunks(hub: StreamHub, job_ids: list[str], model: str,
-                            req: CompletionRequest) -> AsyncIterator[str]:
+                            req: CompletionRequest) -> AsyncIterator[Payload]:
     """SSE payloads of a streamed text completion; several prompts stream one after another."""
     created, k = int(time.time()), req.logprobs or 0
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -207,15 +206,16 @@ async def completion_chunks(hub: StreamHub, job_ids: list[str], model: str,
             elif ev.type == "done":
                 total = add_usage(total, ev.usage)
                 for end in ev.choices:
-                    yield TextCompletion(id=job_ids[0], created=created, model=model, choices=[TextChoice(
-                        index=p * req.n + end.index, text="", finish_reason=end.finish_reason)]
-                    ).model_dump_json(exclude_none=True)
+                    last = TextChoice(index=p * req.n + end.index, text="", finish_reason=end.finish_reason)
+                    yield Payload(TextCompletion(id=job_ids[0], created=created, model=model,
+                                                 choices=[last]).model_dump_json(exclude_none=True))
                 continue
             else:
                 yield _stream_end_error(job_id, ev)
                 return
-            yield TextCompletion(id=job_ids[0], created=created, model=model,
-                                 choices=[choice]).model_dump_json(exclude_none=True)
+            yield Payload(TextCompletion(id=job_ids[0], created=created, model=model,
+                                         choices=[choice]).model_dump_json(exclude_none=True))
     if include_usage:
-        yield TextCompletion(id=job_ids[0], created=created, model=model, choices=[], usage=total).model_dump_json()
-    yield "[DONE]"
+        yield Payload(TextCompletion(id=job_ids[0], created=created, model=model, choices=[],
+                                     usage=total).model_dump_json())
+    yield DONE

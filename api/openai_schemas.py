@@ -1,7 +1,7 @@
 """OpenAI wire messages the gateway accepts and returns (chat, completions, models).
 
 Requests forbid unknown fields: a parameter inferq does not implement (tools, logit_bias, echo,
-suffix, best_of, ...) is refused with a 422 naming it, never silently ignored; so is a known one
+suffix, best_of, ...) is refused with a 400 naming it, never silently ignored; so is a known one
 set to a value inferq cannot honour (``stream_options.continuous_usage_stats: true``).
 """
 

@@ -20,7 +20,7 @@ from starlette.concurrency import run_in_threadpool
 
 from inferq.api.auth import Principal
 from inferq.shared import keys
-from inferq.shared.errors import ContextLengthExceeded, NotFound, QueueFull, Unavailable
+from inferq.shared.errors import ContextLengthExceeded, NotFound, RateLimited, Unavailable
 from inferq.shared.schemas import (
     ChoiceView,
     ControlMessage,
@@ -97,8 +97,8 @@ class JobService:
             self.check_context(req, info)
         depth = await self.store.queue_depth(model)
         if depth >= self.settings.max_queue_depth:
-            raise QueueFull(f"model {model!r} has {depth} jobs queued (limit "
-                            f"{self.settings.max_queue_depth}); retry later", retry_after=1.0)
+            raise RateLimited(f"model {model!r} has {depth} jobs queued (limit {self.settings.max_queue_depth}); "
+                              "retry later", code="queue_full", retry_after=1.0)
         record = JobRecord(id=job_id or new_job_id(), model=model, request=req, owner=owner)
         record.deadline = record.created_at + (req.timeout or self.settings.default_timeout_s)
         await self.store.create(record)
@@ -107,16 +107,18 @@ class JobService:
             await run_in_threadpool(send_job, self.celery, msg)
         except Exception as e:  # the broker is away: the job must not sit "queued" forever
             log.error("job %s: could not enqueue: %s", record.id, e)
+            failed = Unavailable(f"could not enqueue the job: {e}", code="enqueue_failed")
             await self.store.update(record.id, status=JobStatus.failed, finished_at=time.time(),
-                                    error=ErrorInfo(type="enqueue_failed", message=str(e)))
-            raise Unavailable("the queue (Redis) is unavailable; retry shortly", retry_after=1.0) from e
+                                    error=ErrorInfo.of(failed))
+            raise Unavailable("the queue (Redis) is unavailable; retry shortly", code="enqueue_failed",
+                              retry_after=1.0) from e
         return record
 
     async def record(self, job_id: str, caller: Principal | None = None) -> JobRecord:
         """The job, as ``caller`` may see it: another key's job is as unknown as a missing one."""
         rec = await self.store.get(job_id)
         if rec is None or (caller is not None and not caller.may_see(rec.owner)):
-            raise NotFound(f"job {job_id} not found", param="id")
+            raise NotFound(f"job {job_id} not found", param="id", code="job_not_found")
         return rec
 
     async def view(self, job_id: str, caller: Principal | None = None) -> JobView:
@@ -143,7 +145,7 @@ class JobService:
             await self.record(job_id, caller)
         prev = await self.store.request_cancel(job_id)
         if prev is None:
-            raise NotFound(f"job {job_id} not found", param="id")
+            raise NotFound(f"job {job_id} not found", param="id", code="job_not_found")
         if prev is JobStatus.running:
             await self.redis.publish(keys.CONTROL_CHANNEL, ControlMessage(job_id=job_id).model_dump_json())
         log.info("job %s: cancel requested (was %s)", job_id, prev.value)

@@ -10,6 +10,14 @@ from typing import Any
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosedError
 
+from inferq.shared.schemas import ErrorEvent
+
+
+def error_line(ev: ErrorEvent) -> str:
+    """How an ``error`` event reads on a terminal: ``type (code): message``."""
+    e = ev.error
+    return f"{e.type} ({e.code}): {e.message}" if e.code else f"{e.type}: {e.message}"
+
 
 async def _print_events(url: str, first: dict[str, Any] | None, raw: bool) -> int:
     status = 1
@@ -29,7 +37,7 @@ async def _print_events(url: str, first: dict[str, Any] | None, raw: bool) -> in
                     print(f"\n[{ev.get('status', 'succeeded')}: {ev['finish_reason']}, {ev['usage']}]",
                           file=sys.stderr)
                 if ev["type"] == "error":
-                    print(f"\n[error: {ev['error']['message']}]", file=sys.stderr)
+                    print(f"\n[{error_line(ErrorEvent.model_validate(ev))}]", file=sys.stderr)
                 status = 0 if ev["type"] == "done" else status
         except ConnectionClosedError:
             pass

@@ -1,47 +1,86 @@
-"""inferq's typed errors. Each carries its HTTP status and an OpenAI-style ``type``/``code``;
-``api/errors.py`` maps them to responses in one place, and workers turn them into ``error`` events."""
+"""inferq's one error vocabulary (docs/errors.md).
+
+Every error has a ``type``, the class of failure a client can act on (OpenAI's word for it), and
+a ``code``, the specific reason; each type has one HTTP status. Each type is an exception class
+below; the gateway maps them to HTTP responses, SSE payloads and WebSocket events in
+``api/errors.py``, and workers store them in job records as ``ErrorInfo``.
+"""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, ClassVar, Literal, get_args
+
+if TYPE_CHECKING:
+    from inferq.shared.schemas import ErrorInfo
+
+ErrorType = Literal["invalid_request_error", "authentication_error", "not_found_error", "conflict_error",
+                    "rate_limit_error", "server_error", "service_unavailable", "timeout_error"]
+TYPES: frozenset[str] = frozenset(get_args(ErrorType))
+
+# Codes that stood alone in the ``type`` field of job records and events written before types
+# and codes were kept apart, and the type each belongs to.
+_LEGACY_CODE_TYPES: dict[str, ErrorType] = {
+    "context_length_exceeded": "invalid_request_error",
+    "deadline_exceeded": "timeout_error",
+    "worker_lost": "service_unavailable",
+    "enqueue_failed": "service_unavailable",
+    "engine_error": "server_error",
+    "internal_error": "server_error",
+}
+
+
+def classify(type_: str, code: str | None = None) -> tuple[ErrorType, str | None]:
+    """``(type, code)`` in today's vocabulary. A ``type`` that is not one of :data:`TYPES` is an
+    old record's code: its type is looked up (``server_error`` when unknown)."""
+    if type_ in TYPES:
+        return type_, code  # type: ignore[return-value]
+    return _LEGACY_CODE_TYPES.get(type_, "server_error"), code or type_
+
 
 class InferqError(Exception):
-    status: int = 500
-    type: str = "internal_error"
+    """Base of every typed error; on its own, an unexpected failure (``server_error``)."""
 
-    def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
+    status: ClassVar[int] = 500
+    type: ClassVar[ErrorType] = "server_error"
+    default_code: ClassVar[str] = "internal_error"
+
+    def __init__(self, message: str, *, code: str | None = None, param: str | None = None,
                  retry_after: float | None = None) -> None:
         super().__init__(message)
         self.message = message
+        self.code = code or self.default_code
         self.param = param
-        self.code = code
         self.retry_after = retry_after
 
 
 class InvalidRequest(InferqError):
     status = 400
     type = "invalid_request_error"
+    default_code = "invalid_value"
 
 
 class ContextLengthExceeded(InvalidRequest):
     """Prompt tokens plus ``max_tokens`` do not fit the model's context window."""
+
+    default_code = "context_length_exceeded"
 
     def __init__(self, prompt_tokens: int, max_tokens: int, max_model_len: int) -> None:
         super().__init__(
             f"this model's maximum context length is {max_model_len} tokens; the request has "
             f"{prompt_tokens} prompt tokens and asks for {max_tokens} more "
             f"({prompt_tokens + max_tokens} in all): shorten the prompt or lower max_tokens",
-            param="max_tokens", code="context_length_exceeded",
+            param="max_tokens",
         )
 
 
-class NotFound(InferqError):
-    status = 404
-    type = "not_found_error"
+class BodyTooLarge(InvalidRequest):
+    """The one ``invalid_request_error`` that is not a 400."""
 
+    status = 413
+    default_code = "body_too_large"
 
-class QueueFull(InferqError):
-    status = 429
-    type = "rate_limit_error"
+    def __init__(self, max_bytes: int) -> None:
+        super().__init__(f"request body is larger than {max_bytes} bytes")
 
 
 class Unauthenticated(InferqError):
@@ -49,31 +88,61 @@ class Unauthenticated(InferqError):
 
     status = 401
     type = "authentication_error"
+    default_code = "invalid_api_key"
 
 
-class RateLimited(QueueFull):
-    """The caller's own limits (submissions per minute, unfinished jobs) are used up."""
+class NotFound(InferqError):
+    status = 404
+    type = "not_found_error"
+    default_code = "job_not_found"
 
 
-class IdempotencyConflict(InferqError):
-    """The first request with this Idempotency-Key has not finished submitting yet."""
-
+class Conflict(InferqError):
     status = 409
     type = "conflict_error"
+    default_code = "idempotency_in_progress"
 
 
-class IdempotencyKeyReused(InferqError):
-    """The Idempotency-Key was already used with a different request body."""
+class RateLimited(InferqError):
+    """The model's queue is full, or the caller's own limits are used up."""
 
-    status = 422
-    type = "invalid_request_error"
+    status = 429
+    type = "rate_limit_error"
+    default_code = "rate_limit_exceeded"
+
+
+class ServerError(InferqError):
+    default_code = "internal_error"
+
+
+class EngineError(ServerError):
+    default_code = "engine_error"
 
 
 class Unavailable(InferqError):
+    """Something the job needs is away (Redis, the queue, its worker); retrying may succeed."""
+
     status = 503
     type = "service_unavailable"
+    default_code = "redis_unavailable"
 
 
-class EngineError(InferqError):
-    status = 500
-    type = "engine_error"
+class DeadlineExceeded(InferqError):
+    """The job reached its deadline (``timeout``) before it could finish."""
+
+    status = 504
+    type = "timeout_error"
+    default_code = "deadline_exceeded"
+
+
+BY_TYPE: dict[str, type[InferqError]] = {cls.type: cls for cls in (
+    InvalidRequest, Unauthenticated, NotFound, Conflict, RateLimited, ServerError, Unavailable,
+    DeadlineExceeded)}
+STATUS: dict[str, int] = {t: cls.status for t, cls in BY_TYPE.items()}
+
+
+def error_from(info: ErrorInfo) -> InferqError:
+    """The typed error a stored or streamed ``ErrorInfo`` stands for: a job that failed
+    ``deadline_exceeded`` is a 504 ``timeout_error``, ``worker_lost`` a 503, and so on."""
+    type_, code = classify(info.type, info.code)
+    return BY_TYPE[type_](info.message, code=code, param=info.param)

@@ -14,7 +14,10 @@ import time
 from enum import Enum
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_serializer,
+                      model_validator)
+
+from inferq.shared.errors import ErrorType, InferqError, classify
 
 
 class JobStatus(str, Enum):
@@ -127,8 +130,31 @@ class Usage(BaseModel):
 
 
 class ErrorInfo(BaseModel):
-    type: str
+    """Why a job failed, as its record and its ``error`` event store it (docs/errors.md): the same
+    ``type``/``code`` a client gets over HTTP. Records written before types and codes were kept
+    apart (only ``type``, holding a code) are read into today's form."""
+
+    type: ErrorType = Field(description="The class of failure; each has one HTTP status.")
+    code: str | None = Field(default=None, description="The specific reason, e.g. deadline_exceeded.")
     message: str
+    param: str | None = Field(default=None, description="The request field at fault, if one is.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy(cls, v: Any) -> Any:
+        if isinstance(v, dict) and isinstance(v.get("type"), str):
+            type_, code = classify(v["type"], v.get("code"))
+            v = {**v, "type": type_, "code": code}
+        return v
+
+    @model_serializer  # no return annotation: the schema stays the fields'
+    def _every_key(self):  # type: ignore[no-untyped-def]
+        """All four keys, ``null`` included, whatever ``exclude_none`` says: the shape is fixed."""
+        return {"type": self.type, "code": self.code, "message": self.message, "param": self.param}
+
+    @classmethod
+    def of(cls, err: InferqError) -> ErrorInfo:
+        return cls(type=err.type, code=err.code, message=err.message, param=err.param)
 
 
 class TopLogprob(BaseModel):

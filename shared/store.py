@@ -119,8 +119,8 @@ if redis.call('HGET', KEYS[1], 'cancel_requested') == 'true' then
              'finish_reason', '{_Q("cancelled")}')
   outcome = 'cancelled'
 elseif attempt >= tonumber(ARGV[3]) then
-  local err = {{type='worker_lost', message='the job was interrupted ' .. attempt ..
-    ' times (last: ' .. ARGV[5] .. '); giving up'}}
+  local err = {{type='service_unavailable', code='worker_lost',
+    message='the job was interrupted ' .. attempt .. ' times (last: ' .. ARGV[5] .. '); giving up'}}
   ev = {{type='error', seq=seq, error=err}}
   redis.call('HSET', KEYS[1], 'status', '{_Q("failed")}', 'finished_at', ARGV[4], 'error', cjson.encode(err))
   outcome = 'failed'

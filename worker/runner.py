@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from inferq.shared.errors import ContextLengthExceeded, EngineError, InferqError, InvalidRequest
+from inferq.shared.errors import ContextLengthExceeded, DeadlineExceeded, EngineError, InferqError, InvalidRequest
 from inferq.shared.schemas import (
     ChoiceEnd,
     ChoiceView,
@@ -45,10 +45,6 @@ class ActiveJob:
     cancel_requested: bool = False
     attempt: int = 0
     handed_back: bool = False  # requeued by this worker (drain, engine failure): write no end
-
-
-class DeadlineExceeded(InferqError):
-    type = "deadline_exceeded"
 
 
 @dataclass
@@ -165,7 +161,7 @@ class JobRunner:
             log.warning("job %s: attempt %d no longer owns it; stopped", msg.id, job.attempt)
             status = None
         except InferqError as e:
-            status, error = JobStatus.failed, ErrorInfo(type=e.code or e.type, message=e.message)
+            status, error = JobStatus.failed, ErrorInfo.of(e)
         except Exception as e:
             if _engine_dead(e) and self.on_engine_dead is not None:
                 log.error("job %s: the engine died; handing the job back", msg.id)
@@ -173,7 +169,7 @@ class JobRunner:
                 await self.on_engine_dead(msg.id, job.attempt)
             else:
                 log.exception("job %s failed", msg.id)
-                status, error = JobStatus.failed, ErrorInfo(type=EngineError.type, message=f"{type(e).__name__}: {e}")
+                status, error = JobStatus.failed, ErrorInfo.of(EngineError(f"{type(e).__name__}: {e}"))
         finally:
             self.active.pop(msg.id, None)
             if status is not None:

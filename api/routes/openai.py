@@ -15,6 +15,7 @@ from starlette.types import Message, Send
 from inferq.api import openai_compat as oc
 from inferq.api.admission import fingerprint
 from inferq.api.deps import Admit, Caller, Hub, Service
+from inferq.api.errors import error_body, typed
 from inferq.api.openai_schemas import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -71,16 +72,19 @@ class EventStream(EventSourceResponse):
             await super()._send_with_timeout(send, message)
 
 
-def _sse(chunks: AsyncIterator[str], service: JobService, job_ids: list[str],
+def _sse(payloads: AsyncIterator[oc.Payload], service: JobService, job_ids: list[str],
          headers: dict[str, str]) -> EventSourceResponse:
-    """Stream ``chunks``; a client leaving mid-stream cancels ``job_ids`` (none: the jobs live on)."""
+    """Stream ``payloads``; a client leaving mid-stream cancels ``job_ids`` (none: the jobs live on)."""
 
     async def events() -> AsyncIterator[dict[str, str]]:
         finished = False
         try:
-            async for data in chunks:
-                finished = data == "[DONE]" or data.startswith('{"error"')
-                yield {"data": data}
+            async for p in payloads:
+                finished = p.last
+                yield {"data": p.data}
+        except Exception as e:  # the gateway failed mid-stream (Redis away): say so, as the last payload
+            finished = True
+            yield {"data": error_body(typed(e)).model_dump_json()}
         finally:
             if not finished:  # the client went away mid-stream: abort its jobs
                 _cancel_later(service, job_ids)

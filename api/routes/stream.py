@@ -1,31 +1,48 @@
-"""WebSocket streaming: follow a job's events, or submit one and follow it on the same socket."""
+"""WebSocket streaming: follow a job's events, or submit one and follow it on the same socket.
+
+A job's own events (its ``error`` included) end with a normal close (1000). When the gateway
+itself refuses or fails the socket, it sends one ``error`` event with ``seq`` 0 and closes with
+the type's code (api/errors.py, docs/errors.md).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
 from fastapi import APIRouter, WebSocket
-from pydantic import ValidationError
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
+from inferq.api.auth import Principal
 from inferq.api.deps import Admit, Hub, Service, WsCaller
-from inferq.api.errors import validation_message
-from inferq.shared.errors import InferqError, NotFound, Unauthenticated
-from inferq.shared.schemas import AcceptedMessage, ErrorEvent, ErrorInfo, JobRequest
+from inferq.api.errors import typed, ws_close_code, ws_error_event
+from inferq.shared.errors import InferqError, InvalidRequest, NotFound, Unauthenticated
+from inferq.shared.schemas import AcceptedMessage, JobRequest
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["stream"])
 
-CLOSE_NORMAL, CLOSE_INVALID, CLOSE_UNAUTHENTICATED, CLOSE_NOT_FOUND = 1000, 1008, 4401, 4404
+CLOSE_NORMAL = 1000
 
 
-async def _fail(ws: WebSocket, type_: str, message: str, code: int) -> None:
-    """Tell the client what went wrong as a final ``error`` event, then close."""
+async def _fail(ws: WebSocket, err: InferqError) -> None:
+    """Tell the client what went wrong as a final ``error`` event, then close with the type's code."""
     if ws.client_state is WebSocketState.CONNECTED:
-        await ws.send_text(ErrorEvent(seq=0, error=ErrorInfo(type=type_, message=message)).model_dump_json())
-        await ws.close(code)
+        with contextlib.suppress(WebSocketDisconnect, RuntimeError):  # the client left meanwhile
+            await ws.send_text(ws_error_event(err).model_dump_json())
+            await ws.close(ws_close_code(err))
+
+
+async def _accept(ws: WebSocket, caller: Principal | Unauthenticated) -> Principal | None:
+    """Accept the socket (it must be, to be told why it is refused); the caller, or None once an
+    unauthenticated one was told and the socket closed."""
+    await ws.accept()
+    if isinstance(caller, Unauthenticated):
+        await _fail(ws, caller)
+        return None
+    return caller
 
 
 async def _until_disconnect(ws: WebSocket) -> None:
@@ -52,12 +69,12 @@ async def _follow(ws: WebSocket, hub: Hub, job_id: str, after: int,
     watcher.cancel()
     try:
         sender.result()
-    except NotFound as e:
-        return await _fail(ws, e.type, e.message, CLOSE_NOT_FOUND)
     except (WebSocketDisconnect, RuntimeError):
         if on_disconnect is not None:
             await on_disconnect()
         return
+    except Exception as e:  # the job is unknown, or the gateway failed mid-stream (Redis away)
+        return await _fail(ws, typed(e))
     if ws.client_state is WebSocketState.CONNECTED:
         await ws.close(CLOSE_NORMAL)
 
@@ -65,35 +82,32 @@ async def _follow(ws: WebSocket, hub: Hub, job_id: str, after: int,
 @router.websocket("/v1/jobs/{job_id}/stream")
 async def stream_job(ws: WebSocket, job_id: str, hub: Hub, service: Service, caller: WsCaller) -> None:
     """Events of an existing job; ``?after=SEQ`` resumes after that event."""
-    await ws.accept()
-    if isinstance(caller, Unauthenticated):
-        return await _fail(ws, caller.type, caller.message, CLOSE_UNAUTHENTICATED)
-    rec = await service.store.get(job_id)
-    if rec is not None and not caller.may_see(rec.owner):  # another key's job: exactly as if unknown
-        return await _fail(ws, NotFound.type, f"job {job_id} not found (or expired)", CLOSE_NOT_FOUND)
+    if (principal := await _accept(ws, caller)) is None:
+        return
+    try:
+        rec = await service.store.get(job_id)
+    except Exception as e:
+        return await _fail(ws, typed(e))
+    if rec is not None and not principal.may_see(rec.owner):  # another key's job: exactly as if unknown
+        return await _fail(ws, NotFound(f"job {job_id} not found (or expired)"))
     after = ws.query_params.get("after", "0")
     if not after.isdigit():
-        return await _fail(ws, "invalid_request_error", "after: must be a non-negative integer", CLOSE_INVALID)
+        return await _fail(ws, InvalidRequest("after: must be a non-negative integer", param="after"))
     await _follow(ws, hub, job_id, int(after))
 
 
 @router.websocket("/v1/generate")
 async def generate(ws: WebSocket, hub: Hub, service: Service, admission: Admit, caller: WsCaller) -> None:
     """Send one job as JSON, receive its events; closing the socket cancels the job."""
-    await ws.accept()
-    if isinstance(caller, Unauthenticated):
-        return await _fail(ws, caller.type, caller.message, CLOSE_UNAUTHENTICATED)
+    if (principal := await _accept(ws, caller)) is None:
+        return
     msg = await ws.receive()
     if msg["type"] == "websocket.disconnect":
         return
     try:
         req = JobRequest.model_validate_json(msg.get("text") or msg.get("bytes") or b"")
-    except ValidationError as e:
-        message, _ = validation_message(list(e.errors()))
-        return await _fail(ws, "invalid_request_error", message, CLOSE_INVALID)
-    try:
-        rec = (await admission.submit(caller, [req])).records[0]
-    except InferqError as e:
-        return await _fail(ws, e.code or e.type, e.message, CLOSE_INVALID)
+        rec = (await admission.submit(principal, [req])).records[0]
+    except Exception as e:  # invalid, refused, or Redis away
+        return await _fail(ws, typed(e))
     await ws.send_text(AcceptedMessage(id=rec.id, model=rec.model).model_dump_json())
     await _follow(ws, hub, rec.id, 0, on_disconnect=lambda: service.cancel(rec.id))

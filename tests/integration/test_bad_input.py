@@ -28,11 +28,12 @@ pytestmark = pytest.mark.integration
     ({"messages": []}, "messages"),
     ({"prompt": "x", "unknown_field": 1}, "unknown_field"),
 ])
-def test_invalid_field_is_422_naming_it(stack, body, param) -> None:
+def test_invalid_field_is_400_naming_it(stack, body, param) -> None:
     with stack.http() as http:
         r = http.post("/v1/jobs", json=body)
-    assert r.status_code == 422, r.text
+    assert r.status_code == 400, r.text
     err = r.json()["error"]
+    assert (err["type"], err["code"]) == ("invalid_request_error", "invalid_value"), err
     assert err["param"] == param and param.split(".")[0] in err["message"], err
 
 
@@ -52,23 +53,24 @@ def test_over_a_configured_limit_is_400_naming_it(stack, body, param) -> None:
     assert err["param"] == param and err["message"].startswith(f"{param}: "), err
 
 
-def test_neither_or_both_inputs_is_422(stack) -> None:
+def test_neither_or_both_inputs_is_400(stack) -> None:
     with stack.http() as http:
         for body in ({"max_tokens": 3}, {"prompt": "x", "messages": [{"role": "user", "content": "y"}]}):
             r = http.post("/v1/jobs", json=body)
-            assert r.status_code == 422 and "prompt" in r.json()["error"]["message"]
+            assert r.status_code == 400 and "prompt" in r.json()["error"]["message"]
 
 
-def test_malformed_json_is_422(stack) -> None:
+def test_malformed_json_is_400(stack) -> None:
     with stack.http() as http:
         r = http.post("/v1/jobs", content=b"{not json", headers={"content-type": "application/json"})
-    assert r.status_code == 422 and r.json()["error"]["type"] == "invalid_request_error"
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
 
 
 def test_oversized_body_is_413(stack) -> None:
     with stack.http() as http:
         r = http.post("/v1/jobs", json={"prompt": "x" * (2 << 20)})
     assert r.status_code == 413 and "bytes" in r.json()["error"]["message"]
+    assert (r.json()["error"]["type"], r.json()["error"]["code"]) == ("invalid_request_error", "body_too_large")
 
 
 def test_prompt_plus_max_tokens_over_context_is_400_before_queueing(stack) -> None:
@@ -87,7 +89,8 @@ def test_chat_over_context_fails_the_job_with_the_reason(stack) -> None:
         job_id = submit(http, messages=[{"role": "user", "content": "word " * 1900}], max_tokens=500)
         view = wait_status(http, job_id)
         assert view["status"] == "failed"
-        assert view["error"]["type"] == "context_length_exceeded" and "2048" in view["error"]["message"]
+        assert (view["error"]["type"], view["error"]["code"]) == ("invalid_request_error", "context_length_exceeded")
+        assert "2048" in view["error"]["message"]
         ok = wait_status(http, submit(http, prompt="still alive", max_tokens=4))
         assert ok["status"] == "succeeded"
 
@@ -102,8 +105,9 @@ def test_unknown_job_and_model_are_404(stack) -> None:
 
 async def test_ws_unknown_job_gets_error_event(stack) -> None:
     events = await ws_events(f"{stack.ws}/v1/jobs/job-nope/stream")
-    assert events == [{"type": "error", "seq": 0, "error": {"type": "not_found_error",
-                                                            "message": "job job-nope not found (or expired)"}}]
+    assert events == [{"type": "error", "seq": 0, "error": {
+        "type": "not_found_error", "code": "job_not_found", "message": "job job-nope not found (or expired)",
+        "param": None}}]
 
 
 @pytest.mark.parametrize("payload", ["{broken", json.dumps({"prompt": "x", "max_tokens": -1}), "[]", ""])
@@ -112,7 +116,8 @@ async def test_ws_malformed_message_gets_error_and_clean_close(stack, payload) -
         await ws.send(payload)
         msg = json.loads(await ws.recv())
         await ws.wait_closed()
-    assert msg["type"] == "error" and msg["error"]["type"] == "invalid_request_error"
+    assert msg["type"] == "error" and (msg["error"]["type"], msg["error"]["code"]) == (
+        "invalid_request_error", "invalid_value")
     assert ws.close_code == 1008
 
 

@@ -114,16 +114,16 @@ def test_json_object_mode(client) -> None:
 
 
 @pytest.mark.parametrize(("kwargs", "exc", "param"), [
-    ({"temperature": 9}, openai.UnprocessableEntityError, "temperature"),
-    ({"max_tokens": 0}, openai.UnprocessableEntityError, "max_tokens"),
+    ({"temperature": 9}, openai.BadRequestError, "temperature"),
+    ({"max_tokens": 0}, openai.BadRequestError, "max_tokens"),
     ({"n": 100}, openai.BadRequestError, "n"),
-    ({"top_logprobs": 50, "logprobs": True}, openai.UnprocessableEntityError, "top_logprobs"),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, openai.UnprocessableEntityError, "tools"),
-    ({"logit_bias": {"1": 5}}, openai.UnprocessableEntityError, "logit_bias"),
+    ({"top_logprobs": 50, "logprobs": True}, openai.BadRequestError, "top_logprobs"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, openai.BadRequestError, "tools"),
+    ({"logit_bias": {"1": 5}}, openai.BadRequestError, "logit_bias"),
     ({"max_tokens": 4000}, openai.BadRequestError, "max_tokens"),
     ({"model": "no-such-model"}, openai.NotFoundError, "model"),
     ({"stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}},
-     openai.UnprocessableEntityError, "stream_options.continuous_usage_stats"),
+     openai.BadRequestError, "stream_options.continuous_usage_stats"),
 ])
 def test_bad_requests_raise_the_sdk_exception(client, kwargs, exc, param) -> None:
     body = {"model": MODEL, "messages": CHAT, **kwargs}
@@ -141,7 +141,7 @@ def test_message_name_travels_with_the_job(client, stack) -> None:
 
 
 def test_completion_prompt_of_token_ids_is_rejected(client) -> None:
-    with pytest.raises(openai.UnprocessableEntityError) as e:
+    with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model=MODEL, prompt=[1, 2, 3], max_tokens=3)
     assert e.value.body["param"].startswith("prompt")
 
@@ -174,6 +174,20 @@ def test_raw_sse_framing(stack) -> None:
     assert r.headers["content-type"].startswith("text/event-stream")
     data = [x[len("data: "):] for x in r.text.splitlines() if x.startswith("data: ")]
     assert data[-1] == "[DONE]" and all(json.loads(d)["object"] == "text_completion" for d in data[:-1])
+
+
+def test_a_job_that_fails_ends_the_stream_with_the_http_error_body(stack) -> None:
+    """Only the worker can count a chat template: the job fails there, after the response began."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "word " * 1900}], "max_tokens": 500}
+    with httpx.Client(base_url=stack.base, timeout=60) as http:
+        plain = http.post("/v1/chat/completions", json=body)
+        streamed = http.post("/v1/chat/completions", json={**body, "stream": True})
+    assert plain.status_code == 400 and plain.json()["error"]["code"] == "context_length_exceeded", plain.text
+    data = [x[len("data: "):] for x in streamed.text.splitlines() if x.startswith("data: ")]
+    assert streamed.status_code == 200 and data, streamed.text
+    last = json.loads(data[-1])  # one error payload ends the stream: no [DONE] after it
+    assert last == plain.json() and last["error"]["type"] == "invalid_request_error"
+    assert "[DONE]" not in data and all("error" not in json.loads(d) for d in data[:-1])
 
 
 VLLM_BENCH = """

@@ -90,10 +90,10 @@ def test_deadline_queued_never_starts_running_is_aborted(fleet) -> None:
     with fleet.http() as http:
         # a deadline 1 ms after submission has passed by the time any worker takes the job
         late = wait_status(http, submit(http, prompt="late", max_tokens=8, timeout=0.001))
-        assert late["status"] == "failed" and late["error"]["type"] == "deadline_exceeded", late
+        assert late["status"] == "failed" and late["error"]["code"] == "deadline_exceeded", late
         assert "never started" in late["error"]["message"] and late["usage"]["completion_tokens"] == 0
         long = wait_status(http, submit(http, prompt="long", max_tokens=1900, ignore_eos=True, timeout=2))
-        assert long["status"] == "failed" and long["error"]["type"] == "deadline_exceeded"
+        assert long["status"] == "failed" and long["error"]["type"] == "timeout_error"
         assert 0 < long["usage"]["completion_tokens"] < 1900
 
 

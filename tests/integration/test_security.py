@@ -101,8 +101,9 @@ def test_valid_keys_from_env_and_file(secure, stack) -> None:
 
 def test_another_keys_job_is_exactly_like_an_unknown_one(secure, stack) -> None:
     with secure.http("sk-alice") as alice, secure.http("sk-bob") as bob, stack.http() as open_gw:
-        job_id = submit(alice, **LONG)
+        # first: the open gateway's first request can take seconds, longer than the long job itself
         theirs = submit(open_gw, prompt="no owner", max_tokens=2)  # made without auth: nobody's here
+        job_id = submit(alice, **LONG)
         for other_id, client in ((job_id, bob), (theirs, alice)):
             for method in ("GET", "DELETE"):
                 got = client.request(method, f"/v1/jobs/{other_id}")
@@ -181,10 +182,12 @@ async def test_concurrency_limit_counts_unfinished_jobs(secure) -> None:
         ids = [submit(http, **LONG) for _ in range(CONCURRENT)]
         try:
             r = http.post("/v1/jobs", json=LONG)
-            assert r.status_code == 429 and r.json()["error"]["code"] == "concurrency_limit_exceeded", r.text
+            assert r.status_code == 429 and r.json()["error"]["code"] == "too_many_jobs", r.text
             assert r.headers["retry-after"] == "1"
-            events, _ = await ws_read(f"{secure.ws}/v1/generate", "sk-conc", send=LONG)
+            events, code = await ws_read(f"{secure.ws}/v1/generate", "sk-conc", send=LONG)
             assert events[0]["type"] == "error" and "unfinished" in events[0]["error"]["message"]
+            assert events[0]["error"] == {**r.json()["error"], "message": events[0]["error"]["message"]}
+            assert code == 4429
             http.delete(f"/v1/jobs/{ids[-1]}")  # a slot frees as soon as a job ends
             assert wait_status(http, ids.pop())["status"] == "cancelled"
             ids.append(submit(http, **LONG))
@@ -201,7 +204,7 @@ def test_idempotency_key_returns_the_same_job(secure, stack) -> None:
         assert first.status_code == again.status_code == 202
         assert again.json()["id"] == first.json()["id"] and again.headers["idempotent-replayed"] == "true"
         other = http.post("/v1/jobs", json={**body, "max_tokens": 5}, headers={"Idempotency-Key": "k1"})
-        assert other.status_code == 422 and other.json()["error"]["code"] == "idempotency_key_reused"
+        assert other.status_code == 400 and other.json()["error"]["code"] == "idempotency_key_reused"
         bobs = bob.post("/v1/jobs", json=body, headers={"Idempotency-Key": "k1"})  # keys are per API key
         assert bobs.status_code == 202 and bobs.json()["id"] != first.json()["id"]
         bad = http.post("/v1/jobs", json=body, headers={"Idempotency-Key": "x" * 300})

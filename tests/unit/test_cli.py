@@ -14,3 +14,14 @@ def test_inferq_bench_is_the_harness(argv: list[str], expect: str, capsys: pytes
         main(argv)
     assert e.value.code == 0
     assert expect in capsys.readouterr().out
+
+
+def test_error_events_print_type_code_and_message() -> None:
+    from inferq.cli.wsclient import error_line
+    from inferq.shared.schemas import ErrorEvent
+
+    new = {"type": "error", "seq": 0, "error": {"type": "rate_limit_error", "code": "rate_limit_exceeded",
+                                                "message": "slow down", "param": None}}
+    old = {"type": "error", "seq": 3, "error": {"type": "worker_lost", "message": "gone"}}  # an older gateway
+    assert error_line(ErrorEvent.model_validate(new)) == "rate_limit_error (rate_limit_exceeded): slow down"
+    assert error_line(ErrorEvent.model_validate(old)) == "service_unavailable (worker_lost): gone"

@@ -26,7 +26,7 @@ def test_continuous_usage_stats_is_refused_naming_it(model: type) -> None:
         model.model_validate({**body, "stream": True, "stream_options": {"continuous_usage_stats": True}})
     r = to_response(e.value)
     err = r.body.decode()
-    assert r.status_code == 422 and '"param":"stream_options.continuous_usage_stats"' in err
+    assert r.status_code == 400 and '"param":"stream_options.continuous_usage_stats"' in err
     assert "usage is sent once, at the end, with include_usage" in err
 
 

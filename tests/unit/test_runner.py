@@ -115,7 +115,9 @@ async def test_context_overflow_fails_the_job_without_touching_the_engine(rig) -
     msg = await queued(store, prompt="w " * 60, max_tokens=10)
     assert await runner.run(msg) is JobStatus.failed
     rec = await store.get(msg.id)
-    assert rec.error.type == "context_length_exceeded" and "64" in rec.error.message
+    assert (rec.error.type, rec.error.code, rec.error.param) == (
+        "invalid_request_error", "context_length_exceeded", "max_tokens")
+    assert "64" in rec.error.message
     assert (await store.read_log(msg.id))[-1].type == "error"
 
 
@@ -132,6 +134,7 @@ async def test_engine_error_ends_the_job_failed(rig) -> None:
     assert await runner.run(msg) is JobStatus.failed
     log = await store.read_log(msg.id)
     assert [e.type for e in log] == ["token", "error"] and "device lost" in log[-1].error.message
+    assert (log[-1].error.type, log[-1].error.code) == ("server_error", "engine_error")
 
 
 async def test_cancel_aborts_the_engine_request(rig) -> None:
@@ -158,3 +161,15 @@ async def test_a_job_cancelled_while_queued_is_skipped(rig) -> None:
     await store.request_cancel(msg.id)
     assert await runner.run(msg) is None
     assert (await store.get(msg.id)).started_at is None and engine.aborted == []
+
+
+async def test_a_job_past_its_deadline_fails_as_a_timeout(rig) -> None:
+    store, writer = rig
+    engine = ScriptedEngine(script(3))
+    runner = JobRunner(ScriptedHost(engine), store, writer, "w", default_max_tokens=8)
+    msg = await queued(store, prompt="x")
+    msg.deadline = msg.created_at - 1
+    assert await runner.run(msg) is JobStatus.failed
+    error = (await store.get(msg.id)).error
+    assert (error.type, error.code) == ("timeout_error", "deadline_exceeded") and "never started" in error.message
+    assert (await store.read_log(msg.id))[-1].error == error

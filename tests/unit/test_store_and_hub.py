@@ -88,8 +88,10 @@ async def test_requeue_restarts_then_gives_up(store) -> None:
     assert await store.requeue(job, "w", None, "worker_lost", max_attempts=3) == "failed"
     log = await store.read_log(job)
     assert [e.type for e in log] == ["token", "restart", "token", "restart", "error"]
-    assert [e.seq for e in log] == [1, 2, 3, 4, 5] and log[-1].error.type == "worker_lost"
-    assert (await store.get(job)).status is JobStatus.failed
+    assert [e.seq for e in log] == [1, 2, 3, 4, 5]
+    assert (log[-1].error.type, log[-1].error.code) == ("service_unavailable", "worker_lost")
+    rec = await store.get(job)
+    assert rec.status is JobStatus.failed and rec.error == log[-1].error
 
 
 async def test_requeue_of_a_cancel_requested_job_cancels_it(store) -> None:
