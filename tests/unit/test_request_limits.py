@@ -58,7 +58,7 @@ def test_two_apps_each_enforce_their_own_limits(redis_url: str) -> None:
         r = s.post("/v1/jobs", json=body)
         assert r.status_code == 400, r.text
         assert r.json()["error"] | {"message": None} == {"message": None, "type": "invalid_request_error",
-                                                         "param": "max_tokens", "code": None}
+                                                         "param": "max_tokens", "code": "invalid_value"}
         assert r.json()["error"]["message"] == "max_tokens: must be <= 10"
         assert lx.post("/v1/jobs", json=body).status_code == 202
 
