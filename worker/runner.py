@@ -325,7 +325,11 @@ class JobRunner:
                 return await self.hand_back(job_id, attempt, reason)
             return await self.store.requeue(job_id, self.worker_id, attempt, reason, self.max_attempts)
 
-        outcome = await self._persist(once, f"hand job {job_id} back")
+        try:
+            outcome = await self._persist(once, f"hand job {job_id} back")
+        except Exception:
+            log.exception("job %s: attempt %d could not be handed back (%s)", job_id, attempt, reason)
+            return
         log.warning("job %s: attempt %d handed back (%s): %s", job_id, attempt, reason, outcome)
 
     async def _persist(self, op: Callable[[], Awaitable[Any]], what: str) -> Any:
@@ -363,10 +367,14 @@ class JobRunner:
                               choices=ends, usage=p.usage())
         # the end check (in Redis): a `succeeded` or `cancelled` end must directly follow every event
         # this attempt wrote; a failure's end goes after whatever its log holds
-        written = await self._persist(
-            lambda: self.store.finish(job_id, self.worker_id, attempt, event,
-                                      check_log=status is not JobStatus.failed, **fields),
-            f"record the end of job {job_id} ({status.value})")
+        try:
+            written = await self._persist(
+                lambda: self.store.finish(job_id, self.worker_id, attempt, event,
+                                          check_log=status is not JobStatus.failed, **fields),
+                f"record the end of job {job_id} ({status.value})")
+        except Exception:
+            log.exception("job %s: could not record its end (%s)", job_id, status.value)
+            return None
         if written is None:
             log.info("job %s: attempt %d no longer owns it; its end (%s) was not written", job_id, attempt,
                      status.value)
