@@ -36,8 +36,10 @@ from tests.unit.test_runner import ScriptedEngine, ScriptedHost, Step, script
 
 @dataclass
 class TrackingEngine(ScriptedEngine):
-    """Records which generations run at the same time."""
+    """Records which generations run at the same time. An abort takes ``abort_s`` (vLLM's abort
+    awaits the engine core)."""
 
+    abort_s: float = 0.0
     live: dict[str, int] = field(default_factory=dict)  # request id -> generations running with it
     started: list[str] = field(default_factory=list)
     overlaps: list[str] = field(default_factory=list)  # job ids with two generations at once
@@ -53,6 +55,8 @@ class TrackingEngine(ScriptedEngine):
                 async for step in steps:
                     yield step
         finally:
+            if request_id in self.aborted:
+                await asyncio.sleep(self.abort_s)
             self.live[request_id] -= 1
 
 
@@ -76,6 +80,21 @@ async def writers():
     yield make
     for w in started:
         await w.stop()
+
+
+@pytest.fixture
+async def spawn():
+    """Start a task that the test ends for sure, however it fails."""
+    tasks: list[asyncio.Task] = []
+
+    def start(coro) -> asyncio.Task:
+        tasks.append(asyncio.create_task(coro))
+        return tasks[-1]
+
+    yield start
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def queued(store: JobStore, **req) -> JobMessage:
@@ -125,13 +144,13 @@ def slow_results(store: JobStore, seconds: float) -> None:
     store.append = append  # type: ignore[method-assign]
 
 
-async def test_a_fenced_attempts_late_results_do_not_stop_the_next_attempt(store, writers) -> None:
+async def test_a_fenced_attempts_late_results_do_not_stop_the_next_attempt(store, writers, spawn) -> None:
     writer = writers(store)
     slow_results(store, 0.05)  # a batch of attempt 1 is still in flight when attempt 2 starts
     engine = TrackingEngine(script(200), delay=0.005)
     runner = JobRunner(ScriptedHost(engine, max_model_len=4096), store, writer, "w", default_max_tokens=8)
     msg = await queued(store, prompt="x", max_tokens=200)
-    first = asyncio.create_task(runner.run(msg))
+    first = spawn(runner.run(msg))
     await until(lambda: _logged(store, msg.id, 2))
     # the job is taken from attempt 1 behind the runner's back (a reaper's mistake) ...
     assert await store.requeue(msg.id, "w", 1, "worker_lost", max_attempts=3) == "requeued"
@@ -144,18 +163,20 @@ async def test_a_fenced_attempts_late_results_do_not_stop_the_next_attempt(store
     assert not await store.redis.sismember(keys.worker_jobs("w"), msg.id)
 
 
-async def test_a_second_message_of_a_running_job_never_runs_beside_it(store, writers) -> None:
+async def test_a_second_message_of_a_running_job_never_runs_beside_it(store, writers, caplog, spawn) -> None:
     writer = writers(store)
-    engine = TrackingEngine(script(200), delay=0.005)
+    slow_results(store, 0.2)  # attempt 1 cannot learn from its writes that it lost the job: it is stopped
+    engine = TrackingEngine(script(200), delay=0.005, abort_s=0.1)
     runner = JobRunner(ScriptedHost(engine, max_model_len=4096), store, writer, "w", default_max_tokens=8)
     msg = await queued(store, prompt="x", max_tokens=200)
-    first = asyncio.create_task(runner.run(msg))
+    first = spawn(runner.run(msg))
     await until(lambda: _logged(store, msg.id, 2))
     # the job is requeued by mistake and its new message reaches this worker while it still runs it
     assert await store.requeue(msg.id, "w", 1, "worker_lost", max_attempts=3) == "requeued"
-    second = asyncio.create_task(runner.run(msg))
+    second = spawn(runner.run(msg))
     assert await second is JobStatus.succeeded
     assert await first is None
+    assert "attempt 2 replaces attempt 1" in caplog.text
     assert engine.overlaps == [] and len(engine.started) == 2
     assert all(n == 0 for n in engine.live.values())
     assert engine.aborted == [engine.started[0]]  # attempt 1's engine request was aborted
@@ -163,12 +184,12 @@ async def test_a_second_message_of_a_running_job_never_runs_beside_it(store, wri
     assert not runner.active
 
 
-async def test_duplicate_delivery_of_a_running_job_is_skipped(store, writers) -> None:
+async def test_duplicate_delivery_of_a_running_job_is_skipped(store, writers, spawn) -> None:
     writer = writers(store)
     engine = TrackingEngine(script(50), delay=0.005)
     runner = JobRunner(ScriptedHost(engine, max_model_len=4096), store, writer, "w", default_max_tokens=8)
     msg = await queued(store, prompt="x", max_tokens=50)
-    first = asyncio.create_task(runner.run(msg))
+    first = spawn(runner.run(msg))
     await until(lambda: _logged(store, msg.id, 1))
     assert await runner.run(msg) is None  # the claim refuses it: attempt 1 goes on undisturbed
     assert await first is JobStatus.succeeded
@@ -176,21 +197,46 @@ async def test_duplicate_delivery_of_a_running_job_is_skipped(store, writers) ->
     await assert_whole(store, msg.id, 50)
 
 
-async def test_a_cancel_reaches_the_attempt_this_worker_runs(store, writers) -> None:
+async def test_a_cancel_reaches_the_attempt_this_worker_runs(store, writers, spawn) -> None:
     writer = writers(store)
     engine = TrackingEngine(script(1000), delay=0.005)
     runner = JobRunner(ScriptedHost(engine, max_model_len=4096), store, writer, "w", default_max_tokens=8)
     msg = await queued(store, prompt="x", max_tokens=1000)
-    first = asyncio.create_task(runner.run(msg))
+    first = spawn(runner.run(msg))
     await until(lambda: _logged(store, msg.id, 2))
     await store.requeue(msg.id, "w", 1, "worker_lost", max_attempts=3)
-    second = asyncio.create_task(runner.run(msg))
+    second = spawn(runner.run(msg))
     await until(lambda: _attempt_logged(store, msg.id, 2))
     assert runner.cancel(msg.id)
     assert await second is JobStatus.cancelled and await first is None
     rec = await store.get(msg.id)
     assert rec.status is JobStatus.cancelled and rec.attempt == 2
     assert engine.overlaps == [] and all(n == 0 for n in engine.live.values())
+
+
+async def test_a_cancel_while_the_claim_is_on_its_way_ends_the_job_cancelled(store, writers, spawn) -> None:
+    """The claim has taken the job in Redis but its answer has not come back: a cancel then must
+    not leave the job running with nobody running it."""
+    writer = writers(store)
+    real = store.claim
+
+    async def claim(job_id, worker_id):
+        res = await real(job_id, worker_id)
+        await asyncio.sleep(0.2)
+        return res
+
+    store.claim = claim  # type: ignore[method-assign]
+    engine = TrackingEngine(script(100), delay=0.005)
+    runner = JobRunner(ScriptedHost(engine, max_model_len=4096), store, writer, "w", default_max_tokens=8)
+    msg = await queued(store, prompt="x", max_tokens=100)
+    task = spawn(runner.run(msg))
+    await until(lambda: _status(store, msg.id, JobStatus.running))
+    await store.request_cancel(msg.id)
+    assert runner.cancel(msg.id)
+    assert await task is JobStatus.cancelled
+    rec = await store.get(msg.id)
+    assert rec.status is JobStatus.cancelled and engine.started == []
+    assert (await store.read_log(msg.id))[-1].type == "done"
 
 
 async def test_an_attempt_told_it_lost_the_job_that_still_owns_it_ends_it(store, writers) -> None:
@@ -260,7 +306,7 @@ async def test_a_hole_in_the_middle_stops_the_attempt_and_hands_the_job_back(sto
     assert log[-1].type == "restart" and log[-1].reason == "event_write_failed"
 
 
-async def test_events_that_cannot_be_written_in_time_hand_the_job_back(store, writers) -> None:
+async def test_events_that_cannot_be_written_in_time_hand_the_job_back(store, writers, spawn) -> None:
     writer = writers(store, budget_s=0.2)
     real, down = store.append, [False]
 
@@ -280,7 +326,7 @@ async def test_events_that_cannot_be_written_in_time_hand_the_job_back(store, wr
     runner = JobRunner(ScriptedHost(engine, max_model_len=4096), store, writer, "w", default_max_tokens=8,
                        hand_back=hand_back)
     msg = await queued(store, prompt="x", max_tokens=200)
-    first = asyncio.create_task(runner.run(msg))
+    first = spawn(runner.run(msg))
     await until(lambda: _logged(store, msg.id, 2))
     down[0] = True
     assert await first is None
@@ -294,7 +340,7 @@ async def test_events_that_cannot_be_written_in_time_hand_the_job_back(store, wr
     await assert_whole(store, msg.id, 200)
 
 
-async def test_redis_stopped_past_the_budget_never_ends_a_job_with_a_hole(tmp_path, writers) -> None:
+async def test_redis_stopped_past_the_budget_never_ends_a_job_with_a_hole(tmp_path, writers, spawn) -> None:
     port = free_port()
     server = Proc("redis-budget", ["redis-server", "--port", str(port), "--save", "", "--appendonly", "no"],
                   {}, tmp_path / "redis.log")
@@ -306,7 +352,7 @@ async def test_redis_stopped_past_the_budget_never_ends_a_job_with_a_hole(tmp_pa
         engine = TrackingEngine(script(300), delay=0.005)
         runner = JobRunner(ScriptedHost(engine, max_model_len=4096), store, writer, "w", default_max_tokens=8)
         msg = await queued(store, prompt="x", max_tokens=300)
-        first = asyncio.create_task(runner.run(msg))
+        first = spawn(runner.run(msg))
         await until(lambda: _logged(store, msg.id, 2))
         os.kill(server.proc.pid, signal.SIGSTOP)
         try:
@@ -365,6 +411,11 @@ async def _attempt_logged(store: JobStore, job_id: str, attempt: int) -> bool:
     rec = await store.get(job_id)
     log = await store.read_log(job_id)
     return rec.attempt == attempt and bool(log) and log[-1].type == "token"
+
+
+async def _status(store: JobStore, job_id: str, status: JobStatus) -> bool:
+    rec = await store.get(job_id)
+    return rec is not None and rec.status is status
 
 
 async def _pings(r) -> bool:
