@@ -68,6 +68,9 @@ class Settings(BaseSettings):
     heartbeat_s: float = Field(default=2.0, gt=0)
     worker_ttl_s: float = Field(default=10.0, gt=0, description="A worker silent this long is dead.")
     max_attempts: int = Field(default=3, ge=1, description="Runs of a job before it fails as worker_lost.")
+    event_write_budget_s: float = Field(
+        default=30.0, gt=0, description="How long a worker retries writing a job's events through a Redis "
+        "outage; past it the attempt stops and the job goes back to the queue (its log never gets a hole).")
     default_timeout_s: float = Field(default=3600.0, gt=0, description="Job deadline when none is given.")
     max_timeout_s: float = Field(default=24 * 3600.0, gt=0)
     drain_timeout_s: float = Field(default=60.0, ge=0, description="SIGTERM: finish held jobs this long.")

@@ -76,25 +76,46 @@ end
 return st
 """
 
-# KEYS: job hash, worker's job set, log, channel. ARGV: attempt, job id, final event seq, final
-# event JSON, ttl, field, value, ... Writes the end (fields + final event) only while this attempt
-# owns the running job: a worker that lost the job is fenced out.
-_FINISH = f"""
+# KEYS: job hash, worker's job set, log, channel. ARGV: attempt, job id, final event seq ('': right
+# after the last logged event), final event JSON, ttl, field, value, ... Writes the end (fields +
+# final event) only while this attempt owns the running job: a worker that lost the job is fenced
+# out. The end check: the final event must directly follow the last logged one, i.e. the log holds
+# every event the attempt wrote; if not, its stream would not replay to its text, so the job ends
+# failed (log_incomplete) instead. Returns 0 (fenced out), 1 (written) or 2 (log_incomplete).
+_FINISH = _LAST_SEQ + f"""
 if redis.call('HGET', KEYS[1], 'status') ~= '{_Q("running")}' then return 0 end
 if redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[1] then return 0 end
+local last = last_seq(KEYS[3])
+local seq, data, result = last + 1, ARGV[4], 1
 redis.call('HSET', KEYS[1], unpack(ARGV, 6))
+if ARGV[3] == '' then
+  data = string.gsub(data, '"seq":%d+', '"seq":' .. seq, 1)
+elseif tonumber(ARGV[3]) ~= seq then
+  local err = {{type='server_error', code='log_incomplete', message='the log ends at event ' .. last .. ' but attempt ' ..
+    ARGV[1] .. ' wrote up to event ' .. (tonumber(ARGV[3]) - 1) ..
+    ': the stream would not replay to the text'}}
+  data = cjson.encode({{type='error', seq=seq, error=err}})
+  redis.call('HSET', KEYS[1], 'status', '{_Q("failed")}', 'error', cjson.encode(err))
+  result = 2
+end
 redis.call('SREM', KEYS[2], ARGV[2])
-redis.call('XADD', KEYS[3], ARGV[3] .. '-0', 'e', ARGV[4])
+redis.call('XADD', KEYS[3], seq .. '-0', 'e', data)
 redis.call('EXPIRE', KEYS[3], ARGV[5])
-redis.call('PUBLISH', KEYS[4], ARGV[4])
-return 1
+redis.call('PUBLISH', KEYS[4], data)
+return result
 """
 
 # KEYS: job hash, log, channel. ARGV: attempt, seq, event JSON, ttl ('' = leave the TTL).
-# Appends one event of the given attempt; 0 if that attempt no longer owns the job.
-_APPEND = f"""
+# Appends one event of the given attempt; 0 if that attempt no longer owns the job. An event that
+# does not follow the last logged one is refused: XADD refuses a seq already logged, and a seq past
+# the next one is an error (an earlier event was lost), so a log never has a hole.
+_APPEND = _LAST_SEQ + f"""
 if redis.call('HGET', KEYS[1], 'status') ~= '{_Q("running")}' then return 0 end
 if redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[1] then return 0 end
+local last = last_seq(KEYS[2])
+if tonumber(ARGV[2]) > last + 1 then
+  return redis.error_reply('GAP event ' .. ARGV[2] .. ' does not follow the last logged event ' .. last)
+end
 redis.call('XADD', KEYS[2], ARGV[2] .. '-0', 'e', ARGV[3])
 if ARGV[4] ~= '' then redis.call('EXPIRE', KEYS[2], ARGV[4]) end
 redis.call('PUBLISH', KEYS[3], ARGV[3])
@@ -188,13 +209,21 @@ class JobStore:
     async def update(self, job_id: str, **fields: object) -> None:
         await self.redis.hset(keys.job(job_id), mapping=hash_fields(**fields))
 
-    async def finish(self, job_id: str, worker_id: str, attempt: int, event: Event, **fields: object) -> bool:
+    async def finish(self, job_id: str, worker_id: str, attempt: int, event: Event, *, check_log: bool = True,
+                     **fields: object) -> JobStatus | None:
         """Write the job's end (terminal fields and final event) atomically, while this attempt
-        still owns the running job. True if written."""
+        still owns the running job. ``check_log``: ``event.seq`` must directly follow the last
+        logged event (the log holds everything the attempt wrote), or the job ends failed with
+        ``log_incomplete`` instead; without it the event is written after whatever the log holds
+        (a failure's end). Returns the status written, or None (fenced out)."""
         flat: list[str] = [x for kv in hash_fields(**fields).items() for x in kv]
-        return bool(await self._finish(
+        res = await self._finish(
             keys=[keys.job(job_id), keys.worker_jobs(worker_id), keys.job_log(job_id), keys.job_channel(job_id)],
-            args=[str(attempt), job_id, event.seq, event.model_dump_json(exclude_none=True), self.ttl_s, *flat]))
+            args=[str(attempt), job_id, event.seq if check_log else "",
+                  event.model_dump_json(exclude_none=True), self.ttl_s, *flat])
+        if not res:
+            return None
+        return JobStatus.failed if int(res) == 2 else JobStatus(fields.get("status", JobStatus.succeeded))
 
     async def requeue(self, job_id: str, worker_id: str | None, attempt: int | None, reason: str,
                       max_attempts: int) -> str:

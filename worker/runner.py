@@ -5,6 +5,11 @@ tokenize and check it against the context window, stream the engine's DELTA outp
 events, and, whatever happens, write the terminal state and the final ``done``/``error`` event in
 ``finally``. Cancellation is one mechanism: cancelling the job's asyncio task, which makes vLLM's
 ``generate`` abort the request in the engine and free its KV blocks.
+
+Ownership is per attempt: the claim makes this run attempt N of the job, and everything it does
+afterwards (events, the end, the writer's state) is keyed by (job, N). A worker runs at most one
+attempt of a job: a later attempt that wins its claim here stops the earlier one, and its engine
+request starts only after the earlier one's has been aborted.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +41,8 @@ from inferq.shared.redis import redis_retrying
 from inferq.shared.store import JobStore
 from inferq.worker.engine import EngineHost
 from inferq.worker.writer import EventWriter, FencedOut
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +53,12 @@ class ActiveJob:
     cancel_requested: bool = False
     attempt: int = 0
     handed_back: bool = False  # requeued by this worker (drain, engine failure): write no end
+    superseded: bool = False  # a later attempt of the job won its claim on this worker: write no end
+
+
+class EventsLost(Exception):
+    """Events of this attempt could not be logged (Redis away past the write budget): nothing
+    after them may be logged, so the attempt stops and the job goes back to the queue."""
 
 
 @dataclass
@@ -66,7 +80,9 @@ class Progress:
 class JobRunner:
     def __init__(self, host: EngineHost, store: JobStore, writer: EventWriter, worker_id: str,
                  default_max_tokens: int, priority_scheduling: bool = False,
-                 on_engine_dead: Callable[[str, int], Awaitable[None]] | None = None) -> None:
+                 on_engine_dead: Callable[[str, int], Awaitable[None]] | None = None,
+                 hand_back: Callable[[str, int, str], Awaitable[str]] | None = None,
+                 max_attempts: int = 3) -> None:
         self.host = host
         self.store = store
         self.writer = writer
@@ -74,14 +90,25 @@ class JobRunner:
         self.default_max_tokens = default_max_tokens
         self.priority_scheduling = priority_scheduling
         self.on_engine_dead = on_engine_dead
-        self.active: dict[str, ActiveJob] = {}
+        # (job id, attempt, reason) -> requeue the job and send it again; None: requeue it in Redis
+        # only (the reaper's sweep re-sends a queued job that has no message)
+        self.hand_back = hand_back
+        self.max_attempts = max_attempts
+        self.active: dict[str, ActiveJob] = {}  # job id -> the attempt of it this worker runs
+        self._claiming: dict[str, list[ActiveJob]] = {}  # job id -> runs waiting for their claim
+        self._engine_busy: dict[str, asyncio.Event] = {}  # job id -> set when its generation ends
         self._tok_lock = threading.Lock()
 
     # --- called from the control channel -----------------------------------------------------
     def cancel(self, job_id: str) -> bool:
+        """Cancel whatever attempt of the job this worker runs. A run still waiting for its claim
+        is only flagged (its claim may already have taken the job in Redis: it must write the end)."""
+        pending = self._claiming.get(job_id, [])
+        for job in pending:
+            job.cancel_requested = True
         job = self.active.get(job_id)
         if job is None:
-            return False
+            return bool(pending)
         job.cancel_requested = True
         if job.task is not None:
             job.task.cancel()
@@ -125,21 +152,33 @@ class JobRunner:
 
     # --- running a job (on the engine loop) ---------------------------------------------------
     async def run(self, msg: JobMessage) -> JobStatus | None:
-        """Run the job to a terminal state. Returns that state, or None if it was not ours to end."""
-        job = self.active.setdefault(msg.id, ActiveJob())
-        job.task = asyncio.current_task()
+        """Run the job to a terminal state. Returns the state written, or None if it was not this
+        run's to end (skipped, fenced out, superseded or handed back)."""
+        job = ActiveJob(task=asyncio.current_task())
         progress = Progress()
         status: JobStatus | None = None
         error: ErrorInfo | None = None
+        hand_back: str | None = None  # set: requeue the job for another attempt instead of ending it
+        claimed = fenced = False
         try:
             claim = None
-            async for retry in redis_retrying():
-                with retry:
-                    claim = await self.store.claim(msg.id, self.worker_id)
+            self._claiming.setdefault(msg.id, []).append(job)
+            try:
+                async for retry in redis_retrying():
+                    with retry:
+                        claim = await self.store.claim(msg.id, self.worker_id)
+            finally:
+                self._claiming[msg.id].remove(job)
+                if not self._claiming[msg.id]:
+                    del self._claiming[msg.id]
             if claim is None or claim.previous is not JobStatus.queued:
                 log.info("job %s skipped: status %s", msg.id, claim and claim.previous.value)
                 return None
-            job.attempt, progress.seq, status = claim.attempt, claim.last_seq, JobStatus.running
+            job.attempt, progress.seq, claimed = claim.attempt, claim.last_seq, True
+            self.writer.open(msg.id, job.attempt)
+            if not self._take_over(msg.id, job):
+                return None
+            status = JobStatus.running
             self.host.stats.jobs_started += 1
             left = (msg.deadline or float("inf")) - time.time()
             if left <= 0:
@@ -156,10 +195,18 @@ class JobRunner:
                 raise DeadlineExceeded("the job ran past its deadline and was aborted") from None
             status = JobStatus.succeeded
         except asyncio.CancelledError:
-            status = None if job.handed_back else JobStatus.cancelled
+            status = None if job.handed_back or job.superseded else JobStatus.cancelled
         except FencedOut:
+            # normally another attempt (or a cancel) owns the job now and this end is refused; if
+            # the record still says running under this attempt, nobody else would ever end it
             log.warning("job %s: attempt %d no longer owns it; stopped", msg.id, job.attempt)
-            status = None
+            fenced, status, error = True, JobStatus.failed, ErrorInfo(
+                type="server_error", code="internal_error", message=f"attempt {job.attempt} was stopped as if another attempt "
+                "owned the job, but none did; the job was ended here rather than left running")
+        except EventsLost as e:
+            log.error("job %s: attempt %d could not log its events (%s); handing the job back",
+                      msg.id, job.attempt, e)
+            status, hand_back = None, "event_write_failed"
         except InferqError as e:
             status, error = JobStatus.failed, ErrorInfo.of(e)
         except Exception as e:
@@ -171,11 +218,39 @@ class JobRunner:
                 log.exception("job %s failed", msg.id)
                 status, error = JobStatus.failed, ErrorInfo.of(EngineError(f"{type(e).__name__}: {e}"))
         finally:
-            self.active.pop(msg.id, None)
-            if status is not None:
-                await self._finish(msg.id, job.attempt, status, progress, error)
-            self.writer.forget(msg.id)
-        return status
+            if self.active.get(msg.id) is job:
+                del self.active[msg.id]
+            written = None
+            try:
+                if claimed and not job.handed_back and not job.superseded:
+                    written = await self._end(msg.id, job.attempt, status, progress, error, hand_back)
+                    if fenced and written is not None:
+                        log.error("job %s: attempt %d was stopped as fenced out but still owned the job: "
+                                  "ended it %s", msg.id, job.attempt, written.value)
+            finally:
+                if claimed:
+                    self.writer.forget(msg.id, job.attempt)
+        return written
+
+    def _take_over(self, job_id: str, job: ActiveJob) -> bool:
+        """Register a run whose claim was won. If this worker still runs an earlier attempt of the
+        job (the job was requeued while it ran here), that one is stopped: its engine request is
+        aborted before this one's starts (see :meth:`_generate`). False if a later attempt of the
+        job already runs here (its claim's answer came back first): this one is fenced out."""
+        old = self.active.get(job_id)
+        if old is not None and old.attempt > job.attempt:
+            log.warning("job %s: attempt %d already runs here; attempt %d stops", job_id, old.attempt,
+                        job.attempt)
+            job.superseded = True
+            return False
+        self.active[job_id] = job
+        if old is not None:
+            log.warning("job %s: attempt %d replaces attempt %d on this worker", job_id, job.attempt,
+                        old.attempt)
+            old.superseded = True
+            if old.task is not None:
+                old.task.cancel()
+        return True
 
     async def _generate(self, job_id: str, attempt: int, ids: list[int], params: Any, p: Progress,
                         priority: int) -> None:
@@ -183,35 +258,95 @@ class JobRunner:
 
         first = True
         extra = {"priority": priority} if self.priority_scheduling else {}
-        async for out in self.host.engine.generate(TokensPrompt(prompt_token_ids=ids), params,
-                                                   request_id=job_id, **extra):
-            if (err := self.writer.failed.get(job_id)) is not None:
-                if isinstance(err, FencedOut):
-                    raise err
-                raise EngineError(f"could not publish tokens: {err}")
-            for c in out.outputs:
-                if c.text or c.token_ids:
-                    p.texts[c.index] = p.texts.get(c.index, "") + c.text
-                    p.tokens[c.index] = p.tokens.get(c.index, 0) + len(c.token_ids)
-                    merged = params.logprobs is None and self.writer.extend(job_id, c.index, c.text,
-                                                                            len(c.token_ids))
-                    if not merged:
-                        p.seq += 1
-                        self.writer.emit(job_id, attempt, TokenEvent(
-                            seq=p.seq, index=c.index, text=c.text, n_tokens=len(c.token_ids),
-                            logprobs=_logprobs(c, self.host.tokenizer, params.logprobs or 0)))
-                if c.finish_reason is not None:
-                    p.finish[c.index] = ChoiceEnd(index=c.index, finish_reason=c.finish_reason,
-                                                  stop_reason=c.stop_reason)
-            if first:
-                first = False
-                try:
-                    await self.store.update(job_id, first_token_at=time.time())
-                except Exception as e:  # a timestamp is not worth failing the job for
-                    log.warning("job %s: could not record first_token_at: %s", job_id, e)
+        # one generation per job on this worker: an earlier attempt's must have ended (its engine
+        # request aborted) before this one starts with the same request id
+        while (busy := self._engine_busy.get(job_id)) is not None:
+            await busy.wait()
+        done = self._engine_busy[job_id] = asyncio.Event()
+        try:
+            # closing the generator (on any exit) is what aborts the engine request
+            async with aclosing(self.host.engine.generate(TokensPrompt(prompt_token_ids=ids), params,
+                                                          request_id=job_id, **extra)) as outputs:
+                async for out in outputs:
+                    if (err := self.writer.error(job_id, attempt)) is not None:
+                        if isinstance(err, FencedOut):
+                            raise err
+                        raise EventsLost(f"{type(err).__name__}: {err}")
+                    for c in out.outputs:
+                        if c.text or c.token_ids:
+                            p.texts[c.index] = p.texts.get(c.index, "") + c.text
+                            p.tokens[c.index] = p.tokens.get(c.index, 0) + len(c.token_ids)
+                            merged = params.logprobs is None and self.writer.extend(
+                                job_id, attempt, c.index, c.text, len(c.token_ids))
+                            if not merged:
+                                p.seq += 1
+                                self.writer.emit(job_id, attempt, TokenEvent(
+                                    seq=p.seq, index=c.index, text=c.text, n_tokens=len(c.token_ids),
+                                    logprobs=_logprobs(c, self.host.tokenizer, params.logprobs or 0)))
+                        if c.finish_reason is not None:
+                            p.finish[c.index] = ChoiceEnd(index=c.index, finish_reason=c.finish_reason,
+                                                          stop_reason=c.stop_reason)
+                    if first:
+                        first = False
+                        try:
+                            await self.store.update(job_id, first_token_at=time.time())
+                        except Exception as e:  # a timestamp is not worth failing the job for
+                            log.warning("job %s: could not record first_token_at: %s", job_id, e)
+        finally:
+            del self._engine_busy[job_id]
+            done.set()
+
+    async def _end(self, job_id: str, attempt: int, status: JobStatus | None, p: Progress,
+                   error: ErrorInfo | None, hand_back: str | None) -> JobStatus | None:
+        """End the attempt: write its terminal state, or hand the job back for another attempt.
+        Returns the status written (None: the job was handed back, or is not this attempt's)."""
+        if status is None and hand_back is None:
+            return None
+        await self.writer.barrier()  # every event emitted is logged (or given up on) before the end
+        lost = self.writer.error(job_id, attempt)
+        if hand_back is None and status is not JobStatus.failed and lost is not None \
+                and not isinstance(lost, FencedOut):
+            # the end would follow a hole: never `succeeded` with a stream that does not replay
+            log.error("job %s: attempt %d could not log all its events (%s); handing the job back",
+                      job_id, attempt, lost)
+            hand_back = "event_write_failed"
+        if hand_back is not None:
+            await self._hand_back(job_id, attempt, hand_back)
+            return None
+        assert status is not None
+        return await self._finish(job_id, attempt, status, p, error)
+
+    async def _hand_back(self, job_id: str, attempt: int, reason: str) -> None:
+        async def once() -> str:
+            if self.hand_back is not None:
+                return await self.hand_back(job_id, attempt, reason)
+            return await self.store.requeue(job_id, self.worker_id, attempt, reason, self.max_attempts)
+
+        try:
+            outcome = await self._persist(once, f"hand job {job_id} back")
+        except Exception:
+            log.exception("job %s: attempt %d could not be handed back (%s)", job_id, attempt, reason)
+            return
+        log.warning("job %s: attempt %d handed back (%s): %s", job_id, attempt, reason, outcome)
+
+    async def _persist(self, op: Callable[[], Awaitable[Any]], what: str) -> Any:
+        """Run ``op`` (a Redis write that ends an attempt) until Redis answers, however long it is
+        away: this worker is alive, so no reaper will ever end the attempt in its place."""
+        budget, pause = self.writer.budget_s, 0.1
+        while True:
+            try:
+                async with asyncio.timeout(budget):  # a Redis that does not answer at all counts too
+                    async for retry in redis_retrying(budget):
+                        with retry:
+                            return await op()
+            except (RedisConnectionError, RedisTimeoutError, OSError) as e:
+                log.error("could not %s (%s: %s); trying again", what, type(e).__name__,
+                          str(e) or f"no answer in {budget:g} s")
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 5.0)
 
     async def _finish(self, job_id: str, attempt: int, status: JobStatus, p: Progress,
-                      error: ErrorInfo | None) -> None:
+                      error: ErrorInfo | None) -> JobStatus | None:
         n = max([*p.texts, *p.finish, 0]) + 1
         ends = [p.finish.get(i, ChoiceEnd(index=i, finish_reason=None)) for i in range(n)]
         if status is JobStatus.cancelled:
@@ -227,14 +362,25 @@ class JobRunner:
         else:
             event = DoneEvent(seq=p.seq + 1, status=status, finish_reason=ends[0].finish_reason,
                               choices=ends, usage=p.usage())
+        # the end check (in Redis): a `succeeded` or `cancelled` end must directly follow every event
+        # this attempt wrote; a failure's end goes after whatever its log holds
         try:
-            await self.writer.barrier()  # every token event is in the log before the end
-            async for retry in redis_retrying():
-                with retry:
-                    if await self.store.finish(job_id, self.worker_id, attempt, event, **fields):
-                        self.host.stats.jobs_finished += 1
+            written = await self._persist(
+                lambda: self.store.finish(job_id, self.worker_id, attempt, event,
+                                          check_log=status is not JobStatus.failed, **fields),
+                f"record the end of job {job_id} ({status.value})")
         except Exception:
             log.exception("job %s: could not record its end (%s)", job_id, status.value)
+            return None
+        if written is None:
+            log.info("job %s: attempt %d no longer owns it; its end (%s) was not written", job_id, attempt,
+                     status.value)
+        elif written is not status:
+            log.error("job %s: attempt %d's log is incomplete; it ended %s instead of %s", job_id, attempt,
+                      written.value, status.value)
+        if written is not None:
+            self.host.stats.jobs_finished += 1
+        return written
 
 
 def _logprobs(c: Any, tokenizer: Any, k: int) -> list[TokenLogprob] | None:

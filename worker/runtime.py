@@ -67,12 +67,13 @@ class WorkerRuntime:
         s = self.settings
         self.redis = make_redis(s.redis_url, max_connections=16)
         store = JobStore(self.redis, s.job_ttl_s)
-        writer = EventWriter(store)
+        writer = EventWriter(store, budget_s=s.event_write_budget_s)
         writer.start()
         self.store = store
         self.runner = JobRunner(self.host, store, writer, self.id, s.default_max_tokens,
                                 priority_scheduling=s.scheduling_policy == "priority",
-                                on_engine_dead=self._engine_dead)
+                                on_engine_dead=self._engine_dead, max_attempts=s.max_attempts,
+                                hand_back=lambda job, n, reason: self.hand_back(job, self.id, n, reason))
         await self._beat()
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._heartbeat()), loop.create_task(self._control())]

@@ -2,8 +2,12 @@
 
 Jobs call :meth:`EventWriter.emit` for each delta (no await, no connection of their own); a single
 drain task sends whatever has accumulated since its last round trip as one pipeline. Under load
-that is one round trip per engine step for the whole batch, however many jobs are running. A job
-whose events cannot be written is marked failed here; its runner sees it and ends the job.
+that is one round trip per engine step for the whole batch, however many jobs are running.
+
+Everything is kept per attempt, ``(job id, attempt)``: an attempt whose events cannot be written
+is marked failed here and its runner ends it; a late answer about an attempt that already ended
+is dropped, so it can never touch a later attempt of the same job. Once one event of an attempt
+is lost, none of its later events is sent: a log never has a hole.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from inferq.shared.store import Event, JobStore, is_duplicate_id
 
 log = logging.getLogger(__name__)
 MAX_BATCH = 1024
+Key = tuple[str, int]  # (job id, attempt)
 
 
 class FencedOut(Exception):
@@ -24,30 +29,46 @@ class FencedOut(Exception):
 
 
 class EventWriter:
-    def __init__(self, store: JobStore) -> None:
+    def __init__(self, store: JobStore, budget_s: float = 30.0) -> None:
         self.store = store
+        self.budget_s = budget_s  # a batch not written after this long (a Redis outage) is lost
         self._queue: asyncio.Queue[tuple[str, int, Event | None, asyncio.Future[None] | None]] = asyncio.Queue()
-        self.failed: dict[str, Exception] = {}
+        self.failed: dict[Key, Exception] = {}  # per attempt: why its events stopped being written
+        self._live: set[Key] = set()  # attempts between open() and forget()
         self._task: asyncio.Task[None] | None = None
-        self._open: dict[str, TokenEvent] = {}  # per job: its last token event, not yet sent
+        self._open: dict[Key, TokenEvent] = {}  # per attempt: its last token event, not yet sent
         self._sending = False  # a pipeline is in flight: the writer is really behind
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._drain(), name="event-writer")
 
+    def open(self, job_id: str, attempt: int) -> None:
+        """An attempt starts writing (call it once its claim is won)."""
+        key = (job_id, attempt)
+        self._live.add(key)
+        self.failed.pop(key, None)
+
+    def error(self, job_id: str, attempt: int) -> Exception | None:
+        """Why the attempt's events stopped being written (:class:`FencedOut`: another attempt or
+        a terminal state owns the job), or None while they are written."""
+        return self.failed.get((job_id, attempt))
+
     def emit(self, job_id: str, attempt: int, event: Event) -> None:
         """Queue an event of the job's ``attempt``; it is written with the next batch."""
+        key = (job_id, attempt)
+        if key in self.failed:  # an earlier event is lost: this one must not follow it into the log
+            return
         if isinstance(event, TokenEvent):
-            self._open[job_id] = event
+            self._open[key] = event
         else:
-            self._open.pop(job_id, None)
+            self._open.pop(key, None)
         self._queue.put_nowait((job_id, attempt, event, None))
 
-    def extend(self, job_id: str, index: int, text: str, n_tokens: int) -> bool:
-        """Append a delta to the job's last token event if that is still waiting to be sent
+    def extend(self, job_id: str, attempt: int, index: int, text: str, n_tokens: int) -> bool:
+        """Append a delta to the attempt's last token event if that is still waiting to be sent
         (the writer is behind): under load, one message carries several tokens. False if the
         caller must emit a new event (with the next seq)."""
-        ev = self._open.get(job_id)
+        ev = self._open.get((job_id, attempt))
         # only while a round trip is in flight: an event merely waiting for the writer task to be
         # scheduled must go out as it is, or a busy loop would hold a whole job's tokens back
         if not self._sending or ev is None or ev.index != index or ev.logprobs is not None:
@@ -57,46 +78,58 @@ class EventWriter:
         return True
 
     async def barrier(self) -> None:
-        """Wait until every event emitted so far has been sent."""
+        """Wait until every event emitted so far has been sent (or given up on)."""
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._queue.put_nowait(("", 0, None, fut))
         await fut
 
-    def forget(self, job_id: str) -> None:
-        self.failed.pop(job_id, None)
-        self._open.pop(job_id, None)
+    def forget(self, job_id: str, attempt: int) -> None:
+        """The attempt has ended: drop its state; answers still in flight for it are ignored."""
+        key = (job_id, attempt)
+        self._live.discard(key)
+        self.failed.pop(key, None)
+        self._open.pop(key, None)
 
     async def _drain(self) -> None:
         while True:
             batch = [await self._queue.get()]
             while len(batch) < MAX_BATCH and not self._queue.empty():
                 batch.append(self._queue.get_nowait())
-            for job_id, _, ev, _ in batch:  # from here on these events are frozen
-                if ev is not None and self._open.get(job_id) is ev:
-                    del self._open[job_id]
-            events = [(job_id, attempt, ev) for job_id, attempt, ev, _ in batch if ev is not None]
+            events: list[tuple[str, int, Event]] = []
+            for job_id, attempt, ev, _ in batch:  # from here on these events are frozen
+                if ev is None:
+                    continue
+                key = (job_id, attempt)
+                if self._open.get(key) is ev:
+                    del self._open[key]
+                if key not in self.failed:  # queued before its attempt failed: never sent
+                    events.append((job_id, attempt, ev))
             self._sending = True
             try:
-                results = iter(await self._send(events) if events else [])
+                results = await self._send(events) if events else []
             finally:
                 self._sending = False
-            for job_id, _, ev, fut in batch:
-                if ev is None:
-                    if fut is not None and not fut.done():
-                        fut.set_result(None)
-                    continue
-                res = next(results)
+            for (job_id, attempt, _), res in zip(events, results):
                 err = FencedOut(job_id) if res is False else (res if isinstance(res, Exception) else None)
-                if err is not None and not is_duplicate_id(err):
-                    self.failed.setdefault(job_id, err)
+                key = (job_id, attempt)
+                if err is not None and not is_duplicate_id(err) and key in self._live:
+                    self.failed.setdefault(key, err)
+            for _, _, ev, fut in batch:
+                if ev is None and fut is not None and not fut.done():
+                    fut.set_result(None)
 
     async def _send(self, items: list[tuple[str, int, Event]]) -> list[Exception | bool]:
         try:
-            async for attempt in redis_retrying():
-                with attempt:
-                    return await self.store.append(items)
-        except Exception as e:  # Redis unreachable for seconds: these jobs cannot stream
-            log.error("could not write %d events: %s", len(items), e)
+            async with asyncio.timeout(self.budget_s):  # a Redis that does not answer at all counts too
+                async for attempt in redis_retrying(self.budget_s):
+                    with attempt:
+                        return await self.store.append(items)
+        except Exception as e:  # Redis unreachable past the budget: these attempts cannot stream
+            if isinstance(e, TimeoutError) and not str(e):
+                e = TimeoutError(f"no answer from Redis in {self.budget_s:g} s")
+            jobs = sorted({job_id for job_id, _, _ in items})
+            log.error("could not write %d events of %d jobs (%s: %s); their attempts stop: %s",
+                      len(items), len(jobs), type(e).__name__, e, ", ".join(jobs[:8]))
             return [e] * len(items)
         raise AssertionError("unreachable")
 
