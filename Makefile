@@ -27,6 +27,7 @@ run: setup
 	$(VENV)/bin/inferq up
 
 test: setup
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -p no:cacheprovider -m "not faults"
 
 test-faults: setup
