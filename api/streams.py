@@ -78,6 +78,7 @@ class StreamHub:
         self.idle_check_s = idle_check_s
         self._listeners: dict[str, set[asyncio.Queue[str]]] = {}
         self._confirmed: dict[str, asyncio.Event] = {}
+        self.gaps = 0  # live messages that showed a gap in seq and sent their reader back to the log
         self._sub = Subscriber(redis_url, self._dispatch, self._subscribed)
 
     async def start(self) -> None:
@@ -202,6 +203,7 @@ class StreamHub:
                         if f.seq <= last:
                             continue
                         if f.seq > last + 1:  # what follows the gap is in the log too
+                            self.gaps += 1
                             gap = True
                             break
                         batch.append(f)

@@ -108,7 +108,9 @@ async def _cancel_to_abort(http: httpx.AsyncClient, n: int) -> list[float]:
 
 
 async def run_chaos(fleet: Fleet, jobs: int, kills: int, redis_restarts: int, max_tokens: int = 120,
-                    concurrency: int = 16, gap_s: float = 4.0) -> dict[str, Any]:
+                    concurrency: int = 16, gap_s: float = 4.0, replace: bool = True) -> dict[str, Any]:
+    """``replace``: start a new worker after each kill (the fleet keeps its size; waiting for the
+    new engines is most of a short run's time)."""
     run = uuid.uuid4().hex[:8]
     kill_times: list[float] = []
     sem = asyncio.Semaphore(concurrency)
@@ -128,7 +130,8 @@ async def run_chaos(fleet: Fleet, jobs: int, kills: int, redis_restarts: int, ma
                     victim = random.choice(fleet.live())
                     kill_times.append(time.time())
                     await asyncio.to_thread(fleet.kill_worker, victim, signal.SIGKILL)
-                    fleet.start_worker(wait=False)
+                    if replace:
+                        fleet.start_worker(wait=False)
                 elif action == "redis":
                     await asyncio.to_thread(fleet.restart_redis, 1.0)
 

@@ -1,7 +1,8 @@
 """The benchmark harness end to end on the tiny model: it starts its own stack and naive servers.
 
 Asserts only completeness (every target and level present, nothing failed, tokens flowed), never
-timings: this machine's speed says nothing about the code.
+timings: this machine's speed says nothing about the code. ``make test`` runs a smoke config (one
+level, two requests); the test config with every cheap target is ``heavy`` (``make test-heavy``).
 """
 
 from __future__ import annotations
@@ -16,18 +17,27 @@ import pytest
 from bench.config import load_workload
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIG = ROOT / "bench" / "configs" / "tiny-test.json"
+CONFIGS = ROOT / "bench" / "configs"
 
 pytestmark = pytest.mark.integration
 
 
+def test_bench_smoke(tmp_path: Path) -> None:
+    run_and_check(CONFIGS / "smoke-test.json", tmp_path / "bench", timeout=240)
+
+
+@pytest.mark.heavy
 def test_bench_tiny_end_to_end(tmp_path: Path) -> None:
-    out = tmp_path / "bench"
-    proc = subprocess.run([sys.executable, "-m", "bench", "run", "--config", str(CONFIG), "--out", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=240)
+    run_and_check(CONFIGS / "tiny-test.json", tmp_path / "bench", timeout=240)
+
+
+def run_and_check(config: Path, out: Path, timeout: float) -> None:
+    proc = subprocess.run([sys.executable, "-m", "bench", "run", "--config", str(config), "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     doc = json.loads((out / "results.json").read_text())
-    w = load_workload(CONFIG)
+    w = load_workload(config)
+    assert set(doc["targets"]) == {t.name for t in w.targets}
     for t in w.targets:
         got = doc["targets"][t.name]
         assert got["error"] is None, f"{t.name}: {got['error']}"

@@ -188,14 +188,28 @@ def test_redis_restart_everyone_reconnects(fleet) -> None:
     assert len(fleet.live()) == 2
 
 
-def test_chaos_short(fleet) -> None:
+def chaos(fleet: Fleet, jobs: int, **kw) -> dict:
     from tests.chaos import run_chaos
 
     ensure_two_workers(fleet)
-    report = asyncio.run_coroutine_threadsafe(
-        run_chaos(fleet, jobs=30, kills=1, redis_restarts=1, max_tokens=120), LOOP).result(600)
+    report = asyncio.run_coroutine_threadsafe(run_chaos(fleet, jobs=jobs, **kw), LOOP).result(600)
     assert report["lost"] == 0 and report["duplicated"] == 0, report
-    assert report["succeeded"] + sum(report["failed"].values()) == report["submitted"] == 30
+    assert report["succeeded"] + sum(report["failed"].values()) == report["submitted"] == jobs
+    return report
+
+
+def test_chaos_smoke(fleet) -> None:
+    """A few jobs and one worker killed a second after they were submitted, most likely while it
+    runs some (not replaced: the other one takes them over). The Redis restart is left to the heavy
+    run (test_chaos_short)."""
+    report = chaos(fleet, 6, kills=1, redis_restarts=0, max_tokens=600, gap_s=1.0, replace=False)
+    assert report["kills"] == 1, report
+    assert len(fleet.live()) == 1, {wid: w.proc.returncode for wid, w in fleet.workers.items()}
+
+
+@pytest.mark.heavy
+def test_chaos_short(fleet) -> None:
+    chaos(fleet, 30, kills=1, redis_restarts=1, max_tokens=120)
 
 
 # One event loop in a thread for the websocket followers, so that tests can block meanwhile.

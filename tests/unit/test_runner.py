@@ -45,13 +45,15 @@ class ScriptedTokenizer:
 @dataclass
 class ScriptedEngine:
     steps: list[Step]
-    delay: float = 0.0
+    delay: float = 0.0  # per step: the engine's pace
     aborted: list[str] = field(default_factory=list)
+    produced: int = 0  # steps handed out so far
 
     async def generate(self, prompt, params, request_id: str):
         try:
             for s in self.steps:
                 await asyncio.sleep(self.delay)
+                self.produced += 1
                 yield s
         except (asyncio.CancelledError, GeneratorExit):
             self.aborted.append(request_id)
@@ -143,7 +145,10 @@ async def test_cancel_aborts_the_engine_request(rig) -> None:
     runner = JobRunner(ScriptedHost(engine, max_model_len=4096), store, writer, "w", default_max_tokens=8)
     msg = await queued(store, prompt="x", max_tokens=1000)
     task = asyncio.create_task(runner.run(msg))
-    await asyncio.sleep(0.2)
+    deadline = asyncio.get_running_loop().time() + 10
+    while not (engine.produced >= 3 and (await store.get(msg.id)).first_token_at):  # generating, tokens out
+        assert asyncio.get_running_loop().time() < deadline, "the job never started generating"
+        await asyncio.sleep(0.01)
     assert runner.cancel(msg.id)
     assert await task is JobStatus.cancelled
     assert engine.aborted == [msg.id]

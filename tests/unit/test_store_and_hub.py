@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import pytest
@@ -106,6 +107,29 @@ async def collect(hub: StreamHub, job: str, after: int = 0) -> list:
     return [e async for e in hub.events(job, after)]
 
 
+async def rest(events: AsyncIterator) -> list:
+    return [e async for e in events]
+
+
+async def until(condition: Callable[[], object], what: str, timeout: float = 10.0, every: float = 0.01) -> None:
+    """Poll ``condition`` (a function, or a coroutine function) every ``every`` seconds until it holds."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        ok = condition()
+        if inspect.isawaitable(ok):
+            ok = await ok
+        if ok:
+            return
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(every)
+
+
+async def subscribers(store: JobStore, job: str) -> int:
+    """How many connections Redis has subscribed to the job's channel."""
+    return dict(await store.redis.pubsub_numsub(keys.job_channel(job)))[keys.job_channel(job)]
+
+
 @asynccontextmanager
 async def running_hub(url: str, store: JobStore, idle_check_s: float = 2.0) -> AsyncIterator[StreamHub]:
     hub = StreamHub(url, store, idle_check_s=idle_check_s)
@@ -126,27 +150,42 @@ async def test_hub_replays_then_follows_live_exactly_once(store, redis_server) -
     async with running_hub(redis_server.url, store, 0.3) as hub:
         job = await claimed_job(store)
         await store.append([(job, 1, TokenEvent(seq=i, text=str(i))) for i in (1, 2, 3)])
-        reader = asyncio.create_task(collect(hub, job, after=1))
-        await asyncio.sleep(0.2)
-        # live: a duplicate of a logged event, then the next ones
-        await store.redis.publish(keys.job_channel(job), TokenEvent(seq=3, text="3").model_dump_json())
-        await store.append([(job, 1, TokenEvent(seq=4, text="4")), (job, 1, DoneEvent(seq=5, finish_reason="stop"))])
-        got = await asyncio.wait_for(reader, 5)
-        assert [e.seq for e in got] == [2, 3, 4, 5]
+        events = hub.events(job, after=1)
+        # the first event comes once the subscription is confirmed and the log replayed
+        first = await asyncio.wait_for(anext(events), 5)
+        assert await subscribers(store, job) == 1
+        # live: a duplicate of a logged event, then one that is only published (so it can come
+        # from nowhere but the channel), then the end
+        channel = keys.job_channel(job)
+        await store.redis.publish(channel, TokenEvent(seq=3, text="dup").model_dump_json())
+        await store.redis.publish(channel, TokenEvent(seq=4, text="4").model_dump_json())
+        await store.append([(job, 1, DoneEvent(seq=5, finish_reason="stop"))])
+        got = [first, *await asyncio.wait_for(rest(events), 5)]
+        assert [(e.seq, getattr(e, "text", None)) for e in got] == [(2, "2"), (3, "3"), (4, "4"), (5, None)]
+        assert hub.gaps == 0
         assert hub.channels == 0  # unsubscribed once the last listener left
 
 
 async def test_hub_fills_a_gap_from_the_log(store, redis_server) -> None:
-    """An event that was logged but whose publish was missed is recovered from the log."""
-    async with running_hub(redis_server.url, store, 5.0) as hub:
+    """A reader following live gets an event whose seq skips one (logged, its publish missed):
+    it goes back to the log for the missing one."""
+    async with running_hub(redis_server.url, store, 600.0) as hub:  # no idle check: only the gap reads the log
         job = await claimed_job(store)
-        reader = asyncio.create_task(collect(hub, job))
-        await asyncio.sleep(0.2)
-        await store.redis.xadd(keys.job_log(job), {"e": TokenEvent(seq=1, text="silent").model_dump_json()},
-                               id="1-0")  # logged, never published
-        await store.append([(job, 1, TokenEvent(seq=2, text="b")), (job, 1, DoneEvent(seq=3, finish_reason="stop"))])
-        got = await asyncio.wait_for(reader, 3)  # well before the idle check
-        assert [(e.seq, getattr(e, "text", None)) for e in got] == [(1, "silent"), (2, "b"), (3, None)]
+        events = hub.events(job)
+        first = asyncio.ensure_future(anext(events))
+        await until(lambda: subscribers(store, job), "the hub's subscription")
+        # seq 1 reaches the channel before the log: the reader can only have it live, so it is
+        # past its replay and following the channel when the next events come
+        one = TokenEvent(seq=1, text="a").model_dump_json()
+        await store.redis.publish(keys.job_channel(job), one)
+        assert (await asyncio.wait_for(first, 5)).seq == 1
+        await store.redis.xadd(keys.job_log(job), {"e": one}, id="1-0")
+        await store.redis.xadd(keys.job_log(job), {"e": TokenEvent(seq=2, text="silent").model_dump_json()},
+                               id="2-0")  # logged, never published
+        await store.append([(job, 1, TokenEvent(seq=3, text="c")), (job, 1, DoneEvent(seq=4, finish_reason="stop"))])
+        got = await asyncio.wait_for(rest(events), 5)
+        assert [(e.seq, getattr(e, "text", None)) for e in got] == [(2, "silent"), (3, "c"), (4, None)]
+        assert hub.gaps == 1  # seq 3 showed the gap
 
 
 async def test_hub_unknown_job_raises_not_found(store, redis_server) -> None:
@@ -166,18 +205,20 @@ async def test_hub_after_the_last_event_of_a_finished_job_ends_at_once(store, re
 
 async def test_hub_resubscribes_after_its_connection_is_killed(store, redis_server) -> None:
     """Redis drops the hub's pub/sub connection mid-stream: the stream still ends complete."""
-    async with running_hub(redis_server.url, store, 5.0) as hub:
+    async with running_hub(redis_server.url, store, 600.0) as hub:
         job = await claimed_job(store)
-        reader = asyncio.create_task(collect(hub, job))
-        await asyncio.sleep(0.2)
+        events = hub.events(job)
+        first = asyncio.ensure_future(anext(events))
+        await until(lambda: subscribers(store, job), "the hub's subscription")
         await store.append([(job, 1, TokenEvent(seq=1, text="a"))])
+        assert (await asyncio.wait_for(first, 5)).seq == 1
         await store.redis.client_kill_filter(_type="pubsub")
+        await until(lambda: _not(subscribers(store, job)), "the killed subscription to go")
         await store.append([(job, 1, TokenEvent(seq=2, text="b"))])  # published while it is down
-        await asyncio.sleep(0.5)  # reconnected and subscribed again
-        assert await store.redis.pubsub_numsub(keys.job_channel(job)) == [(keys.job_channel(job), 1)]
+        await until(lambda: subscribers(store, job), "the hub to reconnect and subscribe again")
         await store.append([(job, 1, TokenEvent(seq=3, text="c")), (job, 1, DoneEvent(seq=4, finish_reason="stop"))])
-        got = await asyncio.wait_for(reader, 3)  # the gap (seq 2) is filled from the log, not the idle check
-        assert [e.seq for e in got] == [1, 2, 3, 4]
+        got = await asyncio.wait_for(rest(events), 10)  # the gap (seq 2) is filled from the log, not the idle check
+        assert [e.seq for e in got] == [2, 3, 4]
 
 
 def test_frame_reads_type_and_seq_of_every_event_form() -> None:
@@ -193,7 +234,9 @@ async def test_hub_forgets_a_listener_that_leaves_while_subscribing(store, redis
     async with running_hub(redis_server.url, store) as hub:
         job = await claimed_job(store)
         reader = asyncio.create_task(collect(hub, job))
-        await asyncio.sleep(0)  # inside the subscribe
+        # registered (its subscribe is under way), seen at the reader's first pause
+        await until(lambda: hub.channels == 1, "the listener", every=0)
+        assert not hub._confirmed[keys.job_channel(job)].is_set()  # no confirmation yet: still subscribing
         reader.cancel()
         with pytest.raises(asyncio.CancelledError):
             await reader
@@ -210,13 +253,14 @@ async def test_subscriber_error_replies_force_a_reconnect_with_backoff(tmp_path)
     server = Proc("redis-auth", ["redis-server", "--port", str(port), "--save", "", "--requirepass", "sekrit"],
                   {}, tmp_path / "redis.log")
     try:
-        await asyncio.sleep(0.5)
+        await until(lambda: _pings(f"redis://:sekrit@127.0.0.1:{port}/0"), "redis-server")
         sub = Subscriber(f"redis://127.0.0.1:{port}/0", lambda c, d: None, lambda c: None)
         await sub.start()
-        await asyncio.sleep(1.5)
-        connected, backoff = sub.connected.is_set(), sub._backoff
-        await sub.stop()
-        assert not connected and backoff >= 0.4  # growing, not a tight reconnect loop
+        try:  # three refused connections in a row: growing waits, not a tight reconnect loop
+            await until(lambda: sub._backoff >= 0.4 or sub.connected.is_set(), "the backoff to grow")
+            assert not sub.connected.is_set() and sub._backoff >= 0.4
+        finally:
+            await sub.stop()
         ok = Subscriber(f"redis://:sekrit@127.0.0.1:{port}/0", lambda c, d: None, lambda c: None)
         await ok.start()
         try:
@@ -225,6 +269,22 @@ async def test_subscriber_error_replies_force_a_reconnect_with_backoff(tmp_path)
             await ok.stop()
     finally:
         server.stop()
+
+
+async def _not(n: object) -> bool:
+    return not await n  # type: ignore[misc]
+
+
+async def _pings(url: str) -> bool:
+    import redis.asyncio as aioredis
+
+    r = aioredis.Redis.from_url(url, socket_connect_timeout=1)
+    try:
+        return bool(await r.ping())
+    except (OSError, aioredis.RedisError):
+        return False
+    finally:
+        await r.aclose()
 
 
 def test_merged_joins_consecutive_plain_deltas_of_one_completion() -> None:

@@ -1,0 +1,160 @@
+"""The quickstart's commands as a user runs them: ``inferq up``, then ``inferq generate`` and
+``inferq stream`` against it, then Ctrl-C.
+
+One ``inferq up`` serves the whole module (an engine start is the slow part). It uses the
+session's redis-server, on a database of its own: its worker is not one of the session stack's
+(queues, job records and the worker registry are per database).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+import redis
+
+from bench.stack import free_port
+from tests.conftest import inferq_env
+from tests.helpers import submit, wait_status
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+CLI = [sys.executable, "-m", "inferq.cli"]
+READY = "inferq is ready"
+
+
+@dataclass
+class Up:
+    """A running ``inferq up`` and everything it has printed so far."""
+
+    proc: subprocess.Popen[bytes]
+    base: str
+    ws: str
+    env: dict[str, str]
+    lines: list[str] = field(default_factory=list)
+    reader: threading.Thread | None = None
+
+    @property
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            self.lines.append(raw.decode(errors="replace").rstrip("\n"))
+
+    def wait_until(self, condition, what: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"inferq up exited with {self.proc.returncode} before {what}:\n{self.output}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}; inferq up printed:\n{self.output}")
+            time.sleep(0.2)
+
+
+def readyz(base: str) -> bool:
+    try:
+        return httpx.get(f"{base}/readyz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def up(redis_server) -> Iterator[Up]:
+    url = f"redis://127.0.0.1:{redis_server.port}/1"
+    redis.Redis.from_url(url).flushdb()
+    port = free_port()
+    env = inferq_env(url, PYTHONIOENCODING="utf-8")
+    proc = subprocess.Popen([*CLI, "up", "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env=env, cwd=ROOT, start_new_session=True)
+    u = Up(proc, f"http://127.0.0.1:{port}", f"ws://127.0.0.1:{port}", env)
+    u.reader = threading.Thread(target=u._read, daemon=True)
+    u.reader.start()
+    try:
+        u.wait_until(lambda: READY in u.output and readyz(u.base), "it to say it is ready", 300)
+        yield u
+    finally:
+        if proc.poll() is None:  # the Ctrl-C test did not run or did not stop it
+            os.killpg(proc.pid, signal.SIGINT)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        u.reader.join(10)
+
+
+def cli(up: Up, *args: str) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([*CLI, *args], env=up.env, cwd=ROOT, capture_output=True, timeout=120)
+
+
+def test_up_serves_a_job_over_rest(up: Up) -> None:
+    assert f"inferq is ready at {up.base}" in up.output
+    with httpx.Client(base_url=up.base, timeout=30) as http:
+        job_id = submit(http, prompt="def fibonacci(n):", max_tokens=16)
+        view = wait_status(http, job_id, timeout=120)
+        workers = http.get("/v1/workers").json()
+    assert view["status"] == "succeeded", view
+    assert view["usage"]["completion_tokens"] > 0
+    assert [w["id"] for w in workers] == [view["worker"]]  # the one worker `up` started
+
+
+def test_generate_prints_the_text_and_the_end(up: Up) -> None:
+    done = cli(up, "generate", "Hello", "--max-tokens", "8", "--url", up.ws)
+    out, err = done.stdout.decode(), done.stderr.decode()
+    assert done.returncode == 0, err
+    job_id = re.search(r"^\[job (job-[0-9a-f]+)\]$", err, re.M)
+    assert job_id, err
+    last = [line for line in err.splitlines() if line.strip()][-1]
+    assert re.match(r"\[succeeded: (length|stop), ", last), err
+    with httpx.Client(base_url=up.base, timeout=30) as http:
+        view = http.get(f"/v1/jobs/{job_id.group(1)}").json()
+    assert view["status"] == "succeeded" and view["usage"]["completion_tokens"] <= 8
+    assert out == view["text"] and out  # the tokens, exactly; the status lines go to stderr
+
+
+def test_stream_replays_a_finished_job_exactly(up: Up) -> None:
+    with httpx.Client(base_url=up.base, timeout=30) as http:
+        job_id = submit(http, prompt="def quicksort(xs):", max_tokens=24)
+        view = wait_status(http, job_id, timeout=120)
+    assert view["status"] == "succeeded", view
+    done = cli(up, "stream", job_id, "--url", up.ws)
+    assert done.returncode == 0, done.stderr.decode()
+    assert done.stdout.decode() == view["text"]
+    assert done.stderr.decode().strip().splitlines()[-1].startswith("[succeeded: ")
+
+
+def test_ctrl_c_stops_everything_it_started(up: Up) -> None:
+    """Runs last: it stops the module's ``inferq up``."""
+    children = psutil.Process(up.proc.pid).children(recursive=True)
+    assert len(children) >= 2, children  # a worker (with its engine) and the gateway
+    os.kill(up.proc.pid, signal.SIGINT)
+    rc = up.proc.wait(90)
+    assert up.reader is not None
+    up.reader.join(10)  # everything it printed has been read
+    assert rc == 0, up.output
+    assert up.lines[-1].strip() == "stopped.", up.output
+    _, alive = psutil.wait_procs(children, timeout=15)
+    assert [(p.pid, p.cmdline()) for p in alive if running(p)] == []
+    assert not readyz(up.base)
+
+
+def running(p: psutil.Process) -> bool:
+    """Alive and not a zombie (a zombie holds nothing but its pid, until its new parent reaps it)."""
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
