@@ -159,7 +159,10 @@ async def test_hub_replays_then_follows_live_exactly_once(store, redis_server) -
         channel = keys.job_channel(job)
         await store.redis.publish(channel, TokenEvent(seq=3, text="dup").model_dump_json())
         await store.redis.publish(channel, TokenEvent(seq=4, text="4").model_dump_json())
-        await store.append([(job, 1, DoneEvent(seq=5, finish_reason="stop"))])
+        # the end, logged behind the store's back (it refuses to log past a hole) and published
+        done = DoneEvent(seq=5, finish_reason="stop").model_dump_json()
+        await store.redis.xadd(keys.job_log(job), {"e": done}, id="5-0")
+        await store.redis.publish(channel, done)
         got = [first, *await asyncio.wait_for(rest(events), 5)]
         assert [(e.seq, getattr(e, "text", None)) for e in got] == [(2, "2"), (3, "3"), (4, "4"), (5, None)]
         assert hub.gaps == 0
