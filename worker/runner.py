@@ -79,6 +79,8 @@ class JobRunner:
         self.priority_scheduling = priority_scheduling
         self.on_engine_dead = on_engine_dead
         self.active: dict[str, ActiveJob] = {}
+        self.idle = threading.Event()  # set while no job is active (a drain waits for it)
+        self.idle.set()
         self._tok_lock = threading.Lock()
 
     # --- called from the control channel -----------------------------------------------------
@@ -130,6 +132,7 @@ class JobRunner:
     async def run(self, msg: JobMessage) -> JobStatus | None:
         """Run the job to a terminal state. Returns that state, or None if it was not ours to end."""
         job = self.active.setdefault(msg.id, ActiveJob())
+        self.idle.clear()
         job.task = asyncio.current_task()
         progress = Progress()
         status: JobStatus | None = None
@@ -175,6 +178,8 @@ class JobRunner:
                 status, error = JobStatus.failed, ErrorInfo(type=EngineError.type, message=f"{type(e).__name__}: {e}")
         finally:
             self.active.pop(msg.id, None)
+            if not self.active:
+                self.idle.set()
             if status is not None:
                 await self._finish(msg.id, job.attempt, status, progress, error)
             self.writer.forget(msg.id)
