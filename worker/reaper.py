@@ -120,10 +120,10 @@ class Reaper:
             log.warning("reaper pass ran past %g s; stopped", self.budget_s + self.lock_ttl_s)
         finally:
             try:
-                async with asyncio.timeout(self.settings.heartbeat_s):
+                async with asyncio.timeout(self.lock_ttl_s):
                     await self.redis.eval(_RELEASE, 1, keys.REAPER_LOCK, token)
             except Exception as e:  # it expires by itself
-                log.warning("could not release the reaper lock: %s", e)
+                log.warning("could not release the reaper lock: %r", e)
         return handed
 
     async def silent(self) -> list[Silent]:

@@ -71,8 +71,9 @@ class UnackedEntries:
 async def sweep_unacked(store: JobStore, send: Send, entries: UnackedEntries, delivered_before: float,
                         out_of_time: Callable[[], bool] = lambda: False) -> int:
     """Re-send queued jobs whose message was delivered before ``delivered_before`` to a worker that
-    never claimed them (it died in between: a live worker claims within moments). A message whose
-    job runs is left for its worker to ack; the others leave the hash. Returns the jobs re-sent."""
+    never claimed them (it died in between: a live worker claims within moments), unless the job
+    was queued again since (a hand-back sent a newer message). A message whose job runs is left
+    for its worker to ack; the others leave the hash. Returns the jobs re-sent."""
     resent = 0
     for tag, job_id in (await entries.delivered_before(delivered_before)).items():
         if out_of_time():
@@ -81,9 +82,11 @@ async def sweep_unacked(store: JobStore, send: Send, entries: UnackedEntries, de
         if rec is not None and rec.status is JobStatus.running:
             continue  # its worker is alive (the reaper handles dead ones) and acks at the end
         if rec is not None and rec.status is JobStatus.queued:
-            await asyncio.to_thread(send, rec.message())
-            resent += 1
-            log.warning("job %s: its message was stranded with a lost worker; re-sent", rec.id)
+            requeued_at = await store.redis.zscore(keys.QUEUED, rec.id)
+            if requeued_at is None or requeued_at <= delivered_before:  # no newer message was sent
+                await asyncio.to_thread(send, rec.message())
+                resent += 1
+                log.warning("job %s: its message was stranded with a lost worker; re-sent", rec.id)
         await entries.drop(tag)
     return resent
 

@@ -65,7 +65,9 @@ async def test_a_stranded_queued_job_is_resent_and_a_running_one_left(store) -> 
     sent, old = [], time.time() - 60
     stranded, running = await job(store, "m"), await job(store, "m", JobStatus.running)
     gone = f"job-{uuid.uuid4().hex}"  # its record expired
-    tags = {j: await delivered(store, j, old) for j in (stranded, running, gone)}
+    requeued = await job(store, "m")  # handed back since its delivery, with a new message
+    tags = {j: await delivered(store, j, old) for j in (stranded, running, gone, requeued)}
+    await store.redis.zadd(keys.QUEUED, {stranded: old - 1, requeued: time.time()})  # when each was queued
     fresh = await delivered(store, await job(store, "m"), time.time())  # its worker is about to claim it
     entries = UnackedEntries(store.redis)
     assert await sweep_unacked(store, sent.append, entries, time.time() - 10) == 1
