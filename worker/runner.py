@@ -45,6 +45,7 @@ class ActiveJob:
     cancel_requested: bool = False
     attempt: int = 0
     handed_back: bool = False  # requeued by this worker (drain, engine failure): write no end
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class DeadlineExceeded(InferqError):
@@ -131,9 +132,9 @@ class JobRunner:
     # --- running a job (on the engine loop) ---------------------------------------------------
     async def run(self, msg: JobMessage) -> JobStatus | None:
         """Run the job to a terminal state. Returns that state, or None if it was not ours to end."""
-        job = self.active.setdefault(msg.id, ActiveJob())
+        job = ActiveJob(task=asyncio.current_task())
+        previous = self.active.setdefault(msg.id, job)  # an older attempt of this job, still ending here?
         self.idle.clear()
-        job.task = asyncio.current_task()
         progress = Progress()
         status: JobStatus | None = None
         error: ErrorInfo | None = None
@@ -146,6 +147,8 @@ class JobRunner:
                 log.info("job %s skipped: status %s", msg.id, claim and claim.previous.value)
                 return None
             job.attempt, progress.seq, status = claim.attempt, claim.last_seq, JobStatus.running
+            if previous is not job:  # the older attempt lost the job to this one
+                await self._take_over(msg.id, previous, job)
             self.host.stats.jobs_started += 1
             left = (msg.deadline or float("inf")) - time.time()
             if left <= 0:
@@ -177,13 +180,29 @@ class JobRunner:
                 log.exception("job %s failed", msg.id)
                 status, error = JobStatus.failed, ErrorInfo(type=EngineError.type, message=f"{type(e).__name__}: {e}")
         finally:
-            self.active.pop(msg.id, None)
+            ours = self.active.get(msg.id) is job
+            if ours:
+                del self.active[msg.id]
             if not self.active:
                 self.idle.set()
             if status is not None:
                 await self._finish(msg.id, job.attempt, status, progress, error)
-            self.writer.forget(msg.id)
+            if ours:
+                self.writer.forget(msg.id)
+            job.ended.set()
         return status
+
+    async def _take_over(self, job_id: str, previous: ActiveJob, job: ActiveJob) -> None:
+        """This worker got the job again (another worker's reaper took it back and re-sent it)
+        while its older attempt is still ending here: end that one (no end written), let its last
+        events be sent and refused, then run the new attempt with a clean slate."""
+        previous.handed_back = True
+        if previous.task is not None:
+            previous.task.cancel()
+        await previous.ended.wait()
+        await self.writer.barrier()
+        self.writer.forget(job_id)
+        self.active[job_id] = job
 
     async def _generate(self, job_id: str, attempt: int, ids: list[int], params: Any, p: Progress,
                         priority: int) -> None:

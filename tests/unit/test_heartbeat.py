@@ -120,3 +120,32 @@ async def _true(value: bool) -> bool:
 
 async def _is_member(r: redis.asyncio.Redis, worker_id: str, job_id: str) -> bool:
     return await r.smembers(keys.worker_jobs(worker_id)) == {job_id}
+
+
+async def test_a_job_sent_back_to_the_same_worker_runs_its_new_attempt(r, own_redis) -> None:
+    """Another worker's reaper took a job back from this (live) worker and re-sent it, and this
+    worker took the new message while its old attempt still ran: the old attempt ends without
+    an end, and the new one runs unharmed by the old one's refused writes."""
+    engine = GatedEngine()
+    rig = start_runtime(own_redis, engine)
+    rt, store = rig.runtime, JobStore(r, 120)
+    try:
+        job = await queued_job(store, "scripted")
+        first = rig.run_job(job)
+        await eventually(lambda: _true(engine.started == [job.id]), 60, "the first attempt is generating")
+        assert await store.requeue(job.id, rt.id, None, "worker_lost", max_attempts=3) == "requeued"
+        second = rig.run_job(job)
+        assert first.result(10) is None, "the old attempt ended, no end written"
+        await eventually(lambda: _true(engine.started == [job.id, job.id]), 10, "the new attempt is generating")
+        await eventually(lambda: _logged(store, job.id, 3), 10, "the new attempt's first token is logged")
+        rec = await store.get(job.id)
+        assert rec.status is JobStatus.running and rec.attempt == 2 and rec.worker == rt.id
+        rt.host.loop.call_soon_threadsafe(rt.runner.cancel, job.id)
+        assert second.result(10) is JobStatus.cancelled
+        assert [e.type for e in await store.read_log(job.id)] == ["token", "restart", "token", "done"]
+    finally:
+        rig.stop()
+
+
+async def _logged(store: JobStore, job_id: str, n: int) -> bool:
+    return len(await store.read_log(job_id)) >= n
