@@ -85,8 +85,8 @@ class Heartbeat:
         self.trusted_since = time.monotonic()
 
     def trusted(self) -> bool:
-        """A full worker TTL of successful beats since the last failure or outage: only then may
-        this worker judge others' heartbeats."""
+        """A full worker TTL of timely, successful beats: only then may this worker judge others'
+        heartbeats (right after an outage, or while this process is stalled, others look late)."""
         since = self.trusted_since
         return since is not None and time.monotonic() - since >= self.settings.worker_ttl_s
 
@@ -128,9 +128,11 @@ class Heartbeat:
     async def _serve(self) -> None:
         assert self._wake is not None
         s = self.settings
+        due = last_ok = time.monotonic()
         while True:
+            due = max(due + s.heartbeat_s, time.monotonic())  # a late beat does not push the next one
             try:
-                await asyncio.wait_for(self._wake.wait(), s.heartbeat_s)  # the beat period, or a poke
+                await asyncio.wait_for(self._wake.wait(), due - time.monotonic())  # the period, or a poke
             except TimeoutError:
                 pass
             self._wake.clear()
@@ -144,10 +146,14 @@ class Heartbeat:
                 self.trusted_since = None
                 log.warning("heartbeat failed: %s", e)
                 continue
-            if time.monotonic() - started > s.heartbeat_s:
-                self.trusted_since = None  # the beat waited out an outage inside Redis retries
+            now = time.monotonic()
+            if now - started > s.heartbeat_s or now - last_ok > s.worker_ttl_s / 2:
+                # the beat waited out an outage inside Redis retries, or this process was stalled:
+                # what it sees of others' beats is not to be trusted for a while
+                self.trusted_since = None
+            last_ok = now
             if self.trusted_since is None:
-                self.trusted_since = time.monotonic()
+                self.trusted_since = now
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop beating and deregister (the live-set entry stays while the job set is not empty,
