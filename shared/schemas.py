@@ -318,6 +318,8 @@ class EngineStats(BaseModel):
     jobs_started: int = 0
     jobs_finished: int = 0
     steps: int = 0
+    last_step_at: float | None = Field(
+        default=None, description="Unix time of the engine's last step: a busy engine moves it, a stuck one does not.")
 
 
 class WorkerInfo(BaseModel):

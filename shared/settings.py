@@ -67,6 +67,9 @@ class Settings(BaseSettings):
     enforce_eager: bool | None = Field(default=None, description="Default: true on CPU, false on GPU.")
     heartbeat_s: float = Field(default=2.0, gt=0)
     worker_ttl_s: float = Field(default=10.0, gt=0, description="A worker silent this long is dead.")
+    reaper_budget_s: float | None = Field(
+        default=None, gt=0, description="Longest one reaper pass runs (it holds the reaper lock for twice "
+        "that); default: half the worker TTL.")
     max_attempts: int = Field(default=3, ge=1, description="Runs of a job before it fails as worker_lost.")
     event_write_budget_s: float = Field(
         default=30.0, gt=0, description="How long a worker retries writing a job's events through a Redis "
@@ -77,6 +80,11 @@ class Settings(BaseSettings):
     scheduling_policy: str = Field(default="priority", description="vLLM scheduler: 'priority' or 'fcfs'.")
     visibility_timeout_s: int = Field(default=6 * 3600, ge=60)
     worker_id: str | None = None
+
+    @property
+    def reaper_budget(self) -> float:
+        """Seconds one reaper pass may spend (``reaper_budget_s`` or half the worker TTL)."""
+        return self.reaper_budget_s or self.worker_ttl_s / 2
 
     @property
     def model_name(self) -> str:

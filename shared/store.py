@@ -123,14 +123,24 @@ return 1
 """
 
 # KEYS: job hash, log, channel, worker's job set, queued zset. ARGV: worker id (JSON) or '', attempt or '',
-# max attempts, now, reason, job id, ttl. Takes a running job back from a worker that died, drains
-# or lost its engine: cancelled if a cancel was pending, failed after max attempts, else queued
-# again with a `restart` event. Returns 'requeued', 'failed', 'cancelled' or 'skip'.
+# max attempts, now, reason, job id, ttl, claimed before ('' = any time). Takes a running job back from a
+# worker that died, drains or lost its engine: cancelled if a cancel was pending, failed after max
+# attempts, else queued again with a `restart` event. Returns 'requeued', 'failed', 'cancelled' or 'skip'.
+# The job leaves the worker's set only when it is handed back, or when it is not that worker's running
+# job at all (a stale entry); a newer attempt of the same worker, or a job it claimed after the caller
+# looked (`started_at` above ARGV[8]), stays.
 _REQUEUE = _LAST_SEQ + f"""
-redis.call('SREM', KEYS[4], ARGV[6])
-if redis.call('HGET', KEYS[1], 'status') ~= '{_Q("running")}' then return 'skip' end
-if ARGV[1] ~= '' and redis.call('HGET', KEYS[1], 'worker') ~= ARGV[1] then return 'skip' end
+local st = redis.call('HGET', KEYS[1], 'status')
+if ARGV[1] ~= '' and (st ~= '{_Q("running")}' or redis.call('HGET', KEYS[1], 'worker') ~= ARGV[1]) then
+  redis.call('SREM', KEYS[4], ARGV[6])
+  return 'skip'
+end
+if st ~= '{_Q("running")}' then return 'skip' end
 if ARGV[2] ~= '' and redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[2] then return 'skip' end
+if ARGV[8] ~= '' and tonumber(redis.call('HGET', KEYS[1], 'started_at') or '0') > tonumber(ARGV[8]) then
+  return 'skip'
+end
+redis.call('SREM', KEYS[4], ARGV[6])
 local attempt = tonumber(redis.call('HGET', KEYS[1], 'attempt') or '0')
 local seq = last_seq(KEYS[2]) + 1
 local ev, outcome
@@ -226,14 +236,17 @@ class JobStore:
         return JobStatus.failed if int(res) == 2 else JobStatus(fields.get("status", JobStatus.succeeded))
 
     async def requeue(self, job_id: str, worker_id: str | None, attempt: int | None, reason: str,
-                      max_attempts: int) -> str:
-        """Take a running job back from its worker: 'requeued', 'failed', 'cancelled' or 'skip'."""
+                      max_attempts: int, claimed_before: float | None = None) -> str:
+        """Take a running job back from its worker: 'requeued', 'failed', 'cancelled' or 'skip'.
+        ``attempt``: only that attempt; ``claimed_before``: only if it was claimed before that time
+        (a reaper passes the time it read the worker's job set)."""
         wid = worker_id or ""
         return str(await self._requeue(
             keys=[keys.job(job_id), keys.job_log(job_id), keys.job_channel(job_id), keys.worker_jobs(wid),
                   keys.QUEUED],
             args=[_Q(wid) if wid else "", "" if attempt is None else str(attempt), max_attempts,
-                  str(time.time()), reason, job_id, self.ttl_s]))
+                  str(time.time()), reason, job_id, self.ttl_s,
+                  "" if claimed_before is None else repr(claimed_before)]))
 
     async def append(self, items: Sequence[tuple[str, int, Event]]) -> list[Exception | bool]:
         """Log and publish many jobs' events (job id, attempt, event) in one round trip.

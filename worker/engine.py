@@ -14,6 +14,7 @@ import asyncio
 import inspect
 import logging
 import threading
+import time
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -39,6 +40,7 @@ def _stats_logger_class(stats: EngineStats) -> type:
                 return
             s = self.stats
             s.steps += 1
+            s.last_step_at = time.time()
             s.running = scheduler_stats.num_running_reqs
             s.waiting = scheduler_stats.num_waiting_reqs
             s.kv_cache_usage = float(getattr(scheduler_stats, "kv_cache_usage", 0.0))

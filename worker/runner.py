@@ -98,6 +98,9 @@ class JobRunner:
         self._claiming: dict[str, list[ActiveJob]] = {}  # job id -> runs waiting for their claim
         self._engine_busy: dict[str, asyncio.Event] = {}  # job id -> set when its generation ends
         self._tok_lock = threading.Lock()
+        self._runs = 0  # runs in progress, claimed or not
+        self.idle = threading.Event()  # set while no run is in progress (a drain waits for it)
+        self.idle.set()
 
     # --- called from the control channel -----------------------------------------------------
     def cancel(self, job_id: str) -> bool:
@@ -155,6 +158,16 @@ class JobRunner:
         """Run the job to a terminal state. Returns the state written, or None if it was not this
         run's to end (skipped, fenced out, superseded or handed back)."""
         job = ActiveJob(task=asyncio.current_task())
+        self._runs += 1
+        self.idle.clear()
+        try:
+            return await self._run(msg, job)
+        finally:
+            self._runs -= 1
+            if not self._runs:
+                self.idle.set()
+
+    async def _run(self, msg: JobMessage, job: ActiveJob) -> JobStatus | None:
         progress = Progress()
         status: JobStatus | None = None
         error: ErrorInfo | None = None

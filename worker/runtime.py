@@ -1,278 +1,167 @@
-"""WorkerRuntime: everything one worker process runs beside Celery.
+"""WorkerRuntime: everything one worker process runs beside Celery, wired together.
 
-On the engine loop: the engine, the job runner, the batched event writer, a heartbeat that
-registers the worker (and its engine stats) in Redis, and a listener on the control channel
-that aborts cancelled jobs. Created once per process from Celery's ``worker_init`` signal.
+Threads and what runs on them:
+
+- the engine loop (``worker/engine.py``): the engine, the job runner, the batched event writer,
+  the control listener (``worker/control.py``) and this worker's own hand-backs
+  (``worker/handback.py``);
+- the heartbeat (``worker/heartbeat.py``) and the reaper (``worker/reaper.py``): a loop and a Redis
+  client each, so that neither waits for a busy engine loop nor for the other;
+- on engine death, ``worker/death.py`` hands every job back and exits with code 4;
+- on SIGTERM, :meth:`WorkerRuntime.drain` runs on a thread of Celery's shutdown.
+
+Created once per process from Celery's ``worker_init`` signal.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import socket
-import threading
 import time
 import uuid
+from collections.abc import Callable
+from functools import partial
 
 from celery import Celery
 from redis.asyncio import Redis
 
 from inferq.shared import keys
+from inferq.shared.celery_app import send_job
 from inferq.shared.redis import make_redis
-from inferq.shared.schemas import ControlMessage, JobMessage, JobStatus, WorkerInfo
+from inferq.shared.schemas import JobMessage, JobStatus, WorkerInfo
 from inferq.shared.settings import Settings
 from inferq.shared.store import JobStore
+from inferq.worker import control
+from inferq.worker.death import EngineDeath, hard_exit
 from inferq.worker.engine import EngineHost
-from inferq.shared.celery_app import send_job
+from inferq.worker.handback import LocalHandBack
+from inferq.worker.heartbeat import Heartbeat
+from inferq.worker.reaper import Reaper
 from inferq.worker.runner import JobRunner
 from inferq.worker.writer import EventWriter
 
 log = logging.getLogger(__name__)
 
 
-def kill_children() -> None:
-    """Kill this process's children (the engine core and its workers) before a hard exit."""
-    import psutil
-
-    for child in psutil.Process().children(recursive=True):
-        try:
-            child.kill()
-        except psutil.Error:
-            pass
-
-
 class WorkerRuntime:
-    def __init__(self, settings: Settings, celery: Celery) -> None:
+    def __init__(self, settings: Settings, celery: Celery, host: EngineHost | None = None,
+                 exit: Callable[[int], None] = hard_exit) -> None:
         self.settings = settings
-        self.celery = celery
-        self.draining = False
-        self.exit_code: int | None = None
         self.id = settings.worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-        self.host = EngineHost(settings)
+        self.host = host or EngineHost(settings)
+        self.send = partial(send_job, celery)
         self.started_at = time.time()
+        self.draining = False
+        self.stopping = False
         self.redis: Redis | None = None
-        self.store: JobStore | None = None
         self.runner: JobRunner | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self.handback: LocalHandBack | None = None
+        self._control: asyncio.Task[None] | None = None
+        self.death = EngineDeath(self.host.loop, partial(self._hand_back_all, "engine_failure"),
+                                 timeout_s=settings.worker_ttl_s, exit=exit)
+        self.heartbeat = Heartbeat(settings, self.id, self)
+        self.reaper = Reaper(settings, self.id, self.send, trusted=self.heartbeat.trusted)
 
+    # --- life cycle ---------------------------------------------------------------------------
     def start(self) -> None:
+        """Engine, then the job path on its loop, then registration (first beat), then the reaper."""
         self.host.start()
-        self.host.run(self._start_services())
+        self.host.run(self._start_job_path())
+        self.heartbeat.start(timeout=60)
+        self.reaper.start()
         log.info("worker %s serving model %r from queue %s", self.id, self.settings.model_name,
                  keys.queue(self.settings.model_name))
 
-    async def _start_services(self) -> None:
+    async def _start_job_path(self) -> None:
         s = self.settings
         self.redis = make_redis(s.redis_url, max_connections=16)
         store = JobStore(self.redis, s.job_ttl_s)
         writer = EventWriter(store, budget_s=s.event_write_budget_s)
         writer.start()
-        self.store = store
         self.runner = JobRunner(self.host, store, writer, self.id, s.default_max_tokens,
                                 priority_scheduling=s.scheduling_policy == "priority",
-                                on_engine_dead=self._engine_dead, max_attempts=s.max_attempts,
-                                hand_back=lambda job, n, reason: self.hand_back(job, self.id, n, reason))
-        await self._beat()
-        loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._heartbeat()), loop.create_task(self._control())]
+                                on_engine_dead=self._engine_died_under, max_attempts=s.max_attempts,
+                                hand_back=self._hand_back_one)
+        self.handback = LocalHandBack(self.runner, store, self.send, self.id, s.max_attempts)
+        self._control = asyncio.get_running_loop().create_task(control.listen(self.redis, self.runner))
 
     def run_job(self, msg: JobMessage) -> JobStatus | None:
         """Called from a Celery thread: run the job on the engine loop and wait for its end."""
         assert self.runner is not None, "worker runtime not started"
         return self.host.run(self.runner.run(msg))
 
-    def info(self) -> WorkerInfo:
-        self.host.stats.engine_requests = self.host.unfinished_requests()
+    def drain(self) -> None:
+        """SIGTERM (Celery has stopped consuming): announce draining in the next beat, let held
+        jobs finish up to the grace period, then hand the rest back to the queue."""
+        self.draining = True
+        self.heartbeat.poke()
+        if self.runner is None or self.runner.idle.wait(self.settings.drain_timeout_s):
+            return
+        log.warning("drain timeout: handing %d jobs back to the queue", len(self.runner.active))
+        self.host.run(self._hand_back_all("worker_shutdown"))
+
+    def stop(self) -> None:
+        """Stop judging others, deregister, close the job path, stop the engine."""
+        self.stopping = True
+        self.reaper.stop()
+        self.heartbeat.stop()
+        try:
+            self.host.run(self._close_job_path())
+        except Exception as e:
+            log.warning("could not close the job path: %s", e)
+        self.host.stop()
+
+    async def _close_job_path(self) -> None:
+        if self._control is not None:
+            self._control.cancel()
+            await asyncio.gather(self._control, return_exceptions=True)
+        if self.runner is not None:
+            await self.runner.writer.stop()
+        if self.redis is not None:
+            await self.redis.aclose()
+
+    # --- engine death -------------------------------------------------------------------------
+    async def _engine_died_under(self, job_id: str, attempt: int) -> None:
+        """A job saw the engine die: hand it back, and start the exit path (which waits for it)."""
+        assert self.handback is not None
+        if not self.stopping:
+            self.death.trigger()
+        await self.handback.job(job_id, attempt, "engine_failure")
+
+    async def _hand_back_one(self, job_id: str, attempt: int, reason: str) -> str:
+        """The runner gives a job back (its events could not be logged): requeue and re-send it."""
+        assert self.handback is not None
+        return await self.handback.job(job_id, attempt, reason)
+
+    async def _hand_back_all(self, reason: str) -> None:
+        if self.handback is not None:
+            await self.handback.all(reason)
+
+    # --- what the heartbeat reads (from its own thread) ---------------------------------------
+    def describe(self) -> WorkerInfo:
+        stats = self.host.stats.model_copy()
+        stats.engine_requests = self.host.unfinished_requests()
         return WorkerInfo(
             id=self.id, model=self.settings.model_name, host=socket.gethostname(), pid=os.getpid(),
             max_model_len=self.host.max_model_len, max_num_seqs=self.settings.max_num_seqs,
             tokenizer=self.host.model_path, started_at=self.started_at, last_seen=time.time(),
-            draining=self.draining, stats=self.host.stats,
+            draining=self.draining, stats=stats,
         )
 
-    async def _beat(self) -> None:
-        assert self.redis is not None
-        info, s = self.info(), self.settings
-        async with self.redis.pipeline(transaction=False) as p:
-            p.set(keys.worker(self.id), info.model_dump_json(), px=int(s.worker_ttl_s * 1000))
-            p.zadd(keys.workers(s.model_name), {self.id: info.last_seen})
-            p.zadd(keys.MODELS, {s.model_name: info.last_seen})
-            await p.execute()
+    def claimed(self) -> dict[str, int]:
+        active = dict(self.runner.active) if self.runner is not None else {}  # one C-level copy
+        return {job_id: job.attempt for job_id, job in active.items() if job.attempt and not job.handed_back}
 
-    async def _heartbeat(self) -> None:
-        connected_since: float | None = time.monotonic()
-        while True:
-            await asyncio.sleep(self.settings.heartbeat_s)
-            if self.host.engine is not None and self.host.engine.errored and self.exit_code is None:
-                log.critical("the engine is dead")
-                await self._hand_back_all("engine_failure")
-                self.exit_code = 4
-                threading.Thread(target=self._die, name="engine-dead-exit", daemon=True).start()
-            try:
-                started = time.monotonic()
-                await self._beat()
-                if time.monotonic() - started > self.settings.heartbeat_s:
-                    # the beat waited out an outage inside Redis retries: that was a reconnection too
-                    connected_since = None
-                connected_since = connected_since or time.monotonic()
-                # judge others' heartbeats only after a full TTL of our own: right after a Redis
-                # outage every worker's last beat looks old
-                if time.monotonic() - connected_since > self.settings.worker_ttl_s:
-                    await self._reap()
-            except Exception as e:  # Redis away: keep serving, try again next beat
-                connected_since = None
-                log.warning("heartbeat failed: %s", e)
+    def lost(self, job_id: str, attempt: int) -> None:
+        if self.handback is not None:
+            self.host.loop.call_soon_threadsafe(self.handback.fence, job_id, attempt)
 
-    async def _reap(self) -> None:
-        """Requeue the jobs of workers whose heartbeat stopped (one reaper at a time)."""
-        assert self.redis is not None
-        s = self.settings
-        if not await self.redis.set(keys.REAPER_LOCK, self.id, nx=True, px=int(s.heartbeat_s * 1000)):
-            return
-        for model in await self.redis.zrange(keys.MODELS, 0, -1):
-            for wid in await self.redis.zrangebyscore(keys.workers(model), 0, time.time() - s.worker_ttl_s):
-                if wid == self.id:  # alive by definition; a stale score is from a beat that waited out an outage
-                    continue
-                for job_id in await self.redis.smembers(keys.worker_jobs(wid)):
-                    await self.hand_back(job_id, wid, None, "worker_lost")
-                await self.redis.zrem(keys.workers(model), wid)
-                await self.redis.delete(keys.worker_jobs(wid))
-                log.warning("worker %s stopped heartbeating; its jobs were requeued", wid)
-        await self._sweep_unacked()
-        await self._sweep_queued()
+    def engine_dead(self) -> bool:
+        engine = self.host.engine
+        return not self.stopping and engine is not None and bool(engine.errored)
 
-    async def _sweep_queued(self) -> None:
-        """Re-send a job that has been queued for a while although its model's queue is empty
-        and no worker holds its message: the message was lost (Redis died between handing it to
-        a worker and that worker recording it). Jobs that are no longer queued leave the set."""
-        assert self.redis is not None and self.store is not None
-        now = time.time()
-        stale = await self.redis.zrangebyscore(keys.QUEUED, 0, now - 2 * self.settings.worker_ttl_s)
-        if not stale:
-            return
-        held = set()
-        for raw in await self.redis.hvals(keys.KOMBU_UNACKED):
-            try:
-                held.add(str(json.loads(raw)[0]["headers"]["id"]))
-            except (ValueError, KeyError, IndexError, TypeError):
-                continue
-        for job_id in stale:
-            rec = await self.store.get(job_id)
-            if rec is None or rec.status is not JobStatus.queued:
-                await self.redis.zrem(keys.QUEUED, job_id)
-                continue
-            depth = sum([await self.redis.llen(q) for q in keys.queue_lists(rec.model)])
-            if depth == 0 and job_id not in held:
-                await asyncio.to_thread(send_job, self.celery, rec.message())
-                await self.redis.zadd(keys.QUEUED, {job_id: now})
-                log.warning("job %s: queued with no message anywhere; re-sent", job_id)
-
-    async def _sweep_unacked(self) -> None:
-        """Re-send queued jobs whose message was delivered to a worker that never claimed them
-        (it died between taking the message and starting the job): a live worker claims within
-        moments, so a delivery older than two worker TTLs whose job is still queued was lost.
-        A duplicate message is harmless: only one claim can win."""
-        assert self.redis is not None and self.store is not None
-        old = time.time() - 2 * self.settings.worker_ttl_s
-        for tag in await self.redis.zrangebyscore(keys.KOMBU_UNACKED_INDEX, 0, old):
-            raw = await self.redis.hget(keys.KOMBU_UNACKED, tag)
-            try:
-                job_id = str(json.loads(raw)[0]["headers"]["id"]) if raw else None
-            except (ValueError, KeyError, IndexError, TypeError):
-                job_id = None
-            rec = await self.store.get(job_id) if job_id else None
-            if rec is not None and rec.status is JobStatus.running:
-                continue  # its worker is alive (the reaper handles dead ones) and acks at the end
-            if rec is not None and rec.status is JobStatus.queued:
-                await asyncio.to_thread(send_job, self.celery, rec.message())
-                log.warning("job %s: its message was stranded with a lost worker; re-sent", rec.id)
-            async with self.redis.pipeline(transaction=True) as p:
-                p.hdel(keys.KOMBU_UNACKED, tag)
-                p.zrem(keys.KOMBU_UNACKED_INDEX, tag)
-                await p.execute()
-
-    async def hand_back(self, job_id: str, worker_id: str, attempt: int | None, reason: str) -> str:
-        """Requeue a running job (for another attempt) and send it to the queue again."""
-        assert self.store is not None
-        outcome = await self.store.requeue(job_id, worker_id, attempt, reason, self.settings.max_attempts)
-        if outcome == "requeued" and (rec := await self.store.get(job_id)) is not None:
-            await asyncio.to_thread(send_job, self.celery, rec.message())
-        log.warning("job %s handed back (%s): %s", job_id, reason, outcome)
-        return outcome
-
-    async def _engine_dead(self, job_id: str, attempt: int) -> None:
-        """The engine died under a job: hand the job back and exit non-zero for a restart."""
-        await self.hand_back(job_id, self.id, attempt, "engine_failure")
-        if self.exit_code is None:
-            self.exit_code = 4
-            threading.Thread(target=self._die, name="engine-dead-exit", daemon=True).start()
-
-    def _die(self) -> None:
-        time.sleep(0.5)  # let the other jobs on the dead engine hand themselves back
-        log.critical("the engine died: exiting with code %s so that a supervisor restarts the worker",
-                     self.exit_code)
-        kill_children()
-        logging.shutdown()
-        os._exit(self.exit_code or 4)
-
-    async def _control(self) -> None:
-        assert self.redis is not None
-        while True:
-            try:
-                async with self.redis.pubsub(ignore_subscribe_messages=True) as ps:
-                    await ps.subscribe(keys.CONTROL_CHANNEL)
-                    async for raw in ps.listen():
-                        if raw.get("type") != "message":
-                            continue
-                        try:
-                            msg = ControlMessage.model_validate_json(raw["data"])
-                        except ValueError:
-                            log.warning("ignored malformed control message")
-                            continue
-                        if msg.type == "cancel" and self.runner is not None and self.runner.cancel(msg.job_id):
-                            log.info("job %s: cancel requested, aborting", msg.job_id)
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:
-                log.warning("control channel lost (%s); resubscribing", e)
-                await asyncio.sleep(0.5)
-
-    async def _deregister(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        if self.redis is not None:
-            await self.redis.zrem(keys.workers(self.settings.model_name), self.id)
-            await self.redis.delete(keys.worker(self.id))
-            await self.redis.aclose()
-
-    async def _hand_back_all(self, reason: str) -> None:
-        assert self.runner is not None
-        for job_id, job in list(self.runner.active.items()):
-            job.handed_back = True
-            await self.hand_back(job_id, self.id, job.attempt or None, reason)
-            if job.task is not None:
-                job.task.cancel()
-
-    def drain(self) -> None:
-        """Stop taking jobs (Celery has stopped consuming); let held jobs finish up to the grace
-        period, then hand the rest back to the queue for another worker."""
-        self.draining = True
-        deadline = time.monotonic() + self.settings.drain_timeout_s
-        try:
-            self.host.run(self._beat())
-        except Exception:
-            pass
-        while self.runner is not None and self.runner.active and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if self.runner is not None and self.runner.active:
-            log.warning("drain timeout: handing %d jobs back to the queue", len(self.runner.active))
-            self.host.run(self._hand_back_all("worker_shutdown"))
-
-    def stop(self) -> None:
-        try:
-            self.host.run(self._deregister())
-        except Exception as e:
-            log.warning("could not deregister: %s", e)
-        self.host.stop()
+    def on_engine_dead(self) -> None:
+        if not self.stopping:
+            self.death.trigger()

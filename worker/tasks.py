@@ -21,7 +21,8 @@ from inferq.shared.schemas import JobMessage
 from inferq.shared.settings import get_settings
 from inferq.worker import kombu_fix
 from inferq.shared.celery_app import make_celery
-from inferq.worker.runtime import WorkerRuntime, kill_children
+from inferq.worker.death import kill_children
+from inferq.worker.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
 kombu_fix.install()

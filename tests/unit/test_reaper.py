@@ -1,46 +1,126 @@
-"""The reaper (real Redis): it requeues a silent worker's jobs, and never its own worker's."""
+"""The reaper (a Redis of its own): it requeues a silent worker's jobs and never its own, takes
+only the jobs it hands back, and keeps to its time budget."""
 
 from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import AsyncIterator
 
-from inferq.cli.procs import free_port, start_redis
+import pytest
+import redis
+
 from inferq.shared import keys
 from inferq.shared.redis import make_redis
-from inferq.shared.schemas import JobRecord, JobRequest, JobStatus
+from inferq.shared.schemas import JobMessage, JobRecord, JobRequest, JobStatus
 from inferq.shared.settings import Settings
 from inferq.shared.store import JobStore
-from inferq.shared.celery_app import make_celery
-from inferq.worker.runtime import WorkerRuntime
+from inferq.worker.reaper import Budget, Reaper
 
 
-async def test_reaper_requeues_a_silent_worker_but_never_itself(tmp_path) -> None:
-    # a Redis of its own: the session's serves live workers whose reapers would take the lock
-    server = start_redis(free_port(), tmp_path, name="redis-reaper")
-    url = server.url
-    model = f"m-{uuid.uuid4().hex[:6]}"
-    settings = Settings(redis_url=url, worker_id="me", served_model_name=model, worker_ttl_s=3)
-    rt = WorkerRuntime(settings, make_celery(settings))
-    rt.redis = make_redis(url)
-    rt.store = JobStore(rt.redis, 120)
-    try:
-        jobs = {}
-        for wid in ("me", "gone"):
-            rec = JobRecord(id=f"job-{uuid.uuid4().hex}", model=model, request=JobRequest(prompt="p"))
-            await rt.store.create(rec)
-            await rt.store.claim(rec.id, wid)
-            jobs[wid] = rec.id
-        stale = time.time() - 60  # both look silent: "me" just waited out a Redis outage in a retry
-        await rt.redis.zadd(keys.MODELS, {model: time.time()})
-        await rt.redis.zadd(keys.workers(model), {"me": stale, "gone": stale})
-        await rt.redis.delete(keys.REAPER_LOCK)
-        await rt._reap()
-        mine, theirs = await rt.store.get(jobs["me"]), await rt.store.get(jobs["gone"])
-        assert mine.status is JobStatus.running and mine.worker == "me"
-        assert theirs.status is JobStatus.queued and theirs.worker is None
-        assert await rt.redis.zscore(keys.workers(model), "me") is not None
-        assert await rt.redis.zscore(keys.workers(model), "gone") is None
-    finally:
-        await rt.redis.aclose()
-        server.stop()
+@pytest.fixture
+async def r(own_redis: str) -> AsyncIterator[redis.asyncio.Redis]:
+    client = make_redis(own_redis)
+    await client.flushdb()
+    yield client
+    await client.aclose()
+
+
+def make_reaper(url: str, model: str, sent: list[str], **settings: object) -> Reaper:
+    s = Settings(redis_url=url, worker_id="me", served_model_name=model, worker_ttl_s=3, heartbeat_s=0.5,
+                 **settings)
+    return Reaper(s, "me", lambda msg: sent.append(msg.id))
+
+
+async def running_job(store: JobStore, model: str, worker_id: str) -> str:
+    rec = JobRecord(id=f"job-{uuid.uuid4().hex}", model=model, request=JobRequest(prompt="p"))
+    await store.create(rec)
+    await store.claim(rec.id, worker_id)
+    return rec.id
+
+
+async def fall_silent(r: redis.asyncio.Redis, model: str, *worker_ids: str) -> None:
+    stale = time.time() - 60
+    await r.zadd(keys.MODELS, {model: time.time()})
+    await r.zadd(keys.workers(model), {wid: stale for wid in worker_ids})
+
+
+async def test_reaper_requeues_a_silent_worker_but_never_itself(r, own_redis) -> None:
+    model, sent = f"m-{uuid.uuid4().hex[:6]}", []
+    reaper = make_reaper(own_redis, model, sent)
+    reaper.bind(r)
+    store = JobStore(r, 120)
+    jobs = {wid: await running_job(store, model, wid) for wid in ("me", "gone")}
+    # both look silent: "me" just waited out a Redis outage in a retry
+    await fall_silent(r, model, "me", "gone")
+    assert await reaper.run_once() == 1
+    mine, theirs = await store.get(jobs["me"]), await store.get(jobs["gone"])
+    assert mine.status is JobStatus.running and mine.worker == "me"
+    assert theirs.status is JobStatus.queued and theirs.worker is None and sent == [jobs["gone"]]
+    assert (await store.read_log(jobs["gone"]))[-1].reason == "worker_lost"
+    assert await r.zscore(keys.workers(model), "me") is not None
+    assert await r.zscore(keys.workers(model), "gone") is None and not await r.exists(keys.worker_jobs("gone"))
+    assert await r.get(keys.REAPER_LOCK) is None, "the lock is released after the pass"
+
+
+async def test_reaper_waits_for_trust_and_for_the_lock(r, own_redis) -> None:
+    model, sent = f"m-{uuid.uuid4().hex[:6]}", []
+    reaper = make_reaper(own_redis, model, sent)
+    reaper.bind(r)
+    job = await running_job(JobStore(r, 120), model, "gone")
+    await fall_silent(r, model, "gone")
+    reaper.trusted = lambda: False  # not a full TTL of its own beats yet
+    assert await reaper.run_once() is None
+    reaper.trusted = lambda: True
+    await r.set(keys.REAPER_LOCK, "someone-else", px=10_000)
+    assert await reaper.run_once() is None and await r.get(keys.REAPER_LOCK) == "someone-else"
+    assert not sent and (await JobStore(r, 120).get(job)).status is JobStatus.running
+
+
+async def test_jobs_claimed_after_the_snapshot_stay_with_their_worker(r, own_redis) -> None:
+    model, sent = f"m-{uuid.uuid4().hex[:6]}", []
+    reaper = make_reaper(own_redis, model, sent)
+    reaper.bind(r)
+    store = JobStore(r, 120)
+    old, again = await running_job(store, model, "slow"), await running_job(store, model, "slow")
+    await fall_silent(r, model, "slow")
+    [dead] = await reaper.silent()
+    assert sorted(dead.jobs) == sorted([old, again])
+    # after the reaper read its job set, the worker (slow, not dead) handed one job back and
+    # claimed it again, and claimed a new one
+    assert await store.requeue(again, "slow", 1, "worker_shutdown", max_attempts=3) == "requeued"
+    assert (await store.claim(again, "slow")).attempt == 2
+    new = await running_job(store, model, "slow")
+    await r.set(keys.REAPER_LOCK, "token")
+    assert await reaper.reap(dead, Budget(60, time.monotonic), "token") == 1
+    assert (await store.get(old)).status is JobStatus.queued and sent == [old]
+    rerun = await store.get(again)
+    assert rerun.status is JobStatus.running and rerun.worker == "slow" and rerun.attempt == 2
+    assert (await store.get(new)).status is JobStatus.running
+    assert await r.smembers(keys.worker_jobs("slow")) == {again, new}
+    assert await r.zscore(keys.workers(model), "slow") is not None, "a worker with jobs is not forgotten"
+
+
+async def test_reaper_keeps_to_its_budget_and_holds_the_lock_longer(r, own_redis) -> None:
+    model, sent, clock, lock_ttls = f"m-{uuid.uuid4().hex[:6]}", [], [0.0], []
+    sync = redis.Redis.from_url(own_redis)
+
+    def slow_send(msg: JobMessage) -> None:  # each hand-back costs a second on the reaper's clock
+        sent.append(msg.id)
+        lock_ttls.append(sync.pttl(keys.REAPER_LOCK))
+        clock[0] += 1.0
+
+    settings = Settings(redis_url=own_redis, served_model_name=model, worker_ttl_s=3, reaper_budget_s=2.5)
+    reaper = Reaper(settings, "me", slow_send, clock=lambda: clock[0])
+    reaper.bind(r)
+    store = JobStore(r, 120)
+    jobs = [await running_job(store, model, "gone") for _ in range(8)]
+    await fall_silent(r, model, "gone")
+    passes = []
+    while await r.zscore(keys.workers(model), "gone") is not None:
+        assert len(passes) < 5, passes
+        passes.append(await reaper.run_once())
+        assert await r.get(keys.REAPER_LOCK) is None
+    assert passes == [3, 3, 2], "a pass stops once its budget is spent; the next one goes on"
+    assert sorted(sent) == sorted(jobs) and all(2500 < ttl <= 5000 for ttl in lock_ttls), lock_ttls
+    sync.close()

@@ -1,0 +1,153 @@
+"""What the worker's liveness tests share: a Redis of their own, polling with a deadline, and an
+engine host whose loop runs in a thread (as the real one does) around a scripted engine."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from concurrent import futures
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import vllm  # noqa: F401  (the runner imports it on its first job: not inside a test's deadline)
+from vllm.v1.engine.exceptions import EngineDeadError
+
+from inferq.cli import procs
+from inferq.shared.schemas import EngineStats, JobMessage, JobRecord, JobRequest
+from inferq.shared.store import JobStore
+from inferq.worker.loopthread import LoopThread
+from tests.unit.test_runner import Out, ScriptedTokenizer, Step
+
+
+def start_redis(logdir: Path) -> Iterator[str]:
+    """A redis-server of its own (live workers elsewhere in the session would take the reaper
+    lock and sweep kombu's hashes), ready once it answers PING."""
+    server = procs.start_redis(procs.free_port(), logdir, name="redis-own")
+    try:
+        yield server.url
+    finally:
+        server.stop(signal.SIGKILL)
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    procs.wait_until(condition, timeout, what, interval=0.02)
+
+
+async def eventually(condition: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not await condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting until {what}")
+        await asyncio.sleep(0.02)
+
+
+@dataclass
+class GatedEngine:
+    """Each request gets one step, then waits for a step that never comes (the engine is busy
+    elsewhere or stuck); ``die_for`` requests see the engine die instead."""
+
+    die_for: set[str] = field(default_factory=set)
+    errored: bool = False
+    started: list[str] = field(default_factory=list)
+    aborted: list[str] = field(default_factory=list)
+
+    async def generate(self, prompt: Any, params: Any, request_id: str, **_: Any) -> Any:
+        self.started.append(request_id)
+        yield Step([Out(0, "x ", [1])])
+        if request_id in self.die_for:
+            raise EngineDeadError()
+        try:
+            await asyncio.Event().wait()
+        except (asyncio.CancelledError, GeneratorExit):
+            self.aborted.append(request_id)
+            raise
+
+
+class LoopHost:
+    """``EngineHost``'s interface around a scripted engine, its loop in a thread of its own."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.tokenizer = ScriptedTokenizer()
+        self.max_model_len = 64
+        self.model_path = "scripted"
+        self.stats = EngineStats()
+        self._thread = LoopThread("scripted-engine-loop")
+        self.loop = self._thread.loop
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def run(self, coro: Any) -> Any:
+        return self._thread.run(coro)
+
+    def unfinished_requests(self) -> int:
+        return 0
+
+    def stop(self) -> None:
+        self._thread.stop()
+
+
+async def queued_job(store: JobStore, model: str, **req: Any) -> JobMessage:
+    request = JobRequest(**{"prompt": "one two", "max_tokens": 8, **req})
+    rec = JobRecord(id=f"job-{os.urandom(8).hex()}", model=model, request=request)
+    await store.create(rec)
+    return JobMessage(id=rec.id, model=model, request=request, created_at=rec.created_at)
+
+
+@dataclass
+class Rig:
+    """A WorkerRuntime around a scripted engine, run as Celery would: jobs on threads of a pool.
+    ``events`` records, in order, the messages its own hand-backs sent and how it would have
+    exited; ``resent`` the messages its reaper sent."""
+
+    runtime: Any
+    engine: Any
+    events: list[tuple[str, Any]] = field(default_factory=list)  # ("sent", job id) / ("exit", code)
+    resent: list[str] = field(default_factory=list)
+    exited: threading.Event = field(default_factory=threading.Event)
+    pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(8, "celery-like"))
+    runs: list[Future[Any]] = field(default_factory=list)
+
+    @property
+    def sent(self) -> list[str]:
+        return [v for k, v in self.events if k == "sent"]
+
+    def run_job(self, msg: JobMessage) -> Future[Any]:
+        self.runs.append(f := self.pool.submit(self.runtime.run_job, msg))
+        return f
+
+    def stop(self) -> None:
+        """End the jobs still running (as Celery's warm shutdown waits for them), then stop."""
+        rt = self.runtime
+        for job_id in list(rt.runner.active):
+            rt.host.loop.call_soon_threadsafe(rt.runner.cancel, job_id)
+        futures.wait(self.runs, timeout=30)
+        rt.stop()
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def start_runtime(url: str, engine: Any, **settings: Any) -> Rig:
+    from inferq.shared.celery_app import make_celery
+    from inferq.shared.settings import Settings
+    from inferq.worker.runtime import WorkerRuntime
+
+    s = Settings(**{"redis_url": url, "worker_id": f"w-{os.urandom(3).hex()}", "served_model_name": "scripted",
+                    "heartbeat_s": 0.1, "worker_ttl_s": 0.6, **settings})
+    rig = Rig(None, engine)
+
+    def exit(code: int) -> None:
+        rig.events.append(("exit", code))
+        rig.exited.set()
+
+    rig.runtime = rt = WorkerRuntime(s, make_celery(s), host=LoopHost(engine), exit=exit)  # type: ignore[arg-type]
+    rt.send = lambda msg: rig.events.append(("sent", msg.id))
+    rt.reaper.send = lambda msg: rig.resent.append(msg.id)
+    rt.start()
+    return rig

@@ -1,0 +1,101 @@
+"""Handing running jobs back to the queue.
+
+:func:`hand_back` is the one way to do it (the reaper uses it for dead workers' jobs): a Lua script
+takes the job back only while the given worker (and attempt) still runs it, then a new Celery
+message is sent. :class:`LocalHandBack` does it for this worker's own jobs, on the engine loop:
+when it drains, when its engine dies, and when it learns that another worker's reaper already
+took a job from it (:meth:`LocalHandBack.fence`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from inferq.shared.redis import redis_retrying
+from inferq.shared.store import JobStore
+from inferq.worker.runner import ActiveJob, JobRunner
+from inferq.worker.unacked import Send
+
+log = logging.getLogger(__name__)
+
+
+async def hand_back(store: JobStore, send: Send, job_id: str, worker_id: str, attempt: int | None,
+                    reason: str, max_attempts: int, claimed_before: float | None = None) -> str:
+    """Requeue a running job of ``worker_id`` (for another attempt) and send it to the queue again.
+    Returns the outcome of :meth:`JobStore.requeue` ('skip': it was not that worker's to give)."""
+    outcome = await store.requeue(job_id, worker_id, attempt, reason, max_attempts, claimed_before)
+    if outcome == "requeued" and (rec := await store.get(job_id)) is not None:
+        await asyncio.to_thread(send, rec.message())
+    if outcome != "skip":
+        log.warning("job %s handed back (%s): %s", job_id, reason, outcome)
+    return outcome
+
+
+class LocalHandBack:
+    """This worker's own hand-backs. Runs on the engine loop (the runner's ``active`` lives there).
+
+    One hand-back per job attempt at a time: a job that hands itself back (its engine died under
+    it) and the engine-death path that hands back everything share it, so :meth:`all` returns only
+    once every message is sent."""
+
+    def __init__(self, runner: JobRunner, store: JobStore, send: Send, worker_id: str, max_attempts: int) -> None:
+        self.runner = runner
+        self.store = store
+        self.send = send
+        self.worker_id = worker_id
+        self.max_attempts = max_attempts
+        self._inflight: dict[tuple[str, int], asyncio.Task[str]] = {}
+
+    async def job(self, job_id: str, attempt: int, reason: str) -> str:
+        """Hand back one attempt of a job (0: not claimed yet, any attempt of this worker)."""
+        key = (job_id, attempt)
+        task = self._inflight.get(key)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self._hand_back(job_id, attempt, reason))
+            self._inflight[key] = task
+            task.add_done_callback(lambda _: self._inflight.pop(key, None))
+        return await asyncio.shield(task)
+
+    async def _hand_back(self, job_id: str, attempt: int, reason: str) -> str:
+        async for retry in redis_retrying():
+            with retry:
+                return await hand_back(self.store, self.send, job_id, self.worker_id, attempt or None,
+                                       reason, self.max_attempts)
+        raise AssertionError("unreachable")
+
+    async def all(self, reason: str) -> None:
+        """Hand back every active job and end its run (no end written); return when every
+        hand-back in flight, including those jobs started themselves, is done."""
+        jobs = list(self.runner.active.items())
+        await asyncio.gather(*(self._give_up(job_id, job, reason) for job_id, job in jobs),
+                             return_exceptions=True)
+        await self.settle()
+
+    async def _give_up(self, job_id: str, job: ActiveJob, reason: str) -> None:
+        ending = job.handed_back  # the job is already handing itself back: leave its task alone
+        job.handed_back = True
+        try:
+            await self.job(job_id, job.attempt, reason)
+        except Exception:
+            log.exception("job %s: could not hand it back (%s)", job_id, reason)
+        finally:
+            if not ending and job.task is not None:
+                job.task.cancel()
+
+    async def settle(self) -> None:
+        """Wait for every hand-back in flight."""
+        while self._inflight:
+            await asyncio.gather(*list(self._inflight.values()), return_exceptions=True)
+
+    def fence(self, job_id: str, attempt: int) -> bool:
+        """This attempt no longer owns the job (another worker's reaper took it back): end its
+        run without writing an end; Celery then acks its message. Call on the engine loop."""
+        job = self.runner.active.get(job_id)
+        if job is None or job.attempt != attempt or job.handed_back:
+            return False
+        log.warning("job %s: attempt %d was taken back from this worker; stopping it", job_id, attempt)
+        job.handed_back = True
+        if job.task is not None:
+            job.task.cancel()
+        return True

@@ -1,0 +1,175 @@
+"""The heartbeat: registers the worker and its engine stats in Redis every ``heartbeat_s``.
+
+It runs on a thread and event loop of its own, with its own Redis client: never on the engine's
+loop, which the token path can keep busy for longer than a worker TTL. From that thread it only
+reads the worker's state (plain attribute reads) and hands work to the engine loop without
+waiting for it (:class:`WorkerView`).
+
+Each beat also checks that the worker is still registered. A worker that finds itself reaped (its
+id gone from the model's live set, or fewer jobs in its job set than it runs) re-registers, keeps
+the jobs that are still its own, and stops the attempts that were taken from it: their writes are
+fenced anyway, and they end without writing an end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import Protocol
+
+from redis.asyncio import Redis
+
+from inferq.shared import keys
+from inferq.shared.redis import make_redis
+from inferq.shared.schemas import WorkerInfo
+from inferq.shared.settings import Settings
+from inferq.worker.loopthread import LoopThread
+from inferq.worker.reaper import forget_worker
+
+log = logging.getLogger(__name__)
+
+# KEYS: job hash, worker's job set. ARGV: worker id (JSON), attempt, job id.
+# 1 and back in the set if the attempt still runs the job, else 0.
+_ADOPT = """
+if redis.call('HGET', KEYS[1], 'status') ~= '"running"' then return 0 end
+if redis.call('HGET', KEYS[1], 'worker') ~= ARGV[1] then return 0 end
+if redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[2] then return 0 end
+redis.call('SADD', KEYS[2], ARGV[3])
+return 1
+"""
+
+
+class WorkerView(Protocol):
+    """What the heartbeat needs from its worker; called from the heartbeat's thread."""
+
+    def describe(self) -> WorkerInfo:
+        """The worker's self-description, ``last_seen`` = now."""
+
+    def claimed(self) -> dict[str, int]:
+        """Job id -> attempt of the jobs the worker runs (claimed, not being handed back)."""
+
+    def lost(self, job_id: str, attempt: int) -> None:
+        """That attempt no longer owns its job: stop it, write no end (must not block)."""
+
+    def engine_dead(self) -> bool: ...
+
+    def on_engine_dead(self) -> None:
+        """Start the engine-death path (must not block)."""
+
+
+class Heartbeat:
+    def __init__(self, settings: Settings, worker_id: str, worker: WorkerView) -> None:
+        self.settings = settings
+        self.worker_id = worker_id
+        self.worker = worker
+        self.redis: Redis | None = None
+        self.trusted_since: float | None = None  # monotonic start of the current run of good beats
+        self.reaped = 0  # times this worker found itself taken for dead
+        self._registered = False
+        self._wake: asyncio.Event | None = None
+        self._thread: LoopThread | None = None
+
+    def start(self, timeout: float | None = None) -> None:
+        """Register (the first beat: raises if it fails), then beat from a thread of its own."""
+        self._thread = LoopThread("heartbeat")
+        self._thread.start()
+        self._thread.run(self._open(), timeout)
+        self._thread.submit(self._serve())
+
+    async def _open(self) -> None:
+        self.redis = make_redis(self.settings.redis_url, max_connections=4)
+        self._wake = asyncio.Event()
+        await self.beat()
+        self.trusted_since = time.monotonic()
+
+    def trusted(self) -> bool:
+        """A full worker TTL of timely, successful beats: only then may this worker judge others'
+        heartbeats (right after an outage, or while this process is stalled, others look late)."""
+        since = self.trusted_since
+        return since is not None and time.monotonic() - since >= self.settings.worker_ttl_s
+
+    def poke(self) -> None:
+        """Beat now (e.g. to announce draining); from any thread."""
+        if self._thread is not None and self._wake is not None:
+            self._thread.loop.call_soon_threadsafe(self._wake.set)
+
+    async def beat(self) -> None:
+        """Write the worker's description and live-set scores; reconcile if it was reaped."""
+        assert self.redis is not None
+        s, wid = self.settings, self.worker_id
+        info = self.worker.describe()
+        async with self.redis.pipeline(transaction=False) as p:
+            p.zscore(keys.workers(s.model_name), wid)
+            p.scard(keys.worker_jobs(wid))
+            p.set(keys.worker(wid), info.model_dump_json(), px=int(s.worker_ttl_s * 1000))
+            p.zadd(keys.workers(s.model_name), {wid: info.last_seen})
+            p.zadd(keys.MODELS, {s.model_name: info.last_seen})
+            score, held, *_ = await p.execute()
+        reaped, self._registered = self._registered and score is None, True
+        claimed = self.worker.claimed()
+        if reaped:
+            self.reaped += 1
+            self.trusted_since = None  # others saw no beat for a TTL: count this as a reconnection
+            log.warning("this worker was taken for dead and reaped; re-registered (%d jobs to check)", len(claimed))
+        if reaped or held < len(claimed):
+            await self._reconcile(claimed)
+
+    async def _reconcile(self, claimed: dict[str, int]) -> None:
+        """Keep (and re-list) the jobs still ours; stop the attempts that were taken from us."""
+        assert self.redis is not None
+        me = json.dumps(self.worker_id)
+        for job_id, attempt in claimed.items():
+            if not await self.redis.eval(_ADOPT, 2, keys.job(job_id), keys.worker_jobs(self.worker_id),
+                                         me, str(attempt), job_id):
+                self.worker.lost(job_id, attempt)
+
+    async def _serve(self) -> None:
+        assert self._wake is not None
+        s = self.settings
+        due = last_ok = time.monotonic()
+        while True:
+            due = max(due + s.heartbeat_s, time.monotonic())  # a late beat does not push the next one
+            try:
+                await asyncio.wait_for(self._wake.wait(), due - time.monotonic())  # the period, or a poke
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            started = time.monotonic()
+            try:
+                if self.worker.engine_dead():
+                    self.worker.on_engine_dead()
+                async with asyncio.timeout(s.worker_ttl_s):
+                    await self.beat()
+            except Exception as e:  # Redis away: keep serving, try again next beat
+                self.trusted_since = None
+                log.warning("heartbeat failed: %s", e)
+                continue
+            now = time.monotonic()
+            if now - started > s.heartbeat_s or now - last_ok > s.worker_ttl_s / 2:
+                # the beat waited out an outage inside Redis retries, or this process was stalled:
+                # what it sees of others' beats is not to be trusted for a while
+                self.trusted_since = None
+            last_ok = now
+            if self.trusted_since is None:
+                self.trusted_since = now
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop beating and deregister (the live-set entry stays while the job set is not empty,
+        so that a reaper still takes those jobs back)."""
+        if self._thread is not None:
+            self._thread.stop(timeout, close=self._deregister)
+            self._thread = None
+
+    async def _deregister(self) -> None:
+        if self.redis is None:
+            return
+        try:
+            async with asyncio.timeout(self.settings.worker_ttl_s):
+                await self.redis.delete(keys.worker(self.worker_id))
+                await forget_worker(self.redis, self.settings.model_name, self.worker_id)
+        except Exception as e:
+            log.warning("could not deregister: %s", e)
+        finally:
+            await self.redis.aclose()

@@ -1,0 +1,192 @@
+"""The reaper: takes back the running jobs of workers whose heartbeat stopped.
+
+It runs on a thread and event loop of its own, with its own Redis client, so that its work never
+delays a heartbeat. One worker at a time reaps (a lock); a pass stops at its time budget and the
+next pass goes on where it stopped. The lock lives twice the budget, is extended after each
+hand-back and released (if still held) at the end.
+
+A silent worker loses only the jobs actually handed back: the requeue script removes a job from
+its set only while it is that worker's running job claimed before the reaper read the set, and
+the worker leaves its model's live set only once its job set is empty. A reaper never reaps its
+own worker, and judges others only after a full TTL of its own successful heartbeats (right after
+a Redis outage every worker's last beat looks old).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from redis.asyncio import Redis
+
+from inferq.shared import keys
+from inferq.shared.redis import make_redis
+from inferq.shared.settings import Settings
+from inferq.shared.store import JobStore
+from inferq.worker.handback import hand_back
+from inferq.worker.loopthread import LoopThread
+from inferq.worker.unacked import Send, UnackedEntries, sweep_queued, sweep_unacked
+
+log = logging.getLogger(__name__)
+
+# KEYS: lock. ARGV: token, ttl ms. Extend the lock while this pass holds it.
+_EXTEND = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return 0"
+# KEYS: lock. ARGV: token. Release the lock if this pass still holds it.
+_RELEASE = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
+# KEYS: the model's workers zset, the worker's job set. ARGV: worker id, latest beat to forget ('': any).
+# Forget a worker whose job set is empty and whose last beat is no later than ARGV[2].
+_FORGET = """
+if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+local seen = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if ARGV[2] ~= '' and seen and tonumber(seen) > tonumber(ARGV[2]) then return 0 end
+redis.call('ZREM', KEYS[1], ARGV[1])
+return 1
+"""
+
+
+async def forget_worker(redis: Redis, model: str, worker_id: str, seen_before: float | None = None) -> bool:
+    """Remove the worker from its model's live set, unless it still has jobs or beat after ``seen_before``."""
+    return bool(await redis.eval(_FORGET, 2, keys.workers(model), keys.worker_jobs(worker_id), worker_id,
+                                 "" if seen_before is None else repr(seen_before)))
+
+
+@dataclass
+class Silent:
+    """A worker whose last heartbeat is older than the TTL, as the reaper saw it."""
+
+    model: str
+    worker_id: str
+    jobs: list[str]
+    seen_at: float  # when the reaper read its job set: jobs it claimed later are not judged
+    beat_before: float  # its last beat was no later than this
+
+
+class Budget:
+    def __init__(self, seconds: float, clock: Callable[[], float]) -> None:
+        self.clock = clock
+        self.end = clock() + seconds
+
+    def spent(self) -> bool:
+        return self.clock() >= self.end
+
+
+class LockLost(Exception):
+    """Another worker holds the reaper lock now."""
+
+
+class Reaper:
+    def __init__(self, settings: Settings, worker_id: str, send: Send, *,
+                 trusted: Callable[[], bool] = lambda: True, clock: Callable[[], float] = time.monotonic) -> None:
+        self.settings = settings
+        self.worker_id = worker_id
+        self.send = send
+        self.trusted = trusted  # True after a full TTL of this worker's own successful beats
+        self.clock = clock
+        self.budget_s = settings.reaper_budget
+        self.lock_ttl_s = 2 * self.budget_s
+        self.redis: Redis | None = None
+        self.store: JobStore | None = None
+        self._thread: LoopThread | None = None
+
+    def bind(self, redis: Redis) -> None:
+        self.redis, self.store = redis, JobStore(redis, self.settings.job_ttl_s)
+
+    # --- one pass -----------------------------------------------------------------------------
+    async def run_once(self) -> int | None:
+        """One pass within the budget. Returns the jobs handed back, or None when this worker is
+        not the reaper this time (not trusted yet, or another worker holds the lock)."""
+        assert self.redis is not None, "bind() a Redis client first"
+        if not self.trusted():
+            return None
+        token = f"{self.worker_id}:{uuid.uuid4().hex[:8]}"
+        if not await self.redis.set(keys.REAPER_LOCK, token, nx=True, px=int(self.lock_ttl_s * 1000)):
+            return None
+        budget, handed = Budget(self.budget_s, self.clock), 0
+        try:
+            async with asyncio.timeout(self.budget_s + self.lock_ttl_s):  # a hung call ends the pass
+                for dead in await self.silent():
+                    if budget.spent():
+                        break
+                    handed += await self.reap(dead, budget, token)
+                if not budget.spent():
+                    await self.sweep(budget)
+        except LockLost:
+            log.warning("reaper lock lost mid-pass; stopping")
+        except TimeoutError:
+            log.warning("reaper pass ran past %g s; stopped", self.budget_s + self.lock_ttl_s)
+        finally:
+            try:
+                async with asyncio.timeout(self.lock_ttl_s):
+                    await self.redis.eval(_RELEASE, 1, keys.REAPER_LOCK, token)
+            except Exception as e:  # it expires by itself
+                log.warning("could not release the reaper lock: %r", e)
+        return handed
+
+    async def silent(self) -> list[Silent]:
+        """Every other worker whose last heartbeat is older than the TTL, with its running jobs."""
+        assert self.redis is not None
+        out = []
+        for model in await self.redis.zrange(keys.MODELS, 0, -1):
+            before = time.time() - self.settings.worker_ttl_s
+            for wid in await self.redis.zrangebyscore(keys.workers(model), 0, before):
+                if wid == self.worker_id:  # alive by definition; a stale score is from a beat that waited out an outage
+                    continue
+                seen_at = time.time()
+                jobs = sorted(await self.redis.smembers(keys.worker_jobs(wid)))
+                out.append(Silent(model, wid, jobs, seen_at, before))
+        return out
+
+    async def reap(self, dead: Silent, budget: Budget, token: str) -> int:
+        """Hand back the silent worker's jobs (while the budget lasts); forget the worker once
+        none is left. Returns the jobs handed back."""
+        assert self.redis is not None and self.store is not None
+        handed = 0
+        for job_id in dead.jobs:
+            if budget.spent():
+                return handed
+            outcome = await hand_back(self.store, self.send, job_id, dead.worker_id, None, "worker_lost",
+                                      self.settings.max_attempts, claimed_before=dead.seen_at)
+            handed += outcome != "skip"
+            if not await self.redis.eval(_EXTEND, 1, keys.REAPER_LOCK, token, int(self.lock_ttl_s * 1000)):
+                raise LockLost
+        if await forget_worker(self.redis, dead.model, dead.worker_id, dead.beat_before):
+            log.warning("worker %s stopped heartbeating; %d of its jobs were handed back", dead.worker_id, handed)
+        return handed
+
+    async def sweep(self, budget: Budget) -> None:
+        """Re-send queued jobs whose Celery message was stranded or lost (``worker/unacked.py``)."""
+        assert self.store is not None
+        now, entries = time.time(), UnackedEntries(self.store.redis)
+        old = now - 2 * self.settings.worker_ttl_s
+        await sweep_unacked(self.store, self.send, entries, old, budget.spent)
+        if not budget.spent():
+            await sweep_queued(self.store, self.send, entries, old, now, budget.spent)
+
+    # --- its thread ---------------------------------------------------------------------------
+    def start(self) -> None:
+        """Reap every heartbeat interval, from a thread of its own."""
+        self._thread = LoopThread("reaper")
+        self._thread.start()
+        self._thread.submit(self._serve())
+
+    async def _serve(self) -> None:
+        self.bind(make_redis(self.settings.redis_url, max_connections=4))
+        while True:
+            try:
+                await self.run_once()
+            except Exception as e:  # Redis away: try again next time
+                log.warning("reaper pass failed: %s", e)
+            await asyncio.sleep(self.settings.heartbeat_s)  # the pass period, not a wait for anything
+
+    def stop(self, timeout: float = 5.0) -> None:
+        if self._thread is not None:
+            self._thread.stop(timeout, close=self._close)
+            self._thread = None
+
+    async def _close(self) -> None:
+        if self.redis is not None:
+            await self.redis.aclose()
