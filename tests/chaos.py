@@ -1,6 +1,8 @@
 """The chaos suite: jobs under load while workers are SIGKILLed and Redis restarts.
 
     python -m tests.chaos --jobs 200 --kills 3 --redis-restarts 1 --out docs/reliability-run.json
+    python -m tests.chaos --jobs 64 --kills 0 --redis-restarts 0 --max-tokens 2000 \
+        --concurrency 64 --worker-ttl 3 --max-num-seqs 32       # load alone: nothing may be reaped
 
 Every job is submitted with an Idempotency-Key (and retried through outages), followed over a
 WebSocket that reconnects with ``?after=SEQ``, and finally polled. Reported: submitted,
@@ -144,14 +146,17 @@ async def run_chaos(fleet: Fleet, jobs: int, kills: int, redis_restarts: int, ma
     failed: Counter[str] = Counter()
     succeeded = lost = duplicated = 0
     redelivery: list[float] = []
+    restarts: Counter[str] = Counter()  # restart events by reason (a job lost by its attempt)
     for (job_id, events), final in zip(followed, finals):
+        restarts.update(e.get("reason", "?") for e in events if e["type"] == "restart")
         if final is None:
             lost += 1
             continue
         if final["status"] == "succeeded":
             succeeded += 1
         else:
-            failed[(final.get("error") or {}).get("type", final["status"])] += 1
+            err = final.get("error") or {}
+            failed[err.get("code") or err.get("type") or final["status"]] += 1
         text, in_order = _client_text(events)
         if not in_order or (final["status"] == "succeeded" and text != final["text"]):
             duplicated += 1
@@ -161,7 +166,8 @@ async def run_chaos(fleet: Fleet, jobs: int, kills: int, redis_restarts: int, ma
                 redelivery.append(final["started_at"] - before[-1])
     return {
         "submitted": jobs, "succeeded": succeeded, "failed": dict(failed), "lost": lost,
-        "duplicated": duplicated, "restarted_jobs": len(redelivery), "kills": len(kill_times),
+        "duplicated": duplicated, "restarted_jobs": len(redelivery), "restarts": dict(restarts),
+        "kills": len(kill_times),
         "redis_restarts": redis_restarts,
         "redelivery_s": _summary(redelivery), "cancel_to_abort_s": _summary(cancel_times),
     }
@@ -179,13 +185,19 @@ def main() -> None:
     p.add_argument("--kills", type=int, default=3)
     p.add_argument("--redis-restarts", type=int, default=1)
     p.add_argument("--max-tokens", type=int, default=120)
+    p.add_argument("--concurrency", type=int, default=16, help="jobs in flight at once")
+    p.add_argument("--worker-ttl", type=float, help="INFERQ_WORKER_TTL_S (default: the fleet's)")
+    p.add_argument("--max-num-seqs", type=int, help="INFERQ_MAX_NUM_SEQS (default: the fleet's)")
     p.add_argument("--out", type=Path)
     a = p.parse_args()
-    fleet = Fleet(Path(tempfile.mkdtemp(prefix="inferq-chaos-")))
+    env = {k: str(v) for k, v in (("INFERQ_WORKER_TTL_S", a.worker_ttl), ("INFERQ_MAX_NUM_SEQS", a.max_num_seqs))
+           if v is not None}
+    fleet = Fleet(Path(tempfile.mkdtemp(prefix="inferq-chaos-")), extra_env=env)
     try:
         fleet.start()
         t0 = time.time()
-        report = asyncio.run(run_chaos(fleet, a.jobs, a.kills, a.redis_restarts, a.max_tokens))
+        report = asyncio.run(run_chaos(fleet, a.jobs, a.kills, a.redis_restarts, a.max_tokens,
+                                       concurrency=a.concurrency))
         report["wall_s"] = round(time.time() - t0, 1)
         report["logs"] = str(fleet.logdir)
     finally:

@@ -34,6 +34,7 @@ class Fleet:
     gateway: Service | None = None
     workers: dict[str, Service] = field(default_factory=dict)
     spawned: int = 0
+    extra_env: dict[str, str] = field(default_factory=dict)  # over FLEET_ENV, for every process
 
     @property
     def redis_url(self) -> str:
@@ -48,7 +49,7 @@ class Fleet:
         return f"ws://127.0.0.1:{self.api_port}"
 
     def env(self, **extra: str) -> dict[str, str]:
-        return inferq_env(self.redis_url, **{**FLEET_ENV, **extra})
+        return inferq_env(self.redis_url, **{**FLEET_ENV, **self.extra_env, **extra})
 
     def start(self, workers: int = 2) -> Fleet:
         """Redis, the gateway and ``workers`` workers (their engines start side by side)."""
@@ -62,6 +63,7 @@ class Fleet:
     def start_redis(self) -> None:
         """redis-server with an append-only file: restarted, it has every job and queue back."""
         self.redis = start_redis(self.redis_port, self.logdir, appendonly=True, name="fleet-redis")
+
     def restart_redis(self, down_s: float = 1.0) -> None:
         assert self.redis is not None
         self.redis.stop(signal.SIGKILL)
