@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
+import signal
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -177,7 +179,11 @@ def test_rate_limit_per_key(secure) -> None:
         assert bob.post("/v1/jobs", json={"prompt": "r", "max_tokens": 1}).status_code == 202  # per key
 
 
-async def test_concurrency_limit_counts_unfinished_jobs(secure) -> None:
+async def test_concurrency_limit_counts_unfinished_jobs(secure, stack) -> None:
+    # frozen workers: the jobs stay unfinished for as long as the test needs (a running one
+    # could end between two requests on a busy machine and free its slot early)
+    for w in stack.workers.values():
+        os.kill(w.proc.pid, signal.SIGSTOP)
     with secure.http("sk-conc") as http:
         ids = [submit(http, **LONG) for _ in range(CONCURRENT)]
         try:
@@ -194,6 +200,8 @@ async def test_concurrency_limit_counts_unfinished_jobs(secure) -> None:
         finally:
             for job_id in ids:
                 http.delete(f"/v1/jobs/{job_id}")
+            for w in stack.workers.values():
+                os.kill(w.proc.pid, signal.SIGCONT)
 
 
 def test_idempotency_key_returns_the_same_job(secure, stack) -> None:
