@@ -68,6 +68,7 @@ if st == '{_Q("queued")}' then
   local data = cjson.encode({{type='done', seq=seq, status='cancelled', finish_reason='cancelled'}})
   redis.call('XADD', KEYS[2], seq .. '-0', 'e', data)
   redis.call('EXPIRE', KEYS[2], ARGV[3])
+  redis.call('EXPIRE', KEYS[1], ARGV[3])
   redis.call('PUBLISH', KEYS[3], data)
   redis.call('ZREM', KEYS[4], ARGV[2])
 elseif st == '{_Q("running")}' then
@@ -86,6 +87,7 @@ redis.call('HSET', KEYS[1], unpack(ARGV, 6))
 redis.call('SREM', KEYS[2], ARGV[2])
 redis.call('XADD', KEYS[3], ARGV[3] .. '-0', 'e', ARGV[4])
 redis.call('EXPIRE', KEYS[3], ARGV[5])
+redis.call('EXPIRE', KEYS[1], ARGV[5])
 redis.call('PUBLISH', KEYS[4], ARGV[4])
 return 1
 """
@@ -97,6 +99,7 @@ if redis.call('HGET', KEYS[1], 'status') ~= '{_Q("running")}' then return 0 end
 if redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[1] then return 0 end
 redis.call('XADD', KEYS[2], ARGV[2] .. '-0', 'e', ARGV[3])
 if ARGV[4] ~= '' then redis.call('EXPIRE', KEYS[2], ARGV[4]) end
+if ARGV[4] ~= '' then redis.call('EXPIRE', KEYS[1], ARGV[4]) end
 redis.call('PUBLISH', KEYS[3], ARGV[3])
 return 1
 """
@@ -134,6 +137,7 @@ end
 local data = cjson.encode(ev)
 redis.call('XADD', KEYS[2], seq .. '-0', 'e', data)
 redis.call('EXPIRE', KEYS[2], ARGV[7])
+redis.call('EXPIRE', KEYS[1], ARGV[7])
 redis.call('PUBLISH', KEYS[3], data)
 return outcome
 """
