@@ -21,6 +21,7 @@ from inferq.shared import keys
 from inferq.shared.schemas import (
     DoneEvent,
     ErrorEvent,
+    ErrorInfo,
     JobRecord,
     JobStatus,
     RestartEvent,
@@ -142,6 +143,21 @@ redis.call('PUBLISH', KEYS[3], data)
 return outcome
 """
 
+# KEYS: job hash, log, channel, queued zset. ARGV: now, job id, error (JSON), ttl.
+# queued -> failed with its final `error` event (a job no worker can run); else: nothing.
+_FAIL_QUEUED = _LAST_SEQ + f"""
+if redis.call('HGET', KEYS[1], 'status') ~= '{_Q("queued")}' then return 0 end
+redis.call('HSET', KEYS[1], 'status', '{_Q("failed")}', 'finished_at', ARGV[1], 'error', ARGV[3])
+local seq = last_seq(KEYS[2]) + 1
+local data = cjson.encode({{type='error', seq=seq, error=cjson.decode(ARGV[3])}})
+redis.call('XADD', KEYS[2], seq .. '-0', 'e', data)
+redis.call('EXPIRE', KEYS[2], ARGV[4])
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+redis.call('PUBLISH', KEYS[3], data)
+redis.call('ZREM', KEYS[4], ARGV[2])
+return 1
+"""
+
 
 @dataclass
 class Claim:
@@ -161,6 +177,7 @@ class JobStore:
         self._finish = redis.register_script(_FINISH)
         self._append = redis.register_script(_APPEND)
         self._requeue = redis.register_script(_REQUEUE)
+        self._fail_queued = redis.register_script(_FAIL_QUEUED)
 
     async def create(self, record: JobRecord) -> None:
         key = keys.job(record.id)
@@ -209,6 +226,13 @@ class JobStore:
                   keys.QUEUED],
             args=[_Q(wid) if wid else "", "" if attempt is None else str(attempt), max_attempts,
                   str(time.time()), reason, job_id, self.ttl_s]))
+
+    async def fail_queued(self, job_id: str, error: ErrorInfo) -> bool:
+        """End a job that is still queued as failed, with its final ``error`` event (a job whose
+        message no worker can decode). True if it was queued; otherwise nothing changes."""
+        return bool(await self._fail_queued(
+            keys=[keys.job(job_id), keys.job_log(job_id), keys.job_channel(job_id), keys.QUEUED],
+            args=[str(time.time()), job_id, hash_fields(error=error)["error"], self.ttl_s]))
 
     async def append(self, items: Sequence[tuple[str, int, Event]]) -> list[Exception | bool]:
         """Log and publish many jobs' events (job id, attempt, event) in one round trip.
