@@ -33,6 +33,9 @@ PREFIX = "inferq"
 #: before it reaches Redis: anything else names no job (``404 job_not_found``, as an unknown id).
 JOB_ID_PATTERN = r"job-[0-9a-f]{32}"
 _JOB_ID = re.compile(JOB_ID_PATTERN)
+#: What a client may send as a model name: it becomes part of Redis key and queue names, so no
+#: ``:`` (the separator of keys and of a queue's priority lists), no spaces, no glob characters.
+MODEL_NAME_PATTERN = r"^[A-Za-z0-9._/@+-]+$"
 CONTROL_CHANNEL = f"{PREFIX}:control"
 MODELS = f"{PREFIX}:models"
 REAPER_LOCK = f"{PREFIX}:reaper"
