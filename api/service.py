@@ -117,13 +117,13 @@ class JobService:
     async def record(self, job_id: str, caller: Principal | None = None) -> JobRecord:
         """The job, as ``caller`` may see it. The one place that decides whether a job exists for
         a caller (REST poll and cancel, WebSocket streams): an id that is not a job id never
-        reaches Redis; otherwise the record is read once, and a missing record (expired: its log
-        may outlive it by moments) and another key's job both raise the same error, after the
-        same work."""
+        reaches Redis; otherwise one script reads the record only if the caller may see it, so a
+        missing record (expired: its log may outlive it by moments) and another key's job raise
+        the same error after the same work (:meth:`JobStore.get_visible`)."""
         if not keys.is_job_id(job_id):
             raise job_not_found(job_id)
-        rec = await self.store.get(job_id)
-        if rec is None or (caller is not None and not caller.may_see(rec.owner)):
+        rec = await self.store.get_visible(job_id, caller.key_id if caller is not None else None)
+        if rec is None:
             raise job_not_found(job_id)
         return rec
 

@@ -158,6 +158,14 @@ redis.call('ZREM', KEYS[4], ARGV[2])
 return 1
 """
 
+# KEYS: job hash. ARGV: owner as stored (JSON) or '' (anyone may see it). The whole record when
+# the job exists and is that owner's, else nothing: the same work whether the job is missing or
+# another owner's, and a reply of the same size.
+_GET_VISIBLE = """
+if ARGV[1] ~= '' and redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then return {} end
+return redis.call('HGETALL', KEYS[1])
+"""
+
 
 @dataclass
 class Claim:
@@ -178,6 +186,7 @@ class JobStore:
         self._append = redis.register_script(_APPEND)
         self._requeue = redis.register_script(_REQUEUE)
         self._fail_queued = redis.register_script(_FAIL_QUEUED)
+        self._get_visible = redis.register_script(_GET_VISIBLE)
 
     async def create(self, record: JobRecord) -> None:
         key = keys.job(record.id)
@@ -189,6 +198,14 @@ class JobStore:
 
     async def get(self, job_id: str) -> JobRecord | None:
         h = await self.redis.hgetall(keys.job(job_id))
+        return JobRecord.from_hash(h) if h else None
+
+    async def get_visible(self, job_id: str, owner: str | None) -> JobRecord | None:
+        """The record if the job exists and ``owner`` may see it (the rule of
+        ``Principal.may_see``: ``None`` sees every job, a key only its own); else None, after the
+        same work whether the job is missing or another owner's."""
+        flat = await self._get_visible(keys=[keys.job(job_id)], args=[_Q(owner) if owner is not None else ""])
+        h = dict(zip(flat[::2], flat[1::2]))
         return JobRecord.from_hash(h) if h else None
 
     async def claim(self, job_id: str, worker_id: str) -> Claim | None:

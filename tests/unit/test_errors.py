@@ -188,10 +188,11 @@ def ws_app() -> Iterator[tuple[FastAPI, TestClient]]:
     app.include_router(stream.router)
     app.state.keyring = KeyRing({})
 
-    async def get(job_id: str) -> JobRecord | None:  # one job exists
+    async def get_visible(job_id: str, owner: str | None) -> JobRecord | None:  # one job exists
         return JobRecord(id=JOB, model="m", request=JobRequest(prompt="p")) if job_id == JOB else None
 
-    app.state.service = JobService(Settings(), None, SimpleNamespace(get=get), None)  # type: ignore[arg-type]
+    store = SimpleNamespace(get_visible=get_visible)
+    app.state.service = JobService(Settings(), None, store, None)  # type: ignore[arg-type]
     with TestClient(app) as client:
         yield app, client
 

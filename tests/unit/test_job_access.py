@@ -159,3 +159,20 @@ async def test_the_record_lives_as_long_as_its_log(redis_server) -> None:
         await same_ttl(failed)
     finally:
         await r.aclose()
+
+
+async def test_get_visible_follows_the_ownership_rule(redis_server) -> None:
+    r = make_redis(redis_server.url)
+    store = JobStore(r, ttl_s=120)
+    try:
+        owned = JobRecord(id=f"job-{uuid.uuid4().hex}", model="m", request=JobRequest(prompt="p"), owner="key-a")
+        nobodys = JobRecord(id=f"job-{uuid.uuid4().hex}", model="m", request=JobRequest(prompt="p"))
+        for rec in (owned, nobodys):
+            await store.create(rec)
+        assert (await store.get_visible(owned.id, "key-a")) == await store.get(owned.id)
+        assert (await store.get_visible(owned.id, None)).owner == "key-a"  # auth off: every job
+        assert (await store.get_visible(nobodys.id, None)).id == nobodys.id
+        for job_id, owner in ((owned.id, "key-b"), (nobodys.id, "key-a"), (UNKNOWN, "key-a"), (UNKNOWN, None)):
+            assert await store.get_visible(job_id, owner) is None
+    finally:
+        await r.aclose()
