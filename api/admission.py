@@ -27,6 +27,7 @@ import json
 import logging
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from redis.asyncio import Redis
@@ -122,18 +123,21 @@ class Admission:
         self._release = redis.register_script(_RELEASE)
 
     async def submit(self, caller: Principal, reqs: list[JobRequest], *, idempotency_key: str | None = None,
-                     fingerprint: str = "") -> Admitted:
-        """Admit and queue one job per request, owned by ``caller``; all or none of them."""
+                     fingerprint: Callable[[], str] | None = None) -> Admitted:
+        """Admit and queue one job per request, owned by ``caller``; all or none of them.
+        ``fingerprint`` is called only with an Idempotency-Key, and only once the requests passed
+        their limits (it serializes them: their free-form JSON must be known to be shallow)."""
         for req in reqs:  # before anything is counted or claimed: a refused request leaves no trace
             check_limits(req, self.settings)
         if idempotency_key is None:
             return Admitted(await self._admit(caller, reqs, [new_job_id() for _ in reqs]), False)
         digest = hashlib.sha256(check_idempotency_key(idempotency_key).encode()).hexdigest()[:32]
+        fp = fingerprint() if fingerprint is not None else ""
         key = keys.idempotency(caller.subject, digest)
         deadline = time.monotonic() + self.replay_wait_s
         while True:
             ids = [new_job_id() for _ in reqs]
-            mine = json.dumps({"fp": fingerprint, "ids": ids, "at": time.time()})
+            mine = json.dumps({"fp": fp, "ids": ids, "at": time.time()})
             if await self.redis.set(key, mine, nx=True, ex=self.settings.idempotency_ttl_s):
                 try:
                     return Admitted(await self._admit(caller, reqs, ids), False)
@@ -144,7 +148,7 @@ class Admission:
             if raw is None:  # released or expired in between: claim it again
                 continue
             prior = json.loads(raw)
-            if prior["fp"] != fingerprint:
+            if prior["fp"] != fp:
                 raise InvalidRequest("this Idempotency-Key was already used with a different request",
                                      param="Idempotency-Key", code="idempotency_key_reused")
             records = [await self.service.store.get(i) for i in prior["ids"]]

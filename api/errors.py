@@ -71,6 +71,9 @@ def typed(exc: BaseException) -> InferqError:
     if isinstance(exc, (RedisConnectionError, RedisTimeoutError)):
         log.warning("Redis unavailable: %s", exc)
         return Unavailable("the job store (Redis) is unavailable; retry shortly", retry_after=1.0)
+    if isinstance(exc, StarletteHTTPException) and isinstance(exc.__cause__, RecursionError):
+        # FastAPI's body parser gave up (thousands of levels): no field can be named yet
+        return InvalidRequest("the request body nests JSON too deeply to be parsed")
     if isinstance(exc, StarletteHTTPException):  # routing: no such path, or not with this method
         if exc.status_code == 404:
             return NotFound(str(exc.detail), code=_HTTP_CODES[404])

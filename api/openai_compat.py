@@ -31,7 +31,9 @@ from inferq.api.openai_schemas import (
 from inferq.api.errors import error_body
 from inferq.api.streams import StreamHub
 from inferq.shared.errors import InferqError, Unavailable, error_from
+from inferq.shared.request_limits import check_json
 from inferq.shared.schemas import ErrorEvent, JobRequest, RestartEvent, TokenEvent, TokenLogprob, Usage
+from inferq.shared.settings import Settings
 
 
 class Payload(NamedTuple):
@@ -43,6 +45,13 @@ class Payload(NamedTuple):
 
 
 DONE = Payload("[DONE]", last=True)
+
+
+def check_chat(req: ChatCompletionRequest, settings: Settings) -> None:
+    """The limits on a chat request's free-form JSON, named as the client sent it (the job's own
+    check would name ``json_schema``)."""
+    if (rf := req.response_format) is not None and rf.json_schema is not None:
+        check_json(rf.json_schema.schema_, "response_format.json_schema.schema", settings)
 
 
 def chat_job(req: ChatCompletionRequest) -> JobRequest:

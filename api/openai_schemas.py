@@ -11,7 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from inferq.shared.schemas import ChatMessage, Usage
+from inferq.shared.keys import MODEL_NAME_PATTERN
+from inferq.shared.schemas import NO_CONTROL_CHARS, ChatMessage, Usage
 
 
 class TextPart(BaseModel):
@@ -73,7 +74,8 @@ class _Common(BaseModel):
     """Fields chat and completions share; sampling bounds are the same as ``POST /v1/jobs``."""
 
     model_config = ConfigDict(extra="forbid")
-    model: str | None = Field(default=None, min_length=1, max_length=256)
+    model: str | None = Field(default=None, min_length=1, max_length=256, pattern=MODEL_NAME_PATTERN,
+                              description="Letters, digits and . _ - / @ + only.")
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
@@ -84,7 +86,7 @@ class _Common(BaseModel):
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    user: str | None = Field(default=None, max_length=256)
+    user: str | None = Field(default=None, max_length=256, pattern=NO_CONTROL_CHARS)
     # vLLM extensions the OpenAI SDK passes through extra_body
     top_k: int | None = Field(default=None, ge=-1)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)

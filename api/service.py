@@ -20,7 +20,7 @@ from starlette.concurrency import run_in_threadpool
 
 from inferq.api.auth import Principal
 from inferq.shared import keys
-from inferq.shared.errors import ContextLengthExceeded, NotFound, RateLimited, Unavailable
+from inferq.shared.errors import ContextLengthExceeded, NotFound, RateLimited, Unavailable, job_not_found
 from inferq.shared.schemas import (
     ChoiceView,
     ControlMessage,
@@ -115,10 +115,16 @@ class JobService:
         return record
 
     async def record(self, job_id: str, caller: Principal | None = None) -> JobRecord:
-        """The job, as ``caller`` may see it: another key's job is as unknown as a missing one."""
-        rec = await self.store.get(job_id)
-        if rec is None or (caller is not None and not caller.may_see(rec.owner)):
-            raise NotFound(f"job {job_id} not found", param="id", code="job_not_found")
+        """The job, as ``caller`` may see it. The one place that decides whether a job exists for
+        a caller (REST poll and cancel, WebSocket streams): an id that is not a job id never
+        reaches Redis; otherwise one script reads the record only if the caller may see it, so a
+        missing record (expired: its log may outlive it by moments) and another key's job raise
+        the same error after the same work (:meth:`JobStore.get_visible`)."""
+        if not keys.is_job_id(job_id):
+            raise job_not_found(job_id)
+        rec = await self.store.get_visible(job_id, caller.key_id if caller is not None else None)
+        if rec is None:
+            raise job_not_found(job_id)
         return rec
 
     async def view(self, job_id: str, caller: Principal | None = None) -> JobView:
@@ -145,7 +151,7 @@ class JobService:
             await self.record(job_id, caller)
         prev = await self.store.request_cancel(job_id)
         if prev is None:
-            raise NotFound(f"job {job_id} not found", param="id", code="job_not_found")
+            raise job_not_found(job_id)
         if prev is JobStatus.running:
             await self.redis.publish(keys.CONTROL_CHANNEL, ControlMessage(job_id=job_id).model_dump_json())
         log.info("job %s: cancel requested (was %s)", job_id, prev.value)

@@ -26,7 +26,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from inferq.api.pubsub import Subscriber
 from inferq.shared import keys
-from inferq.shared.errors import NotFound
+from inferq.shared.errors import job_not_found
 from inferq.shared.redis import redis_retrying
 from inferq.shared.schemas import TERMINAL_STATUSES, TokenEvent, parse_event
 from inferq.shared.store import Event, JobStore
@@ -136,18 +136,20 @@ class StreamHub:
         except (RedisConnectionError, RedisTimeoutError, OSError, TimeoutError) as e:
             log.warning("pub/sub %s %s failed (%r); relying on the log", command.__name__, channel, e)
 
-    async def _read_log(self, job_id: str, after: int) -> list[Frame]:
+    async def _read(self, job_id: str, after: int) -> tuple[str, list[Frame]]:
+        """The job's status and its logged events after ``after``, read together (MULTI): a
+        terminal status with nothing after ``after`` means there is nothing more. A job without
+        a record is not found, whatever its log still holds: a log is never replayed without the
+        record that says whose it is."""
         async for attempt in redis_retrying():
             with attempt:
-                return [frame(raw) for raw in await self.store.read_log_raw(job_id, after)]
-        raise AssertionError("unreachable")
-
-    async def _status(self, job_id: str) -> str | None:
-        """The job's status as stored (JSON), or None if there is no such job."""
-        async for attempt in redis_retrying():
-            with attempt:
-                raw = await self.store.redis.hget(keys.job(job_id), "status")
-                return None if raw is None else str(json.loads(raw))
+                async with self.store.redis.pipeline(transaction=True) as p:
+                    p.hget(keys.job(job_id), "status")
+                    p.xrange(keys.job_log(job_id), min=f"{after + 1}-0", max="+")
+                    status, rows = await p.execute()
+                if status is None:
+                    raise job_not_found(job_id)
+                return str(json.loads(status)), [frame(fields["e"]) for _, fields in rows]
         raise AssertionError("unreachable")
 
     async def events(self, job_id: str, after: int = 0, merge: bool = False) -> AsyncIterator[Event]:
@@ -169,21 +171,15 @@ class StreamHub:
         async with self._listen(job_id) as q:
             last = after
             while True:
-                backlog = await self._read_log(job_id, last)
+                status, backlog = await self._read(job_id, last)
                 if backlog:
                     head = _upto_terminal(backlog)
                     yield head
                     if head[-1].terminal:
                         return
                     last = head[-1].seq
-                else:
-                    status = await self._status(job_id)
-                    if status is None:
-                        raise NotFound(f"job {job_id} not found (or expired)")
-                    if status in TERMINAL_STATUSES:  # ended meanwhile, or `after` is past its last event
-                        if rest := await self._read_log(job_id, last):
-                            yield _upto_terminal(rest)
-                        return
+                elif status in TERMINAL_STATUSES:  # `after` is past its last event
+                    return
                 # Live: forward until a gap or a quiet spell sends us back to the log.
                 gap = False
                 while not gap:

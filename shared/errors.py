@@ -97,6 +97,12 @@ class NotFound(InferqError):
     default_code = "job_not_found"
 
 
+def job_not_found(job_id: str) -> NotFound:
+    """The one answer for a job a caller cannot see: unknown, malformed id, expired, or another
+    key's (docs/security.md)."""
+    return NotFound(f"job {job_id} not found", param="id", code="job_not_found")
+
+
 class Conflict(InferqError):
     status = 409
     type = "conflict_error"

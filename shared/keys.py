@@ -26,7 +26,16 @@ inferq:idem:{subject}:{hash}    string    an Idempotency-Key's request fingerpri
 
 from __future__ import annotations
 
+import re
+
 PREFIX = "inferq"
+#: A job id: ``job-`` and 32 lowercase hex digits (128 random bits). Routes check an id against it
+#: before it reaches Redis: anything else names no job (``404 job_not_found``, as an unknown id).
+JOB_ID_PATTERN = r"job-[0-9a-f]{32}"
+_JOB_ID = re.compile(JOB_ID_PATTERN)
+#: What a client may send as a model name: it becomes part of Redis key and queue names, so no
+#: ``:`` (the separator of keys and of a queue's priority lists), no spaces, no glob characters.
+MODEL_NAME_PATTERN = r"^[A-Za-z0-9._/@+-]+$"
 CONTROL_CHANNEL = f"{PREFIX}:control"
 MODELS = f"{PREFIX}:models"
 REAPER_LOCK = f"{PREFIX}:reaper"
@@ -39,6 +48,11 @@ TASK_NAME = "inferq.generate"
 #: Job priorities, 0 (most urgent) .. 9; kombu keeps one Redis list per priority.
 PRIORITIES = range(10)
 PRIORITY_SEP = ":"
+
+
+def is_job_id(value: str) -> bool:
+    """Whether ``value`` has the form of a job id (:data:`JOB_ID_PATTERN`)."""
+    return _JOB_ID.fullmatch(value) is not None
 
 
 def job(job_id: str) -> str:

@@ -4,6 +4,11 @@
 
 from __future__ import annotations
 
+import json
+import math
+from collections.abc import Iterator
+from typing import Any
+
 from inferq.shared.errors import InvalidRequest
 from inferq.shared.schemas import JobRequest
 from inferq.shared.settings import Settings
@@ -26,6 +31,70 @@ def check_limits(req: JobRequest, settings: Settings) -> None:
         _refuse("messages", f"hold {chars} characters; the limit is {s.max_prompt_chars}")
     if req.timeout is not None and req.timeout > s.max_timeout_s:
         _refuse("timeout", f"must be <= {s.max_timeout_s:g} seconds")
+    for param, text in _texts(req):
+        if not _encodable(text):
+            _refuse(param, "is not valid Unicode (it holds a lone surrogate)")
+    if req.json_schema is not None:
+        check_json(req.json_schema, "json_schema", s)
+
+
+def _texts(req: JobRequest) -> Iterator[tuple[str, str]]:
+    """The request's strings that pydantic lets through as they are: a JSON string may hold a
+    lone surrogate (``"\\ud800"``), which Python's JSON parser accepts and no UTF-8 encoder does."""
+    if req.prompt is not None:
+        yield "prompt", req.prompt
+    for i, m in enumerate(req.messages or ()):
+        yield f"messages.{i}.content", m.content
+        if m.name is not None:
+            yield f"messages.{i}.name", m.name
+    for x in req.stop:
+        yield "stop", x
+    for param, value in (("model", req.model), ("user", req.user)):
+        if value is not None:
+            yield param, value
+
+
+def check_json(value: Any, param: str, settings: Settings) -> None:
+    """A free-form JSON field (a JSON schema) as the worker can take it, else 400 naming ``param``:
+    objects and arrays nested at most ``max_json_depth`` deep, at most ``max_json_bytes`` as
+    compact JSON, and nothing JSON cannot carry (NaN, infinities, lone surrogates: Python's JSON
+    parser lets them through, the worker's refuses them).
+
+    The walk is iterative and stops at the first level too deep, so a value nested thousands of
+    levels costs no recursion; only a value that passed it is serialized, to measure it."""
+    limit = settings.max_json_depth
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, (dict, list)):
+            if depth > limit:
+                _refuse(param, f"nests objects and arrays more than {limit} levels deep")
+            if isinstance(v, dict):
+                for k in v:
+                    if not _encodable(k):
+                        _refuse(param, "holds a string that is not valid Unicode (a lone surrogate)")
+                items = v.values()
+            else:
+                items = v
+            stack.extend((x, depth + 1) for x in items if isinstance(x, (dict, list, str, float)))
+        elif isinstance(v, str):
+            if not _encodable(v):
+                _refuse(param, "holds a string that is not valid Unicode (a lone surrogate)")
+        elif isinstance(v, float) and not math.isfinite(v):
+            _refuse(param, "holds a number JSON cannot represent (NaN or an infinity)")
+    size = len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
+    if size > settings.max_json_bytes:
+        _refuse(param, f"is {size} bytes as JSON; the limit is {settings.max_json_bytes}")
+
+
+def _encodable(text: str) -> bool:
+    if text.isascii():
+        return True
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _refuse(param: str, message: str) -> None:

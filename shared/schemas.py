@@ -18,6 +18,10 @@ from pydantic import (BaseModel, ConfigDict, Field, TypeAdapter, field_validator
                       model_validator)
 
 from inferq.shared.errors import ErrorType, InferqError, classify
+from inferq.shared.keys import MODEL_NAME_PATTERN
+
+#: A free-text identifier (``user``): any characters but control characters.
+NO_CONTROL_CHARS = r"^[^\x00-\x1f\x7f]*$"
 
 
 class JobStatus(str, Enum):
@@ -99,8 +103,10 @@ class JobRequest(SamplingOptions):
     messages: list[ChatMessage] | None = Field(default=None, min_length=1, max_length=1024,
                                                description="Contents of at most INFERQ_MAX_PROMPT_CHARS "
                                                "characters in all.")
-    model: str | None = Field(default=None, min_length=1, max_length=256)
-    user: str | None = Field(default=None, max_length=256, description="End-user id, for your logs.")
+    model: str | None = Field(default=None, min_length=1, max_length=256, pattern=MODEL_NAME_PATTERN,
+                              description="Letters, digits and . _ - / @ + only.")
+    user: str | None = Field(default=None, max_length=256, pattern=NO_CONTROL_CHARS,
+                             description="End-user id, for your logs.")
     priority: int = Field(default=5, ge=0, le=9, description="0 runs first, 9 last (queue and engine).")
     timeout: float | None = Field(default=None, gt=0, description="Seconds from submit until the job is "
                                   "abandoned; default INFERQ_DEFAULT_TIMEOUT_S, at most "

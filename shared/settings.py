@@ -47,6 +47,11 @@ class Settings(BaseSettings):
     max_stop_sequences: int = Field(default=8, ge=0)
     max_stop_chars: int = Field(default=256, ge=1)
     max_n: int = Field(default=8, ge=1, description="Upper bound on completions per request (n).")
+    max_json_depth: int = Field(default=32, ge=1, le=128, description="Deepest nesting of objects and "
+                                "arrays in a free-form JSON field (json_schema); the worker's JSON parser "
+                                "and the serializers stop near 200.")
+    max_json_bytes: int = Field(default=64 * 1024, ge=1024, description="Largest free-form JSON field "
+                                "(json_schema), as compact UTF-8 JSON.")
     max_queue_depth: int = Field(default=10_000, ge=1, description="Queued jobs per model before 429.")
     default_max_tokens: int = Field(default=256, ge=1)
     api_keys: SecretStr = Field(default=SecretStr(""), description="Comma-separated API keys; any turns auth on.")

@@ -21,6 +21,7 @@ from inferq.shared import keys
 from inferq.shared.schemas import (
     DoneEvent,
     ErrorEvent,
+    ErrorInfo,
     JobRecord,
     JobStatus,
     RestartEvent,
@@ -68,6 +69,7 @@ if st == '{_Q("queued")}' then
   local data = cjson.encode({{type='done', seq=seq, status='cancelled', finish_reason='cancelled'}})
   redis.call('XADD', KEYS[2], seq .. '-0', 'e', data)
   redis.call('EXPIRE', KEYS[2], ARGV[3])
+  redis.call('EXPIRE', KEYS[1], ARGV[3])
   redis.call('PUBLISH', KEYS[3], data)
   redis.call('ZREM', KEYS[4], ARGV[2])
 elseif st == '{_Q("running")}' then
@@ -101,6 +103,7 @@ end
 redis.call('SREM', KEYS[2], ARGV[2])
 redis.call('XADD', KEYS[3], seq .. '-0', 'e', data)
 redis.call('EXPIRE', KEYS[3], ARGV[5])
+redis.call('EXPIRE', KEYS[1], ARGV[5])
 redis.call('PUBLISH', KEYS[4], data)
 return result
 """
@@ -118,6 +121,7 @@ if tonumber(ARGV[2]) > last + 1 then
 end
 redis.call('XADD', KEYS[2], ARGV[2] .. '-0', 'e', ARGV[3])
 if ARGV[4] ~= '' then redis.call('EXPIRE', KEYS[2], ARGV[4]) end
+if ARGV[4] ~= '' then redis.call('EXPIRE', KEYS[1], ARGV[4]) end
 redis.call('PUBLISH', KEYS[3], ARGV[3])
 return 1
 """
@@ -165,8 +169,32 @@ end
 local data = cjson.encode(ev)
 redis.call('XADD', KEYS[2], seq .. '-0', 'e', data)
 redis.call('EXPIRE', KEYS[2], ARGV[7])
+redis.call('EXPIRE', KEYS[1], ARGV[7])
 redis.call('PUBLISH', KEYS[3], data)
 return outcome
+"""
+
+# KEYS: job hash, log, channel, queued zset. ARGV: now, job id, error (JSON), ttl.
+# queued -> failed with its final `error` event (a job no worker can run); else: nothing.
+_FAIL_QUEUED = _LAST_SEQ + f"""
+if redis.call('HGET', KEYS[1], 'status') ~= '{_Q("queued")}' then return 0 end
+redis.call('HSET', KEYS[1], 'status', '{_Q("failed")}', 'finished_at', ARGV[1], 'error', ARGV[3])
+local seq = last_seq(KEYS[2]) + 1
+local data = cjson.encode({{type='error', seq=seq, error=cjson.decode(ARGV[3])}})
+redis.call('XADD', KEYS[2], seq .. '-0', 'e', data)
+redis.call('EXPIRE', KEYS[2], ARGV[4])
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+redis.call('PUBLISH', KEYS[3], data)
+redis.call('ZREM', KEYS[4], ARGV[2])
+return 1
+"""
+
+# KEYS: job hash. ARGV: owner as stored (JSON) or '' (anyone may see it). The whole record when
+# the job exists and is that owner's, else nothing: the same work whether the job is missing or
+# another owner's, and a reply of the same size.
+_GET_VISIBLE = """
+if ARGV[1] ~= '' and redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then return {} end
+return redis.call('HGETALL', KEYS[1])
 """
 
 
@@ -188,6 +216,8 @@ class JobStore:
         self._finish = redis.register_script(_FINISH)
         self._append = redis.register_script(_APPEND)
         self._requeue = redis.register_script(_REQUEUE)
+        self._fail_queued = redis.register_script(_FAIL_QUEUED)
+        self._get_visible = redis.register_script(_GET_VISIBLE)
 
     async def create(self, record: JobRecord) -> None:
         key = keys.job(record.id)
@@ -199,6 +229,14 @@ class JobStore:
 
     async def get(self, job_id: str) -> JobRecord | None:
         h = await self.redis.hgetall(keys.job(job_id))
+        return JobRecord.from_hash(h) if h else None
+
+    async def get_visible(self, job_id: str, owner: str | None) -> JobRecord | None:
+        """The record if the job exists and ``owner`` may see it (the rule of
+        ``Principal.may_see``: ``None`` sees every job, a key only its own); else None, after the
+        same work whether the job is missing or another owner's."""
+        flat = await self._get_visible(keys=[keys.job(job_id)], args=[_Q(owner) if owner is not None else ""])
+        h = dict(zip(flat[::2], flat[1::2]))
         return JobRecord.from_hash(h) if h else None
 
     async def claim(self, job_id: str, worker_id: str) -> Claim | None:
@@ -247,6 +285,13 @@ class JobStore:
             args=[_Q(wid) if wid else "", "" if attempt is None else str(attempt), max_attempts,
                   str(time.time()), reason, job_id, self.ttl_s,
                   "" if claimed_before is None else repr(claimed_before)]))
+
+    async def fail_queued(self, job_id: str, error: ErrorInfo) -> bool:
+        """End a job that is still queued as failed, with its final ``error`` event (a job whose
+        message no worker can decode). True if it was queued; otherwise nothing changes."""
+        return bool(await self._fail_queued(
+            keys=[keys.job(job_id), keys.job_log(job_id), keys.job_channel(job_id), keys.QUEUED],
+            args=[str(time.time()), job_id, hash_fields(error=error)["error"], self.ttl_s]))
 
     async def append(self, items: Sequence[tuple[str, int, Event]]) -> list[Exception | bool]:
         """Log and publish many jobs' events (job id, attempt, event) in one round trip.

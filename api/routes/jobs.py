@@ -25,7 +25,7 @@ async def submit(req: Annotated[JobRequest, Body(openapi_examples=EXAMPLES)], ca
                  idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None) -> JobAccepted:
     """Queue a job. A repeated ``Idempotency-Key`` returns the job the first request created."""
     got = await admission.submit(caller, [req], idempotency_key=idempotency_key,
-                                 fingerprint=fingerprint("jobs", req.model_dump(mode="json")))
+                                 fingerprint=lambda: fingerprint("jobs", req.model_dump(mode="json")))
     rec = got.records[0]
     if got.replayed:
         response.headers["Idempotent-Replayed"] = "true"

@@ -115,8 +115,9 @@ async def chat_completions(req: ChatBody, request: Request, service: Service, hu
                            idempotency_key: IdempotencyKey = None) -> Response:
     """With an ``Idempotency-Key``, a repeat answers from the same job, and a client that goes away
     does not cancel it (it is expected to come back)."""
+    oc.check_chat(req, admission.settings)  # what the job request cannot name as the client did
     admitted = await admission.submit(caller, [oc.chat_job(req)], idempotency_key=idempotency_key,
-                                      fingerprint=fingerprint("chat", req.model_dump(mode="json")))
+                                      fingerprint=lambda: fingerprint("chat", req.model_dump(mode="json")))
     rec = admitted.records[0]
     cancel = [] if idempotency_key else [rec.id]
     headers = _headers(rec.id, admitted.replayed)
@@ -134,7 +135,7 @@ async def completions(req: CompletionBody, request: Request, service: Service, h
                       caller: Caller, admission: Admit, idempotency_key: IdempotencyKey = None) -> Response:
     """One job per prompt, admitted all or none; ``Idempotency-Key`` as for chat completions."""
     admitted = await admission.submit(caller, oc.completion_jobs(req), idempotency_key=idempotency_key,
-                                      fingerprint=fingerprint("completions", req.model_dump(mode="json")))
+                                      fingerprint=lambda: fingerprint("completions", req.model_dump(mode="json")))
     ids, model = [r.id for r in admitted.records], admitted.records[0].model
     cancel = [] if idempotency_key else ids
     headers = _headers(ids[0], admitted.replayed)

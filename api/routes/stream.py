@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 from collections.abc import Awaitable, Callable
 
 from fastapi import APIRouter, WebSocket
@@ -18,13 +19,26 @@ from starlette.websockets import WebSocketDisconnect, WebSocketState
 from inferq.api.auth import Principal
 from inferq.api.deps import Admit, Hub, Service, WsCaller
 from inferq.api.errors import typed, ws_close_code, ws_error_event
-from inferq.shared.errors import InferqError, InvalidRequest, NotFound, Unauthenticated
+from inferq.shared.errors import InferqError, InvalidRequest, Unauthenticated
 from inferq.shared.schemas import AcceptedMessage, JobRequest
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["stream"])
 
 CLOSE_NORMAL = 1000
+#: The largest ``?after=`` accepted: a ``seq`` never gets near it, and it stays an exact integer
+#: in every client's JSON (2**53) and a valid Redis stream id.
+MAX_AFTER = 2**53
+_AFTER = re.compile(r"[0-9]{1,16}")
+
+
+def parse_after(value: str | None) -> int:
+    """``?after=SEQ``: 0 (the default) to :data:`MAX_AFTER`, else 400 naming ``after``."""
+    if value is None:
+        return 0
+    if _AFTER.fullmatch(value) is None or int(value) > MAX_AFTER:
+        raise InvalidRequest(f"after: must be an integer from 0 to {MAX_AFTER}", param="after")
+    return int(value)
 
 
 async def _fail(ws: WebSocket, err: InferqError) -> None:
@@ -85,15 +99,11 @@ async def stream_job(ws: WebSocket, job_id: str, hub: Hub, service: Service, cal
     if (principal := await _accept(ws, caller)) is None:
         return
     try:
-        rec = await service.store.get(job_id)
+        after = parse_after(ws.query_params.get("after"))
+        await service.record(job_id, principal)  # unknown, expired or another key's: the same 404
     except Exception as e:
         return await _fail(ws, typed(e))
-    if rec is not None and not principal.may_see(rec.owner):  # another key's job: exactly as if unknown
-        return await _fail(ws, NotFound(f"job {job_id} not found (or expired)"))
-    after = ws.query_params.get("after", "0")
-    if not after.isdigit():
-        return await _fail(ws, InvalidRequest("after: must be a non-negative integer", param="after"))
-    await _follow(ws, hub, job_id, int(after))
+    await _follow(ws, hub, job_id, after)
 
 
 @router.websocket("/v1/generate")

@@ -106,8 +106,57 @@ def test_unknown_job_and_model_are_404(stack) -> None:
 async def test_ws_unknown_job_gets_error_event(stack) -> None:
     events = await ws_events(f"{stack.ws}/v1/jobs/job-nope/stream")
     assert events == [{"type": "error", "seq": 0, "error": {
-        "type": "not_found_error", "code": "job_not_found", "message": "job job-nope not found (or expired)",
-        "param": None}}]
+        "type": "not_found_error", "code": "job_not_found", "message": "job job-nope not found",
+        "param": "id"}}]
+
+
+async def test_an_id_that_is_not_a_job_id_is_an_unknown_job(stack) -> None:
+    """``{id}:log`` used to reach the log's stream key: a 500 (WRONGTYPE) and a silent close."""
+    with stack.http() as http:
+        job_id = submit(http, prompt="real", max_tokens=2)
+        assert wait_status(http, job_id)["status"] == "succeeded"
+        unknown = "job-" + "0" * 32
+        for bad in (f"{job_id}:log", f"{job_id}:chan", job_id.upper(), job_id + "0"):
+            for method in ("GET", "DELETE"):
+                got, none = http.request(method, f"/v1/jobs/{bad}"), http.request(method, f"/v1/jobs/{unknown}")
+                assert got.status_code == none.status_code == 404, got.text
+                assert got.json() == json.loads(none.text.replace(unknown, bad))
+            async with connect(f"{stack.ws}/v1/jobs/{bad}/stream") as ws:
+                event = json.loads(await ws.recv())
+                await ws.wait_closed()
+            assert ws.close_code == 4404 and event["error"]["code"] == "job_not_found"
+        assert http.get(f"/v1/jobs/{job_id}").json()["status"] == "succeeded"  # untouched
+
+
+@pytest.mark.parametrize("after", ["99999999999999999999999", str(2**53 + 1), "-1", "1e3", "%C2%B2"])
+async def test_ws_after_out_of_bounds_is_an_error_event_and_1008(stack, after) -> None:
+    with stack.http() as http:
+        job_id = submit(http, prompt="after", max_tokens=2)
+    async with connect(f"{stack.ws}/v1/jobs/{job_id}/stream?after={after}") as ws:
+        event = json.loads(await ws.recv())
+        await ws.wait_closed()
+    assert ws.close_code == 1008
+    assert (event["error"]["type"], event["error"]["param"]) == ("invalid_request_error", "after")
+
+
+def test_a_deeply_nested_json_schema_is_400_before_queueing(stack) -> None:
+    """~230 levels used to be queued and then dropped by every worker (the job stayed queued);
+    300 was a 500."""
+    for levels in (40, 115, 150, 300):
+        schema = '{"type":"object","properties":{"a":' * levels + '{"type":"string"}' + "}}" * levels
+        with stack.http() as http:
+            r = http.post("/v1/jobs", content='{"prompt": "x", "json_schema": %s}' % schema,
+                          headers={"content-type": "application/json", "Idempotency-Key": f"deep-{levels}"})
+            assert r.status_code == 400 and r.json()["error"]["param"] == "json_schema", r.text
+            chat = ('{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema", '
+                    '"json_schema": {"name": "deep", "schema": %s}}}' % schema)
+            r = http.post("/v1/chat/completions", content=chat, headers={"content-type": "application/json"})
+            assert r.status_code == 400, r.text
+            assert r.json()["error"]["param"] == "response_format.json_schema.schema"
+    with stack.http() as http:  # a schema within the limits still runs
+        job_id = submit(http, prompt="Answer:", max_tokens=8,
+                        json_schema={"type": "object", "properties": {"a": {"type": "integer"}}})
+        assert wait_status(http, job_id)["status"] in ("succeeded", "failed")
 
 
 @pytest.mark.parametrize("payload", ["{broken", json.dumps({"prompt": "x", "max_tokens": -1}), "[]", ""])

@@ -21,6 +21,7 @@ from inferq.api.auth import KeyRing
 from inferq.api.limits import BodyLimit
 from inferq.api.openai_schemas import ChatCompletionRequest
 from inferq.api.routes import stream
+from inferq.api.service import JobService
 from inferq.api.streams import Frame
 from inferq.shared.errors import (
     BY_TYPE,
@@ -37,6 +38,9 @@ from inferq.shared.errors import (
     error_from,
 )
 from inferq.shared.schemas import ErrorEvent, ErrorInfo, JobRecord, JobRequest, JobStatus, TokenEvent
+from inferq.shared.settings import Settings
+
+JOB = "job-" + "1" * 32
 
 STATUSES = {"invalid_request_error": 400, "authentication_error": 401, "not_found_error": 404,
             "conflict_error": 409, "rate_limit_error": 429, "server_error": 500,
@@ -184,10 +188,11 @@ def ws_app() -> Iterator[tuple[FastAPI, TestClient]]:
     app.include_router(stream.router)
     app.state.keyring = KeyRing({})
 
-    async def get(job_id: str) -> None:
-        return None
+    async def get_visible(job_id: str, owner: str | None) -> JobRecord | None:  # one job exists
+        return JobRecord(id=JOB, model="m", request=JobRequest(prompt="p")) if job_id == JOB else None
 
-    app.state.service = SimpleNamespace(store=SimpleNamespace(get=get))
+    store = SimpleNamespace(get_visible=get_visible)
+    app.state.service = JobService(Settings(), None, store, None)  # type: ignore[arg-type]
     with TestClient(app) as client:
         yield app, client
 
@@ -196,7 +201,7 @@ def test_websocket_redis_failure_mid_stream_is_an_error_event_and_1011(ws_app) -
     app, client = ws_app
     app.state.hub = ScriptedHub([frame(TokenEvent(seq=1, text="a", n_tokens=1))],
                                 then=RedisConnectionError("Connection refused"))
-    with client.websocket_connect("/v1/jobs/job-1/stream") as ws:
+    with client.websocket_connect(f"/v1/jobs/{JOB}/stream") as ws:
         assert ws.receive_json()["type"] == "token"
         event = ws.receive_json()
         with pytest.raises(WebSocketDisconnect) as closed:
@@ -210,7 +215,7 @@ def test_websocket_job_error_event_passes_as_written_and_closes_normally(ws_app)
     app, client = ws_app
     failed = ErrorEvent(seq=1, error=ErrorInfo(type="timeout_error", code="deadline_exceeded", message="late"))
     app.state.hub = ScriptedHub([frame(failed)])
-    with client.websocket_connect("/v1/jobs/job-1/stream") as ws:
+    with client.websocket_connect(f"/v1/jobs/{JOB}/stream") as ws:
         event = ws.receive_json()
         with pytest.raises(WebSocketDisconnect) as closed:
             ws.receive_json()
@@ -221,9 +226,11 @@ def test_websocket_job_error_event_passes_as_written_and_closes_normally(ws_app)
 
 def test_websocket_unknown_job_and_bad_after(ws_app) -> None:
     app, client = ws_app
-    app.state.hub = ScriptedHub(then=NotFound("job job-1 not found (or expired)"))
-    for url, type_, code, close in (("/v1/jobs/job-1/stream", "not_found_error", "job_not_found", 4404),
-                                    ("/v1/jobs/job-1/stream?after=x", "invalid_request_error", "invalid_value",
+    app.state.hub = ScriptedHub()
+    unknown = "job-" + "0" * 32
+    for url, type_, code, close in ((f"/v1/jobs/{unknown}/stream", "not_found_error", "job_not_found", 4404),
+                                    ("/v1/jobs/job-1/stream", "not_found_error", "job_not_found", 4404),
+                                    (f"/v1/jobs/{JOB}/stream?after=x", "invalid_request_error", "invalid_value",
                                      1008)):
         with client.websocket_connect(url) as ws:
             event = ws.receive_json()
