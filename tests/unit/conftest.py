@@ -1,8 +1,12 @@
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
+import redis.asyncio
+
+from inferq.shared.redis import make_redis
+from inferq.shared.store import JobStore
 
 from tests.unit.workerkit import start_redis
 
@@ -11,3 +15,21 @@ from tests.unit.workerkit import start_redis
 def own_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The URL of a redis-server for this test module alone."""
     yield from start_redis(tmp_path_factory.mktemp("own-redis"))
+
+
+@pytest.fixture
+async def r(own_redis: str) -> AsyncIterator[redis.asyncio.Redis]:
+    """A client of the module's own redis-server, emptied first."""
+    client = make_redis(own_redis)
+    await client.flushdb()
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+async def store(own_redis: str) -> AsyncIterator[JobStore]:
+    """A job store on the module's own redis-server, emptied first (a module may define its own)."""
+    client = make_redis(own_redis)
+    await client.flushdb()
+    yield JobStore(client, 120)
+    await client.aclose()

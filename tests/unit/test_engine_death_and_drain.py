@@ -7,25 +7,13 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import AsyncIterator
 from concurrent.futures import Future
 
-import pytest
-import redis
 
 from inferq.shared import keys
-from inferq.shared.redis import make_redis
 from inferq.shared.schemas import JobMessage, JobStatus, WorkerInfo
 from inferq.shared.store import JobStore
 from tests.unit.workerkit import GatedEngine, Rig, eventually, queued_job, start_runtime, wait_until
-
-
-@pytest.fixture
-async def store(own_redis: str) -> AsyncIterator[JobStore]:
-    client = make_redis(own_redis)
-    await client.flushdb()
-    yield JobStore(client, 120)
-    await client.aclose()
 
 
 async def generating(rig: Rig, store: JobStore, n: int) -> tuple[list[JobMessage], dict[str, Future]]:

@@ -4,24 +4,14 @@ stuck, and a worker that finds itself reaped stops the attempts taken from it an
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncIterator
 
 import pytest
 import redis
 
 from inferq.shared import keys
-from inferq.shared.redis import make_redis
 from inferq.shared.schemas import JobStatus, WorkerInfo
 from inferq.shared.store import JobStore
 from tests.unit.workerkit import GatedEngine, Rig, eventually, queued_job, start_runtime, wait_until
-
-
-@pytest.fixture
-async def r(own_redis: str) -> AsyncIterator[redis.asyncio.Redis]:
-    client = make_redis(own_redis)
-    await client.flushdb()
-    yield client
-    await client.aclose()
 
 
 async def info(r: redis.asyncio.Redis, worker_id: str) -> WorkerInfo | None:

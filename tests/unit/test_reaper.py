@@ -5,25 +5,14 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator
 
-import pytest
 import redis
 
 from inferq.shared import keys
-from inferq.shared.redis import make_redis
 from inferq.shared.schemas import JobMessage, JobRecord, JobRequest, JobStatus
 from inferq.shared.settings import Settings
 from inferq.shared.store import JobStore
 from inferq.worker.reaper import Budget, Reaper
-
-
-@pytest.fixture
-async def r(own_redis: str) -> AsyncIterator[redis.asyncio.Redis]:
-    client = make_redis(own_redis)
-    await client.flushdb()
-    yield client
-    await client.aclose()
 
 
 def make_reaper(url: str, model: str, sent: list[str], **settings: object) -> Reaper:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
 
 import pytest
 import redis
@@ -14,20 +13,11 @@ from kombu import Connection
 
 from inferq.shared import keys
 from inferq.shared.celery_app import make_celery, send_job
-from inferq.shared.redis import make_redis
 from inferq.shared.schemas import JobRecord, JobRequest, JobStatus
 from inferq.shared.settings import Settings
 from inferq.shared.store import JobStore
 from inferq.worker import unacked
 from inferq.worker.unacked import UnackedEntries, job_id_of, sweep_queued, sweep_unacked
-
-
-@pytest.fixture
-async def store(own_redis: str) -> AsyncIterator[JobStore]:
-    client = make_redis(own_redis)
-    await client.flushdb()
-    yield JobStore(client, 120)
-    await client.aclose()
 
 
 async def job(store: JobStore, model: str, status: JobStatus = JobStatus.queued) -> str:
