@@ -19,6 +19,7 @@ import asyncio
 import json
 import multiprocessing as mp
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -140,7 +141,7 @@ async def _jobs(store: JobStore, n: int, tag: str) -> list[str]:
     """``n`` jobs, each claimed by the publisher (running, attempt 1), as a worker would."""
     ids = []
     for i in range(n):
-        rec = JobRecord(id=f"gwbench-{tag}-{i}", model="bench", request=JobRequest(prompt="x", max_tokens=1))
+        rec = JobRecord(id=f"job-{secrets.token_hex(16)}", model="bench", request=JobRequest(prompt="x", max_tokens=1))
         await store.create(rec)
         ids.append(rec.id)
     return ids
