@@ -16,6 +16,7 @@ Created once per process from Celery's ``worker_init`` signal.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import socket
@@ -71,6 +72,11 @@ class WorkerRuntime:
         self.host.run(self._start_job_path())
         self.heartbeat.start(timeout=60)
         self.reaper.start()
+        # what start-up built (torch, vLLM, the model's tokenizer) lives as long as the process:
+        # out of the collector's way, a full collection under load takes milliseconds, not a
+        # second that stalls every thread (heartbeat included)
+        gc.collect()
+        gc.freeze()
         log.info("worker %s serving model %r from queue %s", self.id, self.settings.model_name,
                  keys.queue(self.settings.model_name))
 
@@ -112,6 +118,7 @@ class WorkerRuntime:
         except Exception as e:
             log.warning("could not close the job path: %s", e)
         self.host.stop()
+        gc.unfreeze()  # let the interpreter's exit free what start-up built
 
     async def _close_job_path(self) -> None:
         if self._control is not None:
