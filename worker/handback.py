@@ -80,7 +80,8 @@ class LocalHandBack:
         except Exception:
             log.exception("job %s: could not hand it back (%s)", job_id, reason)
         finally:
-            if not ending and job.task is not None:
+            # a run that already left its active entry is writing its end (refused now): leave it be
+            if not ending and self.runner.active.get(job_id) is job and job.task is not None:
                 job.task.cancel()
 
     async def settle(self) -> None:
