@@ -26,6 +26,7 @@ from collections.abc import Callable
 from functools import partial
 
 from celery import Celery
+from celery.exceptions import Reject
 from redis.asyncio import Redis
 
 from inferq.shared import keys
@@ -96,6 +97,8 @@ class WorkerRuntime:
     def run_job(self, msg: JobMessage) -> JobStatus | None:
         """Called from a Celery thread: run the job on the engine loop and wait for its end."""
         assert self.runner is not None, "worker runtime not started"
+        if self.death.triggered:  # about to exit: leave the job (e.g. one just handed back) to another worker
+            raise Reject("the engine is dead", requeue=True)
         return self.host.run(self.runner.run(msg))
 
     def drain(self) -> None:

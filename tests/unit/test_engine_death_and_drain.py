@@ -9,6 +9,9 @@ import threading
 import time
 from concurrent.futures import Future
 
+import pytest
+import redis
+from celery.exceptions import Reject
 
 from inferq.shared import keys
 from inferq.shared.schemas import JobMessage, JobStatus, WorkerInfo
@@ -58,6 +61,8 @@ async def test_the_heartbeat_seeing_the_engine_dead_hands_everything_back_before
         engine.errored = True  # the engine core died: no job hears of it (they wait for a step)
         wait_until(rig.exited.is_set, 30, "the worker exits")
         assert rig.events[-1] == ("exit", 4) and sorted(rig.sent) == sorted(m.id for m in jobs)
+        with pytest.raises(Reject):  # a message that arrives now goes back to the queue, unclaimed
+            rig.runtime.run_job(jobs[0])
         for m in jobs:
             assert await handed_back(store, m.id, "engine_failure")
             assert runs[m.id].result(10) is None and m.id in engine.aborted
