@@ -68,16 +68,16 @@ class WorkerRuntime:
 
     # --- life cycle ---------------------------------------------------------------------------
     def start(self) -> None:
-        """Engine, then the job path on its loop, then registration (first beat), then the reaper."""
+        """Engine, the job path on its loop, registration (first beat), then the reaper."""
         self.host.start()
         self.host.run(self._start_job_path())
-        self.heartbeat.start(timeout=60)
-        self.reaper.start()
         # what start-up built (torch, vLLM, the model's tokenizer) lives as long as the process:
         # out of the collector's way, a full collection under load takes milliseconds, not a
         # second that stalls every thread (heartbeat included)
         gc.collect()
         gc.freeze()
+        self.heartbeat.start(timeout=60)  # registered: gateways count it, Celery consumes right after
+        self.reaper.start()
         log.info("worker %s serving model %r from queue %s", self.id, self.settings.model_name,
                  keys.queue(self.settings.model_name))
 
