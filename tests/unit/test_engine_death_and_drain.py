@@ -10,7 +10,6 @@ import time
 from concurrent.futures import Future
 
 import pytest
-import redis
 from celery.exceptions import Reject
 
 from inferq.shared import keys
