@@ -126,14 +126,20 @@ redis.call('PUBLISH', KEYS[3], ARGV[3])
 return 1
 """
 
-# KEYS: job hash, log, channel, worker's job set, queued zset. ARGV: worker id (JSON) or '', attempt or '',
-# max attempts, now, reason, job id, ttl, claimed before ('' = any time). Takes a running job back from a
+# KEYS: job hash, log, channel, worker's job set, queued zset, the model's live workers zset (or any key).
+# ARGV: worker id (JSON) or '', attempt or '', max attempts, now, reason, job id, ttl, claimed before
+# ('' = any time), the worker's last beat as the caller saw it ('' = don't check), worker id. Takes a running job back from a
 # worker that died, drains or lost its engine: cancelled if a cancel was pending, failed after max
 # attempts, else queued again with a `restart` event. Returns 'requeued', 'failed', 'cancelled' or 'skip'.
 # The job leaves the worker's set only when it is handed back, or when it is not that worker's running
 # job at all (a stale entry); a newer attempt of the same worker, or a job it claimed after the caller
-# looked (`started_at` above ARGV[8]), stays.
+# looked (`started_at` above ARGV[8]), stays. A reaper passes the beat it judged (ARGV[9]): if the
+# worker has beaten since, nothing changes and the answer is 'alive'.
 _REQUEUE = _LAST_SEQ + f"""
+if ARGV[9] ~= '' then
+  local seen = redis.call('ZSCORE', KEYS[6], ARGV[10])
+  if seen and tonumber(seen) > tonumber(ARGV[9]) then return 'alive' end
+end
 local st = redis.call('HGET', KEYS[1], 'status')
 if ARGV[1] ~= '' and (st ~= '{_Q("running")}' or redis.call('HGET', KEYS[1], 'worker') ~= ARGV[1]) then
   redis.call('SREM', KEYS[4], ARGV[6])
@@ -274,17 +280,21 @@ class JobStore:
         return JobStatus.failed if int(res) == 2 else JobStatus(fields.get("status", JobStatus.succeeded))
 
     async def requeue(self, job_id: str, worker_id: str | None, attempt: int | None, reason: str,
-                      max_attempts: int, claimed_before: float | None = None) -> str:
+                      max_attempts: int, claimed_before: float | None = None,
+                      silent: tuple[str, float] | None = None) -> str:
         """Take a running job back from its worker: 'requeued', 'failed', 'cancelled' or 'skip'.
         ``attempt``: only that attempt; ``claimed_before``: only if it was claimed before that time
-        (a reaper passes the time it read the worker's job set)."""
+        (a reaper passes the time it read the worker's job set); ``silent``: (model, last beat) as
+        a reaper judged the worker: 'alive' (and nothing changes) if it has beaten since."""
         wid = worker_id or ""
+        model, beat = silent if silent is not None else ("", None)
         return str(await self._requeue(
             keys=[keys.job(job_id), keys.job_log(job_id), keys.job_channel(job_id), keys.worker_jobs(wid),
-                  keys.QUEUED],
+                  keys.QUEUED, keys.workers(model) if model else keys.QUEUED],
             args=[_Q(wid) if wid else "", "" if attempt is None else str(attempt), max_attempts,
                   str(time.time()), reason, job_id, self.ttl_s,
-                  "" if claimed_before is None else repr(claimed_before)]))
+                  "" if claimed_before is None else repr(claimed_before),
+                  "" if beat is None else repr(beat), wid]))
 
     async def fail_queued(self, job_id: str, error: ErrorInfo) -> bool:
         """End a job that is still queued as failed, with its final ``error`` event (a job whose

@@ -21,13 +21,15 @@ log = logging.getLogger(__name__)
 
 
 async def hand_back(store: JobStore, send: Send, job_id: str, worker_id: str, attempt: int | None,
-                    reason: str, max_attempts: int, claimed_before: float | None = None) -> str:
+                    reason: str, max_attempts: int, claimed_before: float | None = None,
+                    silent: tuple[str, float] | None = None) -> str:
     """Requeue a running job of ``worker_id`` (for another attempt) and send it to the queue again.
-    Returns the outcome of :meth:`JobStore.requeue` ('skip': it was not that worker's to give)."""
-    outcome = await store.requeue(job_id, worker_id, attempt, reason, max_attempts, claimed_before)
+    Returns the outcome of :meth:`JobStore.requeue` ('skip': it was not that worker's to give;
+    'alive': the worker, judged ``silent``, has beaten since)."""
+    outcome = await store.requeue(job_id, worker_id, attempt, reason, max_attempts, claimed_before, silent)
     if outcome == "requeued" and (rec := await store.get(job_id)) is not None:
         await asyncio.to_thread(send, rec.message())
-    if outcome != "skip":
+    if outcome not in ("skip", "alive"):
         log.warning("job %s handed back (%s): %s", job_id, reason, outcome)
     return outcome
 

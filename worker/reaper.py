@@ -7,7 +7,9 @@ hand-back and released (if still held) at the end.
 
 A silent worker loses only the jobs actually handed back: the requeue script removes a job from
 its set only while it is that worker's running job claimed before the reaper read the set, and
-the worker leaves its model's live set only once its job set is empty. A reaper never reaps its
+the worker leaves its model's live set only once its job set is empty; and each hand-back checks,
+in the same script, that the worker has not beaten since the reaper judged it (a late beat is a
+live worker). A reaper never reaps its
 own worker, and judges others only after a full TTL of its own successful heartbeats (right after
 a Redis outage every worker's last beat looks old).
 """
@@ -149,7 +151,11 @@ class Reaper:
             if budget.spent():
                 return handed
             outcome = await hand_back(self.store, self.send, job_id, dead.worker_id, None, "worker_lost",
-                                      self.settings.max_attempts, claimed_before=dead.seen_at)
+                                      self.settings.max_attempts, claimed_before=dead.seen_at,
+                                      silent=(dead.model, dead.beat_before))
+            if outcome == "alive":  # it beat after all (late, not dead): leave it all
+                log.info("worker %s beat again before its jobs were taken; leaving it", dead.worker_id)
+                return handed
             handed += outcome != "skip"
             if not await self.redis.eval(_EXTEND, 1, keys.REAPER_LOCK, token, int(self.lock_ttl_s * 1000)):
                 raise LockLost

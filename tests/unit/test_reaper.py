@@ -113,3 +113,19 @@ async def test_reaper_keeps_to_its_budget_and_holds_the_lock_longer(r, own_redis
     assert passes == [3, 3, 2], "a pass stops once its budget is spent; the next one goes on"
     assert sorted(sent) == sorted(jobs) and all(2500 < ttl <= 5000 for ttl in lock_ttls), lock_ttls
     sync.close()
+
+
+async def test_a_worker_that_beats_before_the_hand_back_keeps_its_jobs(r, own_redis) -> None:
+    model, sent = f"m-{uuid.uuid4().hex[:6]}", []
+    reaper = make_reaper(own_redis, model, sent)
+    reaper.bind(r)
+    store = JobStore(r, 120)
+    jobs = [await running_job(store, model, "late") for _ in range(3)]
+    await fall_silent(r, model, "late")
+    [dead] = await reaper.silent()
+    await r.zadd(keys.workers(model), {"late": time.time()})  # its beat arrives late, but it arrives
+    await r.set(keys.REAPER_LOCK, "token")
+    assert await reaper.reap(dead, Budget(60, time.monotonic), "token") == 0
+    assert not sent and [(await store.get(j)).status for j in jobs] == [JobStatus.running] * 3
+    assert await r.smembers(keys.worker_jobs("late")) == set(jobs)
+    assert await r.zscore(keys.workers(model), "late") is not None
