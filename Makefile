@@ -56,7 +56,7 @@ bench: setup
 	$(PY) -m bench run --config bench/configs/cpu-small.json
 
 chaos: setup
-	$(PY) -m tests.chaos --jobs 200 --kills 3 --redis-restarts 1 --out docs/reliability-run.json
+	$(PY) -m tests.chaos
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

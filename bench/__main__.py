@@ -1,5 +1,6 @@
 """``python -m bench run --config FILE [--out DIR] [--base-url URL]``, ``python -m bench report`` and
-``python -m bench gateway`` (the gateway alone, see bench/gateway.py)."""
+``python -m bench gateway`` (the gateway alone, see bench/gateway.py), ``python -m bench worker``
+(the worker alone, see bench/worker.py)."""
 
 from __future__ import annotations
 
@@ -60,12 +61,17 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--prefix", default="", help="file name prefix of the plots")
     r.set_defaults(func=cmd_report)
     sub.add_parser("gateway", help="gateway alone: streamed tokens/s of one gateway process", add_help=False)
+    sub.add_parser("worker", help="worker alone: CPU per streamed token of one worker process", add_help=False)
     if argv is None:
         argv = sys.argv[1:]
     if argv[:1] == ["gateway"]:  # its own argument parser
         from bench.gateway import main as gateway_main
 
         return gateway_main(argv[1:])
+    if argv[:1] == ["worker"]:
+        from bench.worker import main as worker_main
+
+        return worker_main(argv[1:])
     a = p.parse_args(argv)
     try:
         return int(a.func(a))

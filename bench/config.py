@@ -14,9 +14,10 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-KINDS = ("inprocess", "inferq-ws", "inferq-sse", "inferq-rest", "naive-hf", "naive-hf-static")
+KINDS = ("inprocess", "vllm-serve", "inferq-ws", "inferq-sse", "inferq-rest", "naive-hf", "naive-hf-static")
 INFERQ_KINDS = ("inferq-ws", "inferq-sse", "inferq-rest")
-STREAMING_KINDS = ("inprocess", "inferq-ws", "inferq-sse")
+STREAMING_KINDS = ("inprocess", "vllm-serve", "inferq-ws", "inferq-sse")
+SSE_KINDS = ("vllm-serve", "inferq-sse")  # the same OpenAI SSE client drives both
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,7 @@ class Workload:
     output_len: int = 64
     temperature: float = 0.0
     num_requests: int | dict[str, int] = 16  # or per level label: {"c=1": 8, "c=64": 256}
+    repeats: int = 3  # every level runs this many times (fresh prompts each time): median and spread
     warmup_requests: int = 2
     concurrency: list[int] = field(default_factory=lambda: [1])
     request_rate: list[float] | None = None
@@ -157,6 +159,8 @@ def parse_workload(raw: dict[str, Any]) -> Workload:
             raise ValueError(f"target {t.name}: no load levels")
         for lv in w.levels(t):
             w.requests_for(t, lv)
+    if w.repeats < 1:
+        raise ValueError("repeats must be >= 1")
     if w.prompt_len < 2 or w.output_len < 1:
         raise ValueError("prompt_len must be >= 2 and output_len >= 1")
     return w

@@ -71,13 +71,15 @@ async def main_async(spec: dict[str, Any]) -> dict[str, Any]:
         return r
 
     try:
-        plan = [(Level(lv["mode"], lv["value"]), [tuple(x) for x in lv["requests"]]) for lv in spec["plan"]]
+        plan = [(Level(lv["mode"], lv["value"]), [[tuple(x) for x in reqs] for reqs in lv["repeats"]])
+                for lv in spec["plan"]]
         levels = await drive(send, [tuple(x) for x in spec["warmup"]], plan,  # type: ignore[misc]
                              float(spec["timeout_s"]), int(spec["seed"]))
     finally:
         engine.shutdown()
-    return {"startup_s": startup, "levels": {k: {**v, "results": [r.to_json() for r in v["results"]]}
-                                             for k, v in levels.items()}}
+    return {"startup_s": startup, "levels": {
+        k: {**v, "runs": [{**run, "results": [r.to_json() for r in run["results"]]} for run in v["runs"]]}
+        for k, v in levels.items()}}
 
 
 def main(argv: list[str]) -> int:

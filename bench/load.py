@@ -114,27 +114,32 @@ async def run_level(level: Level, requests: Sequence[tuple[int, Any]], send: Sen
     return sorted(results, key=lambda r: r.index), wall
 
 
-Plan = list[tuple[Level, list[tuple[int, Any]]]]
+Plan = list[tuple[Level, list[list[tuple[int, Any]]]]]  # per level: the requests of each repeat
 
 
 async def drive(send: Send, warmup: Sequence[tuple[int, Any]], plan: Plan, timeout: float,
                 seed: int = 0, log: Callable[[str], None] = print) -> dict[str, dict[str, Any]]:
-    """Warm up (results dropped; any failure is reported), then run each level in turn."""
+    """Warm up (results dropped; any failure is reported), then run each level in turn, once per
+    repeat (each repeat with its own requests)."""
     if warmup:
         res, _ = await run_level(Level("closed", min(2, len(warmup))), warmup, send, timeout, seed)
         bad = [r.error for r in res if not r.ok]
         log(f"    warm-up: {len(res) - len(bad)}/{len(res)} ok" + (f" ({bad[0]})" if bad else ""))
     out: dict[str, dict[str, Any]] = {}
-    for level, requests in plan:
-        before = cpu.sample()
-        res, wall = await run_level(level, requests, send, timeout, seed)
-        use = cpu.shares(before, cpu.sample(), wall)
-        failed = sum(not r.ok for r in res)
-        tokens = sum(r.out_tokens for r in res if r.ok)
-        log(f"    {level.label:>7}: {len(res)} requests, {failed} failed, {wall:.1f} s, "
-            f"{tokens / wall if wall > 0 else 0:.1f} output tok/s" + _others(use.get("cpu_others"))
-            + (f" ({_first_error(res)})" if failed else ""))
-        out[level.label] = {"mode": level.mode, "value": level.value, "wall_s": wall, "results": res, **use}
+    for level, repeats in plan:
+        runs = []
+        for k, requests in enumerate(repeats):
+            before = cpu.sample()
+            res, wall = await run_level(level, requests, send, timeout, seed + k)
+            use = cpu.shares(before, cpu.sample(), wall)
+            failed = sum(not r.ok for r in res)
+            tokens = sum(r.out_tokens for r in res if r.ok)
+            tag = f" #{k + 1}" if len(repeats) > 1 else ""
+            log(f"    {level.label + tag:>10}: {len(res)} requests, {failed} failed, {wall:.1f} s, "
+                f"{tokens / wall if wall > 0 else 0:.1f} output tok/s" + _others(use.get("cpu_others"))
+                + (f" ({_first_error(res)})" if failed else ""))
+            runs.append({"wall_s": wall, "results": res, **use})
+        out[level.label] = {"mode": level.mode, "value": level.value, "runs": runs}
     return out
 
 

@@ -1,4 +1,5 @@
-"""Per-level summaries from raw request results, and ratios against the in-process ceiling."""
+"""Per-level summaries from raw request results (one per repeat, then the median over repeats),
+and ratios against the in-process ceiling and against vLLM's own server."""
 
 from __future__ import annotations
 
@@ -43,22 +44,52 @@ def summarize_level(results: Sequence[dict[str, Any]], wall_s: float, streaming:
     return s
 
 
-def add_ratios(targets: dict[str, dict[str, Any]], baseline: str = "inprocess") -> None:
-    """For every inferq target and level: throughput / in-process throughput, TTFT p50 added."""
-    base = targets.get(baseline)
-    if not base:
-        return
-    for name, t in targets.items():
-        if not t["kind"].startswith("inferq"):
+COUNTS = ("requests", "ok", "failed", "output_tokens")
+SPREAD = ("output_tok_s", "ttft_p50", "itl_p50")
+
+
+def combine_runs(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """A level's summary over its repeats: counts summed, every other figure the median of the
+    repeats' figures, and the lowest and highest value (``KEY_min``/``KEY_max``) of the main ones."""
+    s: dict[str, Any] = {"repeats": len(runs)}
+    for key in runs[0]:
+        values = [r.get(key) for r in runs]
+        if key in COUNTS:
+            s[key] = sum(values)
+        elif key in ("errors", "prompt_tokens"):
+            s[key] = sorted({x for v in values for x in v})[:5 if key == "errors" else None]
+        else:
+            nums = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+            s[key] = float(np.median(nums)) if nums else None
+    for key in SPREAD:
+        nums = [r[key] for r in runs if r.get(key) is not None]
+        s[f"{key}_min"], s[f"{key}_max"] = (min(nums), max(nums)) if nums else (None, None)
+    return s
+
+
+#: (reference target kind, prefix of the figures): the ceiling, and what a user would run instead.
+REFERENCES = (("inprocess", ""), ("vllm-serve", "vllm_serve_"))
+
+
+def add_ratios(targets: dict[str, dict[str, Any]]) -> None:
+    """For every inferq target and level, against each reference that ran the level: throughput
+    ratio (``throughput_vs_inprocess``, ``throughput_vs_vllm_serve``) and TTFT p50 added
+    (``added_ttft_p50``, ``vllm_serve_added_ttft_p50``), from the medians over repeats."""
+    for ref_kind, prefix in REFERENCES:
+        base = next((t for t in targets.values() if t["kind"] == ref_kind and t.get("levels")), None)
+        if base is None:
             continue
-        for label, lv in t.get("levels", {}).items():
-            ref = base.get("levels", {}).get(label, {}).get("summary")
-            s = lv["summary"]
-            if not ref or not ref["output_tok_s"] or not s["ok"]:
+        for t in targets.values():
+            if not t["kind"].startswith("inferq"):
                 continue
-            s["throughput_vs_inprocess"] = s["output_tok_s"] / ref["output_tok_s"]
-            if s["ttft_p50"] is not None and ref["ttft_p50"] is not None:
-                s["added_ttft_p50"] = s["ttft_p50"] - ref["ttft_p50"]
+            for label, lv in t.get("levels", {}).items():
+                ref = base["levels"].get(label, {}).get("summary")
+                s = lv["summary"]
+                if not ref or not ref["output_tok_s"] or not s["ok"]:
+                    continue
+                s["throughput_vs_" + (ref_kind.replace("-", "_"))] = s["output_tok_s"] / ref["output_tok_s"]
+                if s["ttft_p50"] is not None and ref["ttft_p50"] is not None:
+                    s[prefix + "added_ttft_p50"] = s["ttft_p50"] - ref["ttft_p50"]
 
 
 def summary_rows(targets: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:

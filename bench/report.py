@@ -18,23 +18,33 @@ def _num(v: float | None, fmt: str = "{:.1f}") -> str:
     return "-" if v is None else fmt.format(v)
 
 
-HEADER = ("| target | level | ok/failed | out tok/s | req/s | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 "
-          "| E2E p50 | E2E p99 | queued p50 | vs in-process | +TTFT p50 | CPU others |")
+HEADER = ("| target | level | ok/failed | out tok/s (min–max) | req/s | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 "
+          "| E2E p50 | E2E p99 | queued p50 | vs in-process | vs vllm serve | +TTFT p50 | CPU others |")
+
+
+def _tok_s(r: dict[str, Any]) -> str:
+    lo, hi = r.get("output_tok_s_min"), r.get("output_tok_s_max")
+    spread = f" ({lo:.0f}–{hi:.0f})" if lo is not None and hi is not None and r.get("repeats", 1) > 1 else ""
+    return _num(r["output_tok_s"]) + spread
+
+
+def _x(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}x"
 
 
 def markdown_table(doc: dict[str, Any]) -> str:
-    """One row per target and level; latencies in milliseconds."""
+    """One row per target and level (medians over the level's repeats); latencies in ms."""
     lines = [HEADER, "|" + "---|" * (HEADER.count("|") - 1)]
     for r in doc["summary"]:
         if "error" in r and r.get("level") == "-":
-            lines.append(f"| {r['target']} | - | FAILED: {str(r['error'])[:120]} |" + " |" * 12)
+            lines.append(f"| {r['target']} | - | FAILED: {str(r['error'])[:120]} |" + " |" * 13)
             continue
-        ratio = r.get("throughput_vs_inprocess")
         lines.append(
-            f"| {r['target']} | {r['level']} | {r['ok']}/{r['failed']} | {_num(r['output_tok_s'])} "
+            f"| {r['target']} | {r['level']} | {r['ok']}/{r['failed']} | {_tok_s(r)} "
             f"| {_num(r['req_s'], '{:.2f}')} | {_ms(r['ttft_p50'])} | {_ms(r['ttft_p99'])} "
             f"| {_ms(r['itl_p50'])} | {_ms(r['itl_p99'])} | {_ms(r['e2e_p50'])} | {_ms(r['e2e_p99'])} "
-            f"| {_ms(r['queued_p50'])} | {'-' if ratio is None else f'{ratio:.2f}x'} "
+            f"| {_ms(r['queued_p50'])} | {_x(r.get('throughput_vs_inprocess'))} "
+            f"| {_x(r.get('throughput_vs_vllm_serve'))} "
             f"| {_ms(r.get('added_ttft_p50'))} | {_pct(r.get('cpu_others'))} |")
     return "\n".join(lines)
 
@@ -57,7 +67,9 @@ def describe(doc: dict[str, Any]) -> str:
     text = (f"Workload `{w['name']}`: model `{doc['model_path']}` (load_format {w['load_format']}), "
             f"prompt {w['prompt_len']} tokens, output {w['output_len']} tokens (ignore_eos), "
             f"temperature {w['temperature']}, requests per level: {w['num_requests']} (unless a target "
-            f"overrides it), {w['warmup_requests']} warm-up requests per target.\n"
+            f"overrides it), each level run {w.get('repeats', 1)} time(s) with fresh prompts (figures: "
+            f"medians over the repeats; out tok/s with the lowest and highest repeat), "
+            f"{w['warmup_requests']} warm-up requests per target.\n"
             f"Hardware: {hw}. Python {env.get('python')}, vLLM {vllm}, torch {pk.get('torch')}, "
             f"transformers {pk.get('transformers')}, {env.get('redis_server') or 'redis ?'}; "
             f"commit {env.get('git_commit')}; run took {doc['duration_s']:.0f} s; 1-minute load average "

@@ -1,8 +1,8 @@
 """``bench run``: build the prompts, run every target at every level, write the results.
 
 Order: the in-process engine first (its own subprocess, so its memory is freed), then each inferq
-stack variant (started, measured through every client path that uses it, stopped), then the naive
-servers. A target that fails is recorded with its error; the others still run.
+stack variant (started, measured through every client path that uses it, stopped), then vLLM's own
+OpenAI server, then the naive servers. Every level runs ``repeats`` times, each with fresh prompts. A target that fails is recorded with its error; the others still run.
 """
 
 from __future__ import annotations
@@ -17,37 +17,43 @@ from pathlib import Path
 from typing import Any
 
 from bench import clients, cpu
-from bench.config import INFERQ_KINDS, STREAMING_KINDS, Target, Workload
+from bench.config import INFERQ_KINDS, SSE_KINDS, STREAMING_KINDS, Target, Workload
 from bench.load import drive
-from bench.metrics import add_ratios, summarize_level, summary_rows
+from bench.metrics import add_ratios, combine_runs, summarize_level, summary_rows
 from bench.prompts import PromptBuilder, load_tokenizer, resolve_model_path
 from bench.stack import ROOT, Procs, base_env, start_inferq, start_naive
+from bench.vllm_serve import settings_for, start_vllm_serve
 from bench.sysinfo import environment
 
 
 class Prompts:
-    """Index layout shared by all targets: warm-up prompts, then one distinct slice per level."""
+    """Index layout shared by all targets: warm-up prompts, then one distinct slice per level and
+    repeat (a repeat never meets a prompt its target has seen: no prefix-cache hits across runs)."""
 
     def __init__(self, w: Workload, builder: PromptBuilder) -> None:
         self.w, self.b = w, builder
         self.offsets: dict[str, int] = {}
+        self.widths: dict[str, int] = {}
         n = w.warmup_requests
         for lv in w.all_levels():
             self.offsets[lv.label] = n
-            n += max(w.requests_for(t, lv) for t in w.targets if lv in w.levels(t))
+            self.widths[lv.label] = max(w.requests_for(t, lv) for t in w.targets if lv in w.levels(t))
+            n += self.widths[lv.label] * w.repeats
 
-    def indices(self, t: Target) -> tuple[list[int], list[tuple[Any, list[int]]]]:
-        plan = [(lv, list(range(self.offsets[lv.label], self.offsets[lv.label] + self.w.requests_for(t, lv))))
-                for lv in self.w.levels(t)]
+    def indices(self, t: Target) -> tuple[list[int], list[tuple[Any, list[list[int]]]]]:
+        plan = []
+        for lv in self.w.levels(t):
+            starts = [self.offsets[lv.label] + k * self.widths[lv.label] for k in range(self.w.repeats)]
+            plan.append((lv, [list(range(s, s + self.w.requests_for(t, lv))) for s in starts]))
         return list(range(self.w.warmup_requests)), plan
 
     def payloads(self, t: Target, salt: int, make: Any) -> tuple[list[tuple[int, Any]], Any]:
         """(warm-up requests, plan) with ``make(index, text)`` as each request's payload."""
-        chat = t.kind == "inferq-sse" and t.endpoint == "chat"
+        chat = t.kind in SSE_KINDS and t.endpoint == "chat"
         text = self.b.chat_content if chat else self.b.text
         warm, plan = self.indices(t)
         build = lambda ids: [(i, make(i, text(i, salt))) for i in ids]  # noqa: E731
-        return build(warm), [(lv, build(ids)) for lv, ids in plan]
+        return build(warm), [(lv, [build(ids) for ids in repeats]) for lv, repeats in plan]
 
 
 def _log(msg: str) -> None:
@@ -55,25 +61,27 @@ def _log(msg: str) -> None:
 
 
 def _levels_json(levels: dict[str, dict[str, Any]], streaming: bool) -> dict[str, Any]:
+    """Per level: each repeat's summary and raw requests, and the level's summary over repeats."""
     out = {}
     for label, lv in levels.items():
-        raw = [r if isinstance(r, dict) else r.to_json() for r in lv["results"]]
-        summary = summarize_level(raw, lv["wall_s"], streaming)
-        summary.update({k: lv.get(k) for k in ("cpu_own", "cpu_others")})
-        out[label] = {"mode": lv["mode"], "value": lv["value"], "wall_s": lv["wall_s"],
-                      "summary": summary, "requests": raw}
+        runs = []
+        for run in lv["runs"]:
+            raw = [r if isinstance(r, dict) else r.to_json() for r in run["results"]]
+            summary = summarize_level(raw, run["wall_s"], streaming)
+            summary.update({k: run.get(k) for k in ("cpu_own", "cpu_others")})
+            runs.append({"wall_s": run["wall_s"], "summary": summary, "requests": raw})
+        out[label] = {"mode": lv["mode"], "value": lv["value"],
+                      "summary": combine_runs([r["summary"] for r in runs]), "runs": runs}
     return out
 
 
 def run_inprocess(w: Workload, t: Target, prompts: Prompts, salt: int, model_path: str, out: Path) -> dict:
     spec_stack = w.stack_for(t)
-    settings = {"model": w.model, "load_format": w.load_format, "max_num_seqs": spec_stack.max_num_seqs,
-                "cpu_kv_cache_gib": spec_stack.kv_cache_gib, "dtype": w.dtype,
-                "gpu_memory_utilization": spec_stack.gpu_memory_utilization, "max_model_len": w.max_model_len}
+    settings = settings_for(w, spec_stack)
     warm, plan = prompts.payloads(t, salt, lambda i, text: prompts.b.ids(text))
     spec = {"model_path": model_path, "settings": settings, "output_len": w.output_len,
             "temperature": w.temperature, "timeout_s": w.request_timeout_s, "seed": w.seed, "warmup": warm,
-            "plan": [{"mode": lv.mode, "value": lv.value, "requests": reqs} for lv, reqs in plan]}
+            "plan": [{"mode": lv.mode, "value": lv.value, "repeats": reps} for lv, reps in plan]}
     spec_path, res_path = out / f"{t.name}.spec.json", out / f"{t.name}.raw.json"
     spec_path.write_text(json.dumps(spec))
     env = base_env(**{k: v for k, v in spec_stack.env.items() if k.startswith("INFERQ_")},
@@ -108,19 +116,19 @@ async def _fill_queued(base: str, levels: dict[str, dict[str, Any]], headers: di
                     r.queued = await clients.job_queued(http, r.job_id)
                 except Exception:
                     r.queued = None
-        await asyncio.gather(*(one(r) for lv in levels.values() for r in lv["results"]
+        await asyncio.gather(*(one(r) for lv in levels.values() for run in lv["runs"] for r in run["results"]
                                if r.ok and r.job_id and r.queued is None))
 
 
 async def run_http_target(w: Workload, t: Target, prompts: Prompts, salt: int, base: str,
                           api_key: str | None = None) -> dict:
-    """An inferq client path or a naive server, driven from this process."""
+    """An inferq client path, vLLM's own server or a naive server, driven from this process."""
     common = {"max_tokens": w.output_len, "temperature": w.temperature, "ignore_eos": True}
     ws_base = base.replace("http://", "ws://").replace("https://", "wss://")
     headers = clients.auth_headers(api_key) if t.kind in INFERQ_KINDS else {}
     async with clients.http_client(base, headers) as http:
-        if t.kind == "inferq-sse":
-            model = (await http.get("/readyz")).json().get("model")
+        if t.kind in SSE_KINDS:
+            model = await _served_model(http, t.kind)
             path = "/v1/chat/completions" if t.endpoint == "chat" else "/v1/completions"
             extra = {"model": model, "stream": True, "stream_options": {"include_usage": True}, **common}
             if t.endpoint == "chat":
@@ -135,7 +143,7 @@ async def run_http_target(w: Workload, t: Target, prompts: Prompts, salt: int, b
         async def send(i: int, body: dict[str, Any]) -> Any:
             if t.kind == "inferq-ws":
                 return await clients.ws_generate(ws_base, i, body, exp, headers)
-            if t.kind == "inferq-sse":
+            if t.kind in SSE_KINDS:
                 return await clients.sse_stream(http, path, i, body, exp)
             if t.kind == "inferq-rest":
                 return await clients.rest_poll(http, i, body, exp, t.poll_interval_ms / 1000)
@@ -145,6 +153,13 @@ async def run_http_target(w: Workload, t: Target, prompts: Prompts, salt: int, b
     if t.kind in ("inferq-ws", "inferq-sse"):
         await _fill_queued(base, levels, headers)
     return _levels_json(levels, t.kind in STREAMING_KINDS)
+
+
+async def _served_model(http: Any, kind: str) -> str:
+    """The model name to ask for: inferq's ``/readyz`` says it; vLLM's server lists it."""
+    if kind == "inferq-sse":
+        return str((await http.get("/readyz")).json().get("model"))
+    return str((await http.get("/v1/models")).json()["data"][0]["id"])
 
 
 def run(w: Workload, out: Path, base_url: str | None = None, api_key: str | None = None) -> dict[str, Any]:
@@ -159,7 +174,7 @@ def run(w: Workload, out: Path, base_url: str | None = None, api_key: str | None
     prompts = Prompts(w, PromptBuilder(load_tokenizer(model_path), w.prompt_len, w.seed))
     salts = {t.name: i for i, t in enumerate(w.targets)}
     order = sorted(w.targets, key=lambda t: (t.kind != "inprocess", t.kind.startswith("naive"),
-                                             t.stack, w.targets.index(t)))
+                                             t.kind == "vllm-serve", t.stack, w.targets.index(t)))
     results: dict[str, dict[str, Any]] = {
         t.name: {"kind": t.kind, "stack": t.stack, "error": None, "levels": {}} for t in w.targets}
     jobs: list[list[Target]] = []  # inferq targets of one stack variant share one stack
@@ -184,6 +199,9 @@ def run(w: Workload, out: Path, base_url: str | None = None, api_key: str | None
                     _log(f"[stack {t.stack}] starting redis + {spec.workers} worker(s) + gateway"
                          if base_url is None else f"[stack] using {base_url}")
                     base = base_url or start_inferq(procs, w, spec, t.stack)
+                elif t.kind == "vllm-serve":
+                    _log(f"[{t.name}] starting vLLM's OpenAI server")
+                    base = start_vllm_serve(procs, w, w.stack_for(t), model_path, t.name, t.env)
                 else:
                     mode = "static" if t.kind == "naive-hf-static" else "serial"
                     _log(f"[{t.name}] starting the naive HF server ({mode})")

@@ -35,6 +35,7 @@ class Fleet:
     workers: dict[str, Service] = field(default_factory=dict)
     spawned: int = 0
     extra_env: dict[str, str] = field(default_factory=dict)  # over FLEET_ENV, for every process
+    api_key: str | None = None  # the key the fleet's own calls send (when extra_env sets keys)
 
     @property
     def redis_url(self) -> str:
@@ -94,12 +95,16 @@ class Fleet:
     def live(self) -> list[str]:
         return [w for w, s in self.workers.items() if s.alive()]
 
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
     def http(self) -> httpx.Client:
-        return httpx.Client(base_url=self.base, timeout=30)
+        return httpx.Client(base_url=self.base, timeout=30, headers=self.headers)
 
     def _get(self, path: str) -> object | None:
         try:
-            r = httpx.get(self.base + path, timeout=2)
+            r = httpx.get(self.base + path, timeout=2, headers=self.headers)
             return r.json() if r.status_code == 200 else None
         except (httpx.HTTPError, ValueError):
             return None

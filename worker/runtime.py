@@ -42,6 +42,7 @@ from inferq.worker.handback import LocalHandBack
 from inferq.worker.heartbeat import Heartbeat
 from inferq.worker.reaper import Reaper
 from inferq.worker.runner import JobRunner
+from inferq.worker.undecodable import fail_undecodable
 from inferq.worker.writer import EventWriter
 
 log = logging.getLogger(__name__)
@@ -93,6 +94,11 @@ class WorkerRuntime:
                                 hand_back=self._hand_back_one)
         self.handback = LocalHandBack(self.runner, store, self.send, self.id, s.max_attempts)
         self._control = asyncio.get_running_loop().create_task(control.listen(self.redis, self.runner))
+
+    def fail_undecodable(self, job_id: str, error: Exception) -> bool:
+        """Called from a Celery thread: end the queued job whose message could not be decoded."""
+        assert self.runner is not None, "worker runtime not started"
+        return self.host.run(fail_undecodable(self.runner.store, job_id, error))
 
     def run_job(self, msg: JobMessage) -> JobStatus | None:
         """Called from a Celery thread: run the job on the engine loop and wait for its end."""

@@ -10,24 +10,20 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import threading
 from typing import Any
 
 from celery import Task, signals
 from celery.exceptions import Reject
-from pydantic import ValidationError
 
 from inferq.shared import keys
-from inferq.shared.errors import InvalidRequest
-from inferq.shared.redis import redis_retrying
-from inferq.shared.schemas import ErrorInfo, JobMessage, JobStatus
-from inferq.shared.store import JobStore
+from inferq.shared.schemas import JobMessage, JobStatus
 from inferq.shared.settings import get_settings
 from inferq.worker import kombu_fix
 from inferq.shared.celery_app import make_celery
 from inferq.worker.death import kill_children
 from inferq.worker.runtime import WorkerRuntime
+from inferq.worker.undecodable import undecodable_job_id
 
 log = logging.getLogger(__name__)
 kombu_fix.install()
@@ -72,51 +68,11 @@ def generate(self: Task, payload: str) -> str | None:
         if job_id is None:
             log.error("dropped a malformed job message that names no job: %s", e)
             return None
-        if _runtime is None or _runtime.store is None:
+        if _runtime is None:
             raise Reject("engine not started", requeue=True)
-        failed = _runtime.host.run(fail_undecodable(_runtime.store, job_id, e))
+        failed = _runtime.fail_undecodable(job_id, e)
         return JobStatus.failed.value if failed else None
     if _runtime is None:  # not reachable once worker_init succeeded; never lose the job
         raise Reject("engine not started", requeue=True)
     status = _runtime.run_job(msg)
     return status.value if status else None
-
-
-_PAYLOAD_ID = re.compile(r'"id"\s*:\s*"(' + keys.JOB_ID_PATTERN + r')"')
-
-
-def undecodable_job_id(task_id: str | None, payload: object) -> str | None:
-    """The job a payload that failed to decode belongs to, without decoding it: the task id (the
-    gateway and the reaper send each job with ``task_id = job id``), else the first ``"id"`` of
-    the job's form in the raw text. None when neither names a job."""
-    if task_id and keys.is_job_id(task_id):
-        return task_id
-    if isinstance(payload, (str, bytes)):
-        text = payload if isinstance(payload, str) else payload.decode("utf-8", "replace")
-        if m := _PAYLOAD_ID.search(text[:4096]):
-            return m.group(1)
-    return None
-
-
-async def fail_undecodable(store: JobStore, job_id: str, error: Exception) -> bool:
-    """Fail the job of a payload the worker cannot decode, if it is still queued (a running or
-    finished job is left as it is), with its final ``error`` event, so that polls see why and
-    streams end. Without this the job would stay queued forever and the reaper would re-send
-    the same message again and again."""
-    if isinstance(error, ValidationError):  # its text would quote the payload: loc and msg only
-        detail = "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" if x["loc"] else x["msg"]
-                           for x in error.errors(include_url=False, include_input=False)[:3])
-    else:
-        detail = f"{type(error).__name__}: {error}"
-    reason = InvalidRequest(f"the worker could not decode the job's message ({detail[:300]})",
-                            code="undecodable_job")
-    try:
-        async for attempt in redis_retrying():
-            with attempt:
-                failed = await store.fail_queued(job_id, ErrorInfo.of(reason))
-    except Exception as e:  # Redis away: the job stays queued, the reaper re-sends it, we try again
-        log.error("job %s: undecodable message, and could not fail the job: %s", job_id, e)
-        return False
-    log.error("job %s: undecodable message (%s); %s", job_id, reason.message,
-              "the job failed" if failed else "the job was no longer queued: left as it is")
-    return failed

@@ -23,12 +23,12 @@ pytestmark = pytest.mark.integration
 
 
 def test_bench_smoke(tmp_path: Path) -> None:
-    run_and_check(CONFIGS / "smoke-test.json", tmp_path / "bench", timeout=240)
+    run_and_check(CONFIGS / "smoke-test.json", tmp_path / "bench", timeout=420)
 
 
 @pytest.mark.heavy
 def test_bench_tiny_end_to_end(tmp_path: Path) -> None:
-    run_and_check(CONFIGS / "tiny-test.json", tmp_path / "bench", timeout=240)
+    run_and_check(CONFIGS / "tiny-test.json", tmp_path / "bench", timeout=420)
 
 
 def run_and_check(config: Path, out: Path, timeout: float) -> None:
@@ -43,13 +43,21 @@ def run_and_check(config: Path, out: Path, timeout: float) -> None:
         assert got["error"] is None, f"{t.name}: {got['error']}"
         for level in w.levels(t):
             s = got["levels"][level.label]["summary"]
-            assert s["requests"] == w.requests_for(t, level), (t.name, level.label)
+            assert s["requests"] == w.requests_for(t, level) * w.repeats, (t.name, level.label)
+            assert len(got["levels"][level.label]["runs"]) == w.repeats == s["repeats"], (t.name, level.label)
             assert s["failed"] == 0, (t.name, level.label, s["errors"])
             assert s["output_tok_s"] > 0 and s["req_s"] > 0, (t.name, level.label)
             assert s["output_tokens"] == s["ok"] * w.output_len, (t.name, level.label)
             if t.kind in ("inferq-ws", "inferq-rest"):
                 assert s["queued_p50"] is not None, (t.name, level.label)
     assert (out / "results.md").read_text().count("| c=") == sum(len(w.levels(t)) for t in w.targets)
+    for t in w.targets:  # every inferq path is compared with each reference that ran
+        if t.kind.startswith("inferq"):
+            for level in w.levels(t):
+                s = doc["targets"][t.name]["levels"][level.label]["summary"]
+                for ref in ("inprocess", "vllm-serve"):
+                    if any(r.kind == ref for r in w.targets):
+                        assert s["throughput_vs_" + ref.replace("-", "_")] > 0, (t.name, ref)
 
 
 def test_gateway_alone_bench_delivers_every_token(tmp_path: Path) -> None:

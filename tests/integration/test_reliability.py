@@ -193,7 +193,7 @@ def chaos(fleet: Fleet, jobs: int, **kw) -> dict:
 
     ensure_two_workers(fleet)
     report = asyncio.run_coroutine_threadsafe(run_chaos(fleet, jobs=jobs, **kw), LOOP).result(600)
-    assert report["lost"] == 0 and report["duplicated"] == 0, report
+    assert report["lost"] == 0 and report["corrupted"] == 0, report
     assert report["succeeded"] + sum(report["failed"].values()) == report["submitted"] == jobs
     return report
 

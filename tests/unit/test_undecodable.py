@@ -6,26 +6,23 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from types import SimpleNamespace
 
 import pytest
 
 from inferq.shared import keys
-from inferq.shared.redis import make_redis
 from inferq.shared.schemas import JobMessage, JobRecord, JobRequest, JobStatus
 from inferq.shared.store import JobStore
-from inferq.worker import tasks
+from inferq.worker import tasks, undecodable
+from tests.unit.workerkit import GatedEngine, start_runtime
 
 
-@pytest.fixture
-async def store(redis_server, monkeypatch):
-    r = make_redis(redis_server.url)
-    store = JobStore(r, ttl_s=120)
-    loop = asyncio.get_running_loop()
-    host = SimpleNamespace(run=lambda coro: asyncio.run_coroutine_threadsafe(coro, loop).result(10))
-    monkeypatch.setattr(tasks, "_runtime", SimpleNamespace(store=store, host=host))
-    yield store
-    await r.aclose()
+@pytest.fixture(autouse=True)
+def runtime(own_redis, monkeypatch):
+    """A real WorkerRuntime (scripted engine) behind the task, as a worker process has."""
+    rig = start_runtime(own_redis, GatedEngine(), job_ttl_s=120)
+    monkeypatch.setattr(tasks, "_runtime", rig.runtime)
+    yield rig.runtime
+    rig.stop()
 
 
 async def queued_job(store: JobStore) -> str:
@@ -68,7 +65,7 @@ async def test_the_job_id_comes_from_the_task_id_or_else_the_raw_payload(store) 
     by_task = await queued_job(store)
     assert await run_task({"not": "a string"}, by_task) == "failed"
     assert (await store.get(by_task)).error.code == "undecodable_job"
-    assert tasks.undecodable_job_id(None, json.dumps({"id": "job-1"})) is None
+    assert undecodable.undecodable_job_id(None, json.dumps({"id": "job-1"})) is None
 
 
 async def test_a_job_that_is_not_queued_is_left_alone(store) -> None:
