@@ -33,6 +33,9 @@ from inferq.shared.schemas import (
 Event = TokenEvent | DoneEvent | ErrorEvent | RestartEvent
 _Q = json.dumps  # stored form of a string field: JSON
 
+#: Events per append script call: one call holds Redis for well under a millisecond.
+APPEND_CHUNK = 256
+
 _LAST_SEQ = """
 local function last_seq(log)
   local last = redis.call('XREVRANGE', log, '+', '-', 'COUNT', 1)
@@ -108,22 +111,38 @@ redis.call('PUBLISH', KEYS[4], data)
 return result
 """
 
-# KEYS: job hash, log, channel. ARGV: attempt, seq, event JSON, ttl ('' = leave the TTL).
-# Appends one event of the given attempt; 0 if that attempt no longer owns the job. An event that
-# does not follow the last logged one is refused: XADD refuses a seq already logged, and a seq past
-# the next one is an error (an earlier event was lost), so a log never has a hole.
+# KEYS: per event its job hash, log and channel. ARGV: per event its attempt, seq, JSON and ttl ('' =
+# leave the TTL). Appends many events (of many jobs) in one call; per event 1 (written), 0 (that
+# attempt no longer owns the job) or an error text. An event that does not follow the last logged
+# one is refused: XADD refuses a seq already logged, and a seq past the next one is an error (an
+# earlier event was lost), so a log never has a hole.
 _APPEND = _LAST_SEQ + f"""
-if redis.call('HGET', KEYS[1], 'status') ~= '{_Q("running")}' then return 0 end
-if redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[1] then return 0 end
-local last = last_seq(KEYS[2])
-if tonumber(ARGV[2]) > last + 1 then
-  return redis.error_reply('GAP event ' .. ARGV[2] .. ' does not follow the last logged event ' .. last)
+local out = {{}}
+for i = 0, #KEYS / 3 - 1 do
+  local h, log, ch = KEYS[3 * i + 1], KEYS[3 * i + 2], KEYS[3 * i + 3]
+  local attempt, seq, data, ttl = ARGV[4 * i + 1], ARGV[4 * i + 2], ARGV[4 * i + 3], ARGV[4 * i + 4]
+  if redis.call('HGET', h, 'status') ~= '{_Q("running")}' or redis.call('HGET', h, 'attempt') ~= attempt then
+    out[i + 1] = 0
+  else
+    local last = last_seq(log)
+    if tonumber(seq) > last + 1 then
+      out[i + 1] = 'GAP event ' .. seq .. ' does not follow the last logged event ' .. last
+    else
+      local added = redis.pcall('XADD', log, seq .. '-0', 'e', data)
+      if type(added) == 'table' and added.err then
+        out[i + 1] = added.err
+      else
+        if ttl ~= '' then
+          redis.call('EXPIRE', log, ttl)
+          redis.call('EXPIRE', h, ttl)
+        end
+        redis.call('PUBLISH', ch, data)
+        out[i + 1] = 1
+      end
+    end
+  end
 end
-redis.call('XADD', KEYS[2], ARGV[2] .. '-0', 'e', ARGV[3])
-if ARGV[4] ~= '' then redis.call('EXPIRE', KEYS[2], ARGV[4]) end
-if ARGV[4] ~= '' then redis.call('EXPIRE', KEYS[1], ARGV[4]) end
-redis.call('PUBLISH', KEYS[3], ARGV[3])
-return 1
+return out
 """
 
 # KEYS: job hash, log, channel, worker's job set, queued zset, the model's live workers zset (or any key).
@@ -304,16 +323,26 @@ class JobStore:
             args=[str(time.time()), job_id, hash_fields(error=error)["error"], self.ttl_s]))
 
     async def append(self, items: Sequence[tuple[str, int, Event]]) -> list[Exception | bool]:
-        """Log and publish many jobs' events (job id, attempt, event) in one round trip.
-        Per item: True (written), False (that attempt no longer owns the job) or the error."""
+        """Log and publish many jobs' events (job id, attempt, event) in one round trip: one script
+        call per :data:`APPEND_CHUNK` events. Per item: True (written), False (that attempt no
+        longer owns the job) or the error."""
+        out: list[Exception | bool] = []
         async with self.redis.pipeline(transaction=False) as p:
-            for job_id, attempt, ev in items:
-                ttl = str(self.ttl_s) if ev.seq == 1 or ev.type != "token" else ""
-                await self._append(keys=[keys.job(job_id), keys.job_log(job_id), keys.job_channel(job_id)],
-                                   args=[str(attempt), ev.seq, ev.model_dump_json(exclude_none=True), ttl],
-                                   client=p)
-            res = await p.execute(raise_on_error=False)
-        return [r if isinstance(r, Exception) else bool(r) for r in res]
+            for start in range(0, len(items), APPEND_CHUNK):
+                ks: list[str] = []
+                args: list[str | int] = []
+                for job_id, attempt, ev in items[start:start + APPEND_CHUNK]:
+                    ks += (keys.job(job_id), keys.job_log(job_id), keys.job_channel(job_id))
+                    args += (str(attempt), ev.seq, ev.model_dump_json(exclude_none=True),
+                             str(self.ttl_s) if ev.seq == 1 or ev.type != "token" else "")
+                await self._append(keys=ks, args=args, client=p)
+            for chunk, res in zip(range(0, len(items), APPEND_CHUNK), await p.execute(raise_on_error=False)):
+                n = len(items[chunk:chunk + APPEND_CHUNK])
+                if isinstance(res, Exception):  # the whole call failed (e.g. Redis restarted mid-way)
+                    out += [res] * n
+                else:
+                    out += [ResponseError(r) if isinstance(r, str) else bool(r) for r in res]
+        return out
 
     async def queue_depth(self, model: str) -> int:
         """Messages waiting in the model's Celery queue, all priorities together (one round trip)."""
@@ -330,6 +359,7 @@ class JobStore:
         """:meth:`read_log` as stored: each event's JSON text."""
         rows = await self.redis.xrange(keys.job_log(job_id), min=f"{after + 1}-0", max="+")
         return [fields["e"] for _, fields in rows]
+
 
 def is_duplicate_id(err: Exception | None) -> bool:
     """True for Redis' refusal of an event whose seq was already logged."""
