@@ -27,7 +27,8 @@ def cmd_run(a: argparse.Namespace) -> int:
     w = load_workload(a.config)
     out = Path(a.out) if a.out else ROOT / "bench" / "results" / f"{w.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     signal.signal(signal.SIGTERM, _interrupt)
-    doc = run(w, out, a.base_url, a.api_key or os.environ.get("INFERQ_BENCH_API_KEY"))
+    only = set(a.targets.split(",")) if a.targets else None
+    doc = run(w, out, a.base_url, a.api_key or os.environ.get("INFERQ_BENCH_API_KEY"), only)
     md = write_report(doc, out / "results.md", out)
     print("\n" + md)
     print(f"results: {out / 'results.json'}  table: {out / 'results.md'}  plots: {out}/*.png")
@@ -53,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--base-url", help="use this running gateway instead of starting a stack")
     r.add_argument("--api-key", help="API key for --base-url (default: $INFERQ_BENCH_API_KEY)")
     r.add_argument("--strict", action="store_true", help="exit 1 if any request or target failed")
+    r.add_argument("--targets", help="run only these targets (comma-separated names); join runs with bench.merge")
     r.set_defaults(func=cmd_run)
     r = sub.add_parser("report", help="markdown table and PNG plots from a results.json")
     r.add_argument("results")

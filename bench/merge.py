@@ -3,7 +3,8 @@
     python -m bench.merge OUT.json RUN.json[:SUFFIX] ... [--only TARGET,TARGET]
 
 Raw per-request timings are dropped; each run's environment is kept under ``runs``. Ratios to
-``inprocess`` are recomputed across runs, so compare only runs of the same workload and hardware.
+``inprocess`` and ``vllm-serve`` are recomputed across runs, so compare only runs of the same
+workload and hardware (e.g. ``bench run --targets`` calls on one machine, one after the other).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from bench.metrics import add_ratios, summary_rows
+
 
 def merge(paths: list[str], only: set[str] | None) -> dict[str, Any]:
     docs, out = [], None
@@ -20,18 +23,25 @@ def merge(paths: list[str], only: set[str] | None) -> dict[str, Any]:
         path, _, suffix = spec.partition(":")
         doc = json.loads(Path(path).read_text())
         docs.append(doc)
-        rows = [dict(r, target=r["target"] + suffix) for r in doc["summary"] if not only or r["target"] in only]
-        targets = {name + suffix: dict(t, levels={k: {kk: vv for kk, vv in lv.items() if kk != "requests"}
-                                                  for k, lv in t["levels"].items()})
+        targets = {name + suffix: dict(t, levels={k: _lean(lv) for k, lv in t["levels"].items()})
                    for name, t in doc["targets"].items() if not only or name in only}
         if out is None:
             out = {k: v for k, v in doc.items() if k not in ("summary", "targets")}
             out.update(summary=[], targets={}, runs=[])
-        out["summary"] += rows
         out["targets"].update(targets)
         out["runs"].append({"file": path, "environment": doc.get("environment"), "started_at": doc.get("started_at")})
     assert out is not None
+    add_ratios(out["targets"])
+    out["summary"] = summary_rows(out["targets"])
     return out
+
+
+def _lean(level: dict[str, Any]) -> dict[str, Any]:
+    """A level without its per-request timings (kept: each repeat's summary)."""
+    lv = {k: v for k, v in level.items() if k != "requests"}
+    if "runs" in lv:
+        lv["runs"] = [{k: v for k, v in r.items() if k != "requests"} for r in lv["runs"]]
+    return lv
 
 
 def main() -> None:

@@ -162,10 +162,13 @@ async def _served_model(http: Any, kind: str) -> str:
     return str((await http.get("/v1/models")).json()["data"][0]["id"])
 
 
-def run(w: Workload, out: Path, base_url: str | None = None, api_key: str | None = None) -> dict[str, Any]:
+def run(w: Workload, out: Path, base_url: str | None = None, api_key: str | None = None,
+        only: set[str] | None = None) -> dict[str, Any]:
     """Run the whole workload; write ``results.json`` into ``out`` and return it.
 
-    ``base_url``: measure this running gateway instead of starting stacks (``api_key`` for it)."""
+    ``base_url``: measure this running gateway instead of starting stacks (``api_key`` for it).
+    ``only``: run just these targets (each with the prompts it gets in a full run), e.g. to split
+    one workload over several calls on the same machine; ``python -m bench.merge`` joins them."""
     (out / "logs").mkdir(parents=True, exist_ok=True)
     os.environ[cpu.ROOT_ENV] = str(os.getpid())  # the in-process subprocess counts CPU for our tree
     t_start = time.time()
@@ -175,8 +178,10 @@ def run(w: Workload, out: Path, base_url: str | None = None, api_key: str | None
     salts = {t.name: i for i, t in enumerate(w.targets)}
     order = sorted(w.targets, key=lambda t: (t.kind != "inprocess", t.kind.startswith("naive"),
                                              t.kind == "vllm-serve", t.stack, w.targets.index(t)))
+    if only:
+        order = [t for t in order if t.name in only]
     results: dict[str, dict[str, Any]] = {
-        t.name: {"kind": t.kind, "stack": t.stack, "error": None, "levels": {}} for t in w.targets}
+        t.name: {"kind": t.kind, "stack": t.stack, "error": None, "levels": {}} for t in order}
     jobs: list[list[Target]] = []  # inferq targets of one stack variant share one stack
     for t in order:
         same = [j for j in jobs if t.kind in INFERQ_KINDS and j[0].kind in INFERQ_KINDS and j[0].stack == t.stack]

@@ -2,10 +2,15 @@
 # Run the H200 benchmarks on a 2-GPU machine prepared with ../shared/gpu (setup-device.sh sourced).
 #   bench/gpu/run.sh serving   # GPU 0: in-process vs inferq; GPU 1 at the same time: naive HF
 #   bench/gpu/run.sh scaling   # inferq with 1 worker vs 2 workers (one per GPU)
+#   bench/gpu/run.sh peer-refs; bench/gpu/run.sh peer-inferq   # one H200, two calls: in-process +
+#       vllm serve, then inferq (every level 3 times); then locally:
+#       python -m bench.merge OUT.json refs-results.json inferq-results.json
 # Results (json, md, png) are copied to $OUT (default /tmp/bench-out).
 set -u
 out=${OUT:-/tmp/bench-out}; mkdir -p "$out"
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+# the project installs as inferq.*: from a checkout, a namespace folder of links stands in for it
+mkdir -p /tmp/ns/inferq && for p in api worker shared cli; do ln -sfn "$PWD/$p" "/tmp/ns/inferq/$p"; done
+export PYTHONPATH=$PWD:/tmp/ns${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 [ -f /tmp/m7/tokenizer.json ] || python3 .gpu/b/make-model.py /tmp/m7 --preset mistral-7b >/tmp/make-model.log 2>&1 || cp /tmp/make-model.log "$out/"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$out/gpu.txt" 2>&1
 collect() {  # name dir
@@ -27,6 +32,11 @@ case "${1:-serving}" in
   gw4)
     timeout 400 python3 -m bench run --config bench/configs/h200-mistral7b-gw4.json --out /tmp/b-gw4 > /tmp/b-gw4.log 2>&1
     collect gw4 /tmp/b-gw4; tail -n 14 /tmp/b-gw4.log ;;
+  peer-refs|peer-inferq)
+    which=${1#peer-}; targets=inprocess,vllm-serve; [ "$which" = inferq ] && targets=inferq-ws,inferq-sse
+    timeout 580 python3 -m bench run --config bench/configs/h200-mistral7b-peer.json --targets $targets \
+      --out /tmp/b-$which > /tmp/b-$which.log 2>&1
+    collect $which /tmp/b-$which; tail -n 30 /tmp/b-$which.log ;;
   scaling)
     timeout 560 python3 -m bench run --config bench/configs/h200x2-mistral7b.json --out /tmp/b-x2 > /tmp/b-x2.log 2>&1
     collect x2 /tmp/b-x2; tail -n 30 /tmp/b-x2.log ;;
