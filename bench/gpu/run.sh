@@ -8,6 +8,8 @@
 # Results (json, md, png) are copied to $OUT (default /tmp/bench-out).
 set -u
 out=${OUT:-/tmp/bench-out}; mkdir -p "$out"
+# wheels the kit lacks for vLLM's own server (its SageMaker routes import these), unpacked once
+for whl in .gpu/extra/*.whl; do [ -f "$whl" ] && python3 -m zipfile -e "$whl" /tmp/site/; done
 # the project installs as inferq.*: from a checkout, a namespace folder of links stands in for it
 mkdir -p /tmp/ns/inferq && for p in api worker shared cli; do ln -sfn "$PWD/$p" "/tmp/ns/inferq/$p"; done
 export PYTHONPATH=$PWD:/tmp/ns${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
