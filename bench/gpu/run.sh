@@ -17,7 +17,7 @@ export PYTHONPATH=$PWD:/tmp/ns${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$out/gpu.txt" 2>&1
 collect() {  # name dir
   for f in results.json; do
-    [ -f "$2/$f" ] && cp "$2/$f" "$out/$1-$f"
+    [ -f "$2/$f" ] && gzip -c "$2/$f" > "$out/$1-$f.gz"
   done
   tail -n 40 "$2"/logs/*.log > "$out/$1-logs.txt" 2>/dev/null || true
 }
@@ -39,6 +39,17 @@ case "${1:-serving}" in
     timeout 580 python3 -m bench run --config bench/configs/h200-mistral7b-peer.json --targets $targets \
       --out /tmp/b-$which > /tmp/b-$which.log 2>&1
     collect $which /tmp/b-$which; tail -n 30 /tmp/b-$which.log ;;
+  highrate)  # Llama-3.2-1B shapes from the 7B model's tokenizer; then the worker alone on this host's CPU
+    [ -f /tmp/m1/config.json ] || { mkdir -p /tmp/m1 && cp /tmp/m7/* /tmp/m1/ && python3 - <<'PY'
+import json; p = "/tmp/m1/config.json"; c = json.load(open(p))
+c.update(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+         num_key_value_heads=8, head_dim=64, tie_word_embeddings=True)
+json.dump(c, open(p, "w"), indent=1)
+PY
+    }
+    timeout 420 python3 -m bench run --config bench/configs/h200-llama1b-highrate.json --out /tmp/b-1b > /tmp/b-1b.log 2>&1
+    timeout 120 python3 -m bench worker --jobs 64,256,1024 --tokens 256 --step-ms 5 --out "$out/worker-alone.json" > /tmp/b-w.log 2>&1
+    collect highrate /tmp/b-1b; tail -n 24 /tmp/b-1b.log; tail -n 4 /tmp/b-w.log ;;
   scaling)
     timeout 560 python3 -m bench run --config bench/configs/h200x2-mistral7b.json --out /tmp/b-x2 > /tmp/b-x2.log 2>&1
     collect x2 /tmp/b-x2; tail -n 30 /tmp/b-x2.log ;;
