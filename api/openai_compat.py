@@ -67,9 +67,13 @@ def chat_job(req: ChatCompletionRequest) -> JobRequest:
     return JobRequest(messages=[m.to_chat() for m in req.messages], model=req.model, user=req.user, **fields)
 
 
+#: ``max_tokens`` of a text completion that sets none: 16, as OpenAI's and vLLM's completions API.
+COMPLETION_MAX_TOKENS = 16
+
+
 def completion_jobs(req: CompletionRequest) -> list[JobRequest]:
     prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
-    fields = req.sampling_fields()
+    fields = {"max_tokens": COMPLETION_MAX_TOKENS, **req.sampling_fields()}
     if req.logprobs is not None:
         fields["logprobs"] = req.logprobs
     return [JobRequest(prompt=p, model=req.model, user=req.user, **fields) for p in prompts]
@@ -145,7 +149,9 @@ def _completion_logprobs(c: Choice, k: int) -> CompletionLogprobs:
         pos += len(lp.token)
     return CompletionLogprobs(
         tokens=[lp.token for lp in c.logprobs], token_logprobs=[lp.logprob for lp in c.logprobs],
-        top_logprobs=[{t.token: t.logprob for t in lp.top_logprobs[:k]} for lp in c.logprobs],
+        # the k most likely tokens and, as vLLM gives it, the sampled one (so logprobs: 0 has it alone)
+        top_logprobs=[{t.token: t.logprob for t in lp.top_logprobs[:k]} | {lp.token: lp.logprob}
+                      for lp in c.logprobs],
         text_offset=offsets,
     )
 

@@ -1,15 +1,20 @@
 """OpenAI wire messages the gateway accepts and returns (chat, completions, models).
 
-Requests forbid unknown fields: a parameter inferq does not implement (tools, logit_bias, echo,
-suffix, best_of, ...) is refused with a 400 naming it, never silently ignored; so is a known one
-set to a value inferq cannot honour (``stream_options.continuous_usage_stats: true``).
+Requests forbid unknown fields: a parameter inferq does not implement is refused with a 400
+naming it, never silently ignored; so is a known one set to a value inferq cannot honour
+(``tools`` with any tool, a non-empty ``logit_bias``, ``echo: true``, ``best_of`` above ``n``,
+``stream_options.continuous_usage_stats: true``). What SDKs and frameworks send as a matter of
+course is accepted with the meaning vLLM gives it: ``null`` for any field (its default), empty
+``tools`` and ``logit_bias``, ``tool_choice: "none"``, ``echo: false``, ``best_of: 1``, and the
+bookkeeping fields ``store``, ``metadata``, ``service_tier``, ``reasoning_effort`` and
+``parallel_tool_calls``, which change nothing here (docs/openai.md).
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, field_validator, model_serializer, model_validator
 
 from inferq.shared.keys import MODEL_NAME_PATTERN
 from inferq.shared.schemas import NO_CONTROL_CHARS, ChatMessage, Usage
@@ -24,12 +29,13 @@ class TextPart(BaseModel):
 class OpenAIMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart]
+    content: str | list[TextPart] | None = None  # an assistant turn may have none
     name: str | None = Field(default=None, min_length=1, max_length=256,
                              description="Passed to the model's chat template as `message.name`.")
 
     def to_chat(self) -> ChatMessage:
-        text = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        content = self.content or ""
+        text = content if isinstance(content, str) else "".join(p.text for p in content)
         role = "system" if self.role == "developer" else self.role
         return ChatMessage(role=role, content=text, name=self.name)
 
@@ -81,7 +87,7 @@ class _Common(BaseModel):
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     n: int = Field(default=1, ge=1)
     stop: str | list[str] | None = None
-    seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     stream: bool = False
@@ -92,10 +98,31 @@ class _Common(BaseModel):
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     repetition_penalty: float | None = Field(default=None, gt=0.0, le=2.0)
     ignore_eos: bool = False
+    min_tokens: int | None = Field(default=None, ge=0)
+    stop_token_ids: list[int] | None = Field(default=None, max_length=64)
+    # accepted as SDKs send them; they change nothing here
+    logit_bias: dict[str, float] | None = Field(default=None, description="Empty only.")
+    store: bool | None = None
+    metadata: dict[str, str] | None = Field(default=None, max_length=16)
+    service_tier: str | None = Field(default=None, max_length=32)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data: Any) -> Any:
+        """A field sent as null has its default, as in vLLM and the OpenAI SDK's own models."""
+        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        if v:
+            raise ValueError("not supported: only an empty logit_bias is accepted")
+        return v
 
     def sampling_fields(self) -> dict[str, Any]:
         names = ("max_tokens", "temperature", "top_p", "n", "stop", "seed", "presence_penalty",
-                 "frequency_penalty", "top_k", "min_p", "repetition_penalty", "ignore_eos")
+                 "frequency_penalty", "top_k", "min_p", "repetition_penalty", "ignore_eos", "min_tokens",
+                 "stop_token_ids")
         return {k: getattr(self, k) for k in names if getattr(self, k) is not None}
 
 
@@ -105,6 +132,11 @@ class ChatCompletionRequest(_Common):
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     response_format: ResponseFormat | None = None
+    tools: list[dict[str, Any]] | None = Field(default=None, max_length=0, description="Empty only: tool "
+                                               "calling is not supported yet.")
+    tool_choice: Literal["none"] | None = None
+    parallel_tool_calls: bool | None = None
+    reasoning_effort: str | None = Field(default=None, max_length=16)
 
     @model_validator(mode="after")
     def _top_logprobs_needs_logprobs(self) -> ChatCompletionRequest:
@@ -116,6 +148,15 @@ class ChatCompletionRequest(_Common):
 class CompletionRequest(_Common):
     prompt: str | list[str]
     logprobs: int | None = Field(default=None, ge=0, le=20)
+    echo: Literal[False] | None = Field(default=None, description="false only: the prompt is not echoed.")
+    best_of: int | None = Field(default=None, ge=1, description="At most n: every completion generated is "
+                                "returned.")
+
+    @model_validator(mode="after")
+    def _best_of_is_n(self) -> CompletionRequest:
+        if self.best_of is not None and self.best_of > self.n:
+            raise ValueError("best_of above n is not supported: every completion generated is returned")
+        return self
 
     @field_validator("prompt")
     @classmethod
@@ -130,6 +171,8 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "inferq"
+    max_model_len: int | None = Field(default=None, description="The context window, as vLLM's server "
+                                      "reports it (tokens, prompt and output together).")
 
 
 class ModelList(BaseModel):
@@ -184,7 +227,19 @@ class Delta(BaseModel):
     content: str | None = None
 
 
-class ChunkChoice(BaseModel):
+class _NullsKept(BaseModel):
+    """A choice whose ``finish_reason`` and ``logprobs`` are sent as null until set, as OpenAI and
+    vLLM send them, even when the message is dumped with ``exclude_none``."""
+
+    @model_serializer(mode="wrap")
+    def _keep_nulls(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        out: dict[str, Any] = handler(self)
+        out.setdefault("logprobs", None)
+        out.setdefault("finish_reason", None)
+        return out
+
+
+class ChunkChoice(_NullsKept):
     index: int
     delta: Delta
     logprobs: ChatLogprobs | None = None
@@ -200,7 +255,7 @@ class ChatCompletionChunk(BaseModel):
     usage: Usage | None = None
 
 
-class TextChoice(BaseModel):
+class TextChoice(_NullsKept):
     index: int
     text: str
     logprobs: CompletionLogprobs | None = None

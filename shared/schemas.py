@@ -66,11 +66,15 @@ class SamplingOptions(BaseModel):
     min_p: float = Field(default=0.0, ge=0.0, le=1.0)
     stop: list[str] = Field(default_factory=list, description="At most INFERQ_MAX_STOP_SEQUENCES strings of "
                             "1 to INFERQ_MAX_STOP_CHARS characters.")
-    seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     repetition_penalty: float = Field(default=1.0, gt=0.0, le=2.0)
     ignore_eos: bool = False
+    min_tokens: int = Field(default=0, ge=0, description="Tokens to generate before EOS or a stop may end "
+                            "the output (vLLM's `min_tokens`).")
+    stop_token_ids: list[int] = Field(default_factory=list, max_length=64,
+                                      description="Token ids that end the output (vLLM's `stop_token_ids`).")
     n: int = Field(default=1, ge=1, description="Completions of the prompt; at most INFERQ_MAX_N.")
     logprobs: int | None = Field(default=None, ge=0, le=20, description="Top log-probs per token.")
     json_schema: dict[str, Any] | None = Field(default=None, description="Constrain output to this schema.")

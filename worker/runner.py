@@ -147,6 +147,7 @@ class JobRunner:
                 top_k=o.top_k, min_p=o.min_p, stop=o.stop or None, seed=o.seed,
                 presence_penalty=o.presence_penalty, frequency_penalty=o.frequency_penalty,
                 repetition_penalty=o.repetition_penalty, ignore_eos=o.ignore_eos,
+                min_tokens=o.min_tokens, stop_token_ids=o.stop_token_ids or None,
                 logprobs=o.logprobs, structured_outputs=structured,
                 output_kind=RequestOutputKind.DELTA,
             )

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from importlib.metadata import PackageNotFoundError, version
+
+from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
 
 from inferq.api.deps import Caller, Service
@@ -29,6 +31,22 @@ async def readyz(service: Service) -> JSONResponse:
     body = {"status": "ready" if workers else "unavailable", "redis": "ok", "model": model,
             "workers": len(workers)}
     return JSONResponse(body, 200 if workers else 503)
+
+
+@router.get("/health")
+async def health(service: Service) -> Response:
+    """vLLM's health route, for clients and load balancers written against ``vllm serve``: an
+    empty 200 when this gateway can serve the default model (:func:`readyz`), else 503."""
+    return Response(status_code=(await readyz(service)).status_code)
+
+
+@router.get("/version")
+async def server_version() -> dict[str, str]:
+    """The inferq version (vLLM's server answers its own version here)."""
+    try:
+        return {"version": version("inferq")}
+    except PackageNotFoundError:  # run from a checkout that was not installed
+        return {"version": "unknown"}
 
 
 @router.get("/v1/workers", response_model=list[WorkerInfo])

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.integration
     ({"prompt": "x", "top_p": 0}, "top_p"),
     ({"prompt": "x", "top_k": -5}, "top_k"),
     ({"prompt": "x", "stop": [""]}, "stop"),
-    ({"prompt": "x", "seed": -1}, "seed"),
+    ({"prompt": "x", "seed": 2**63}, "seed"),  # any 64-bit signed seed is taken, as vLLM takes it
     ({"prompt": "x", "presence_penalty": 9}, "presence_penalty"),
     ({"prompt": "x", "frequency_penalty": -9}, "frequency_penalty"),
     ({"prompt": "x", "ignore_eos": "maybe"}, "ignore_eos"),
