@@ -7,6 +7,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
+from starlette.middleware.cors import CORSMiddleware
 
 from inferq.api import errors
 from inferq.api.admission import Admission
@@ -56,4 +57,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for module in (jobs, stream, openai, health):
         app.include_router(module.router)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    if settings.origins:  # browser pages on these origins may call the API (keys go in headers)
+        app.add_middleware(CORSMiddleware, allow_origins=settings.origins, allow_methods=["*"],
+                           allow_headers=["*"], expose_headers=["Retry-After", "Location"])
     return app

@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 
 # WebSocket close codes: what the client did wrong, or 1011 (internal error) for the server's failures.
 WS_CLOSE_CODES: dict[str, int] = {"invalid_request_error": 1008, "authentication_error": 4401,
+                                  "permission_error": 4403,
                                   "not_found_error": 4404, "conflict_error": 4409, "rate_limit_error": 4429}
 WS_CLOSE_SERVER_ERROR = 1011
 _HTTP_CODES = {404: "route_not_found", 405: "method_not_allowed"}

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, ClassVar, Literal, get_args
 if TYPE_CHECKING:
     from inferq.shared.schemas import ErrorInfo
 
-ErrorType = Literal["invalid_request_error", "authentication_error", "not_found_error", "conflict_error",
+ErrorType = Literal["invalid_request_error", "authentication_error", "permission_error", "not_found_error",
+                    "conflict_error",
                     "rate_limit_error", "server_error", "service_unavailable", "timeout_error"]
 TYPES: frozenset[str] = frozenset(get_args(ErrorType))
 
@@ -91,6 +92,15 @@ class Unauthenticated(InferqError):
     default_code = "invalid_api_key"
 
 
+class Forbidden(InferqError):
+    """The caller is known (or needs no key) but may not do this: e.g. a browser page on an origin
+    outside ``INFERQ_ALLOWED_ORIGINS`` opening a WebSocket."""
+
+    status = 403
+    type = "permission_error"
+    default_code = "origin_not_allowed"
+
+
 class NotFound(InferqError):
     status = 404
     type = "not_found_error"
@@ -142,7 +152,7 @@ class DeadlineExceeded(InferqError):
 
 
 BY_TYPE: dict[str, type[InferqError]] = {cls.type: cls for cls in (
-    InvalidRequest, Unauthenticated, NotFound, Conflict, RateLimited, ServerError, Unavailable,
+    InvalidRequest, Unauthenticated, Forbidden, NotFound, Conflict, RateLimited, ServerError, Unavailable,
     DeadlineExceeded)}
 STATUS: dict[str, int] = {t: cls.status for t, cls in BY_TYPE.items()}
 

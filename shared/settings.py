@@ -56,6 +56,14 @@ class Settings(BaseSettings):
     default_max_tokens: int = Field(default=256, ge=1)
     api_keys: SecretStr = Field(default=SecretStr(""), description="Comma-separated API keys; any turns auth on.")
     api_keys_file: Path | None = Field(default=None, description="API keys, one per line: 'KEY [name]'.")
+    allowed_origins: str = Field(default="", description="Comma-separated origins (scheme://host[:port], or "
+                                 "'*') that browser pages may call the API from (CORS) and open WebSockets "
+                                 "from; empty: no CORS headers, and WebSockets from any origin.")
+
+    @property
+    def origins(self) -> list[str]:
+        """``allowed_origins`` as a list."""
+        return [o.strip().rstrip("/") for o in self.allowed_origins.split(",") if o.strip()]
     rate_limit_per_minute: int = Field(default=0, ge=0, description="Submissions per key per minute; 0: off.")
     max_concurrent_jobs_per_key: int = Field(default=0, ge=0, description="Unfinished jobs per key; 0: off.")
     idempotency_ttl_s: int = Field(default=24 * 3600, ge=1, description="How long an Idempotency-Key holds.")

@@ -19,7 +19,7 @@ from starlette.websockets import WebSocketDisconnect, WebSocketState
 from inferq.api.auth import Principal
 from inferq.api.deps import Admit, Hub, Service, WsCaller
 from inferq.api.errors import typed, ws_close_code, ws_error_event
-from inferq.shared.errors import InferqError, InvalidRequest, Unauthenticated
+from inferq.shared.errors import Forbidden, InferqError, InvalidRequest, Unauthenticated
 from inferq.shared.schemas import AcceptedMessage, JobRequest
 
 log = logging.getLogger(__name__)
@@ -55,6 +55,12 @@ async def _accept(ws: WebSocket, caller: Principal | Unauthenticated) -> Princip
     await ws.accept()
     if isinstance(caller, Unauthenticated):
         await _fail(ws, caller)
+        return None
+    origin, allowed = ws.headers.get("origin"), ws.app.state.service.settings.origins
+    # browsers always send Origin on a WebSocket (and CORS does not cover sockets); other clients
+    # need not, and are let through
+    if allowed and "*" not in allowed and origin is not None and origin.rstrip("/") not in allowed:
+        await _fail(ws, Forbidden(f"origin {origin[:200]!r} is not in INFERQ_ALLOWED_ORIGINS", param="origin"))
         return None
     return caller
 

@@ -42,7 +42,8 @@ from inferq.shared.settings import Settings
 
 JOB = "job-" + "1" * 32
 
-STATUSES = {"invalid_request_error": 400, "authentication_error": 401, "not_found_error": 404,
+STATUSES = {"invalid_request_error": 400, "authentication_error": 401, "permission_error": 403,
+            "not_found_error": 404,
             "conflict_error": 409, "rate_limit_error": 429, "server_error": 500,
             "service_unavailable": 503, "timeout_error": 504}
 
