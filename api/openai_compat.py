@@ -38,10 +38,11 @@ from inferq.shared.settings import Settings
 
 class Payload(NamedTuple):
     """One SSE ``data`` payload; ``last`` marks the end of the stream: ``[DONE]``, or the error
-    body of a stream that cannot finish."""
+    body of a stream that cannot finish (``error``: that error)."""
 
     data: str
     last: bool = False
+    error: InferqError | None = None
 
 
 DONE = Payload("[DONE]", last=True)
@@ -198,7 +199,7 @@ async def chat_chunks(hub: StreamHub, job_id: str, model: str,
 def _stream_end_error(job_id: str, ev: ErrorEvent | RestartEvent) -> Payload:
     """The last SSE payload of a stream that cannot finish: the job failed, or restarted."""
     err = _restarted(job_id) if ev.type == "restart" else error_from(ev.error)
-    return Payload(error_body(err).model_dump_json(), last=True)
+    return Payload(error_body(err).model_dump_json(), last=True, error=err)
 
 
 def _restarted(job_id: str) -> InferqError:

@@ -72,6 +72,26 @@ class EventStream(EventSourceResponse):
             await super()._send_with_timeout(send, message)
 
 
+async def _stream(request: Request, payloads: AsyncIterator[oc.Payload], service: JobService,
+                  job_ids: list[str], headers: dict[str, str]) -> Response:
+    """The stream's response, held until its first payload: a job that fails before producing
+    anything (a prompt that does not fit the context once the worker applied the chat template,
+    a sampling combination vLLM refuses) answers with its error's HTTP status and body, as vLLM's
+    server answers before any stream; a job that gets going streams from that payload on."""
+    first = await _unless_disconnected(request, anext(payloads), service, job_ids)
+    if first is None:
+        return Response(status_code=499)
+    if first.error is not None:
+        raise first.error
+
+    async def resumed() -> AsyncIterator[oc.Payload]:
+        yield first
+        async for p in payloads:
+            yield p
+
+    return _sse(resumed(), service, job_ids, headers)
+
+
 def _sse(payloads: AsyncIterator[oc.Payload], service: JobService, job_ids: list[str],
          headers: dict[str, str]) -> EventSourceResponse:
     """Stream ``payloads``; a client leaving mid-stream cancels ``job_ids`` (none: the jobs live on)."""
@@ -122,7 +142,7 @@ async def chat_completions(req: ChatBody, request: Request, service: Service, hu
     cancel = [] if idempotency_key else [rec.id]
     headers = _headers(rec.id, admitted.replayed)
     if req.stream:
-        return _sse(oc.chat_chunks(hub, rec.id, rec.model, req), service, cancel, headers)
+        return await _stream(request, oc.chat_chunks(hub, rec.id, rec.model, req), service, cancel, headers)
     got = await _unless_disconnected(request, oc.collect(hub, rec.id, req.n), service, cancel)
     if got is None:
         return Response(status_code=499)
@@ -140,7 +160,7 @@ async def completions(req: CompletionBody, request: Request, service: Service, h
     cancel = [] if idempotency_key else ids
     headers = _headers(ids[0], admitted.replayed)
     if req.stream:
-        return _sse(oc.completion_chunks(hub, ids, model, req), service, cancel, headers)
+        return await _stream(request, oc.completion_chunks(hub, ids, model, req), service, cancel, headers)
     gathered = asyncio.gather(*(oc.collect(hub, i, req.n) for i in ids))
     parts = await _unless_disconnected(request, gathered, service, cancel)
     if parts is None:
