@@ -14,7 +14,7 @@ from inferq.api.admission import Admission
 from inferq.api.auth import KeyRing
 from inferq.api.deps import Caller
 from inferq.api.limits import BodyLimit
-from inferq.api.routes import health, jobs, openai, stream
+from inferq.api.routes import health, jobs, openai, stream, tokenize
 from inferq.api.service import JobService
 from inferq.api.streams import StreamHub
 from inferq.shared.redis import make_redis
@@ -54,7 +54,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             return app.openapi()
 
     errors.install(app)
-    for module in (jobs, stream, openai, health):
+    for module in (jobs, stream, openai, health, tokenize):
         app.include_router(module.router)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     if settings.origins:  # browser pages on these origins may call the API (keys go in headers)

@@ -16,6 +16,10 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 TINY_MODEL_NAME = "inferq-tiny"
 
 
+#: The built-in tiny model's version: its folder name, rebuilt when this changes.
+TINY_VERSION = "v1"
+
+
 class Settings(BaseSettings):
     """Every knob of inferq. Environment variables are the field names upper-cased with ``INFERQ_``."""
 
@@ -33,6 +37,24 @@ class Settings(BaseSettings):
     job_ttl_s: int = Field(default=24 * 3600, ge=60, description="How long job records and logs live.")
     cache_dir: Path = Field(default=Path.home() / ".cache" / "inferq")
     log_level: str = "INFO"
+    tokenizer_path: Path | None = Field(
+        default=None, description="Folder with the model's tokenizer.json, for the gateway's /tokenize and "
+        "/detokenize; default: INFERQ_MODEL when it is a local folder, the built-in model's otherwise.")
+
+    @property
+    def builtin_model_dir(self) -> Path:
+        """Where the built-in tiny model is built (once) and read from."""
+        return self.cache_dir / "models" / f"inferq-tiny-{TINY_VERSION}"
+
+    @property
+    def tokenizer_dir(self) -> Path | None:
+        """The folder the gateway reads the default model's tokenizer from (None: not known here,
+        e.g. INFERQ_MODEL is a Hub id)."""
+        if self.tokenizer_path is not None:
+            return self.tokenizer_path
+        if self.model is None:
+            return self.builtin_model_dir
+        return Path(self.model) if Path(self.model).is_dir() else None
 
     # --- gateway ------------------------------------------------------------------------------
     host: str = "127.0.0.1"

@@ -18,11 +18,10 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
-from inferq.shared.settings import Settings
+from inferq.shared.settings import Settings, TINY_VERSION
 
 log = logging.getLogger(__name__)
 
-TINY_VERSION = "v1"
 TINY_VOCAB = 4096
 TINY_MAX_LEN = 2048
 CHAT_TEMPLATE = (
@@ -47,7 +46,7 @@ def resolve_model(settings: Settings) -> str:
 
 def tiny_model_dir(cache_dir: Path) -> Path:
     """Return the tiny model's folder, building it once (safe against concurrent builders)."""
-    target = Path(cache_dir) / "models" / f"inferq-tiny-{TINY_VERSION}"
+    target = Path(cache_dir) / "models" / f"inferq-tiny-{TINY_VERSION}"  # = Settings.builtin_model_dir
     if (target / "config.json").exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)

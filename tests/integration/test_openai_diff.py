@@ -61,6 +61,9 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
                                                               "stream": True, "max_tokens": 4}),
     "chat tools auto": ("/v1/chat/completions", {"messages": CHAT, "tool_choice": "auto", "tools": [
         {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}], **G}),
+    "tokenize": ("/tokenize", {"prompt": "The sky is blue"}),
+    "tokenize no special tokens": ("/tokenize", {"prompt": "The sky is blue", "add_special_tokens": False}),
+    "detokenize": ("/detokenize", {"tokens": [1882, 306, 77, 91, 338]}),
     "models": ("/v1/models", {}),
     "health": ("/health", {}),
     "version": ("/version", {}),
@@ -112,7 +115,7 @@ def answer(http: httpx.Client, path: str, body: dict[str, Any]) -> dict[str, Any
             chunks = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
         done = chunks[-1:] == ["[DONE]"]
         return {"status": 200, "chunks": [json.loads(c) for c in chunks if c != "[DONE]"], "done": done}
-    r = http.post(path, json=body) if path.startswith("/v1/c") else http.get(path)
+    r = http.post(path, json=body) if body else http.get(path)
     try:
         return {"status": r.status_code, "body": r.json()}
     except ValueError:
@@ -140,6 +143,7 @@ def summary(a: dict[str, Any]) -> dict[str, Any]:
         out["error"] = {k: type(err.get(k)).__name__ for k in ("message", "type")}
         return out
     out["shape"] = shape(body)
+    out["values"] = {k: body[k] for k in ("tokens", "count", "prompt", "max_model_len") if k in body}
     out["finish_reasons"] = [c.get("finish_reason") for c in body.get("choices", [])]
     out["texts"] = [c.get("text", (c.get("message") or {}).get("content")) for c in body.get("choices", [])]
     return out
@@ -199,7 +203,7 @@ def test_inferq_answers_as_vllm_serve_does(stack, vllm_server) -> None:
     with httpx.Client(base_url=stack.base, timeout=120) as ours, \
             httpx.Client(base_url=vllm_server, timeout=120) as theirs:
         for case, (path, body) in CASES.items():
-            body = {"model": MODEL, **body} if path.startswith("/v1/c") else body
+            body = {"model": MODEL, **body} if body else body
             greedy = body.get("temperature") == 0
             found.update(differences(case, summary(answer(ours, path, body)), summary(answer(theirs, path, body)),
                                      greedy))

@@ -1,0 +1,83 @@
+"""``/tokenize`` and ``/detokenize``, as vLLM's server has them, for the default model: the gateway
+reads the model's ``tokenizer.json`` itself (``Settings.tokenizer_dir``; the ``tokenizers`` library,
+no vLLM), so they cost no worker time. A prompt is counted as a worker counts it; chat messages
+(which need the model's chat template) are not taken here.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter
+from pydantic import BaseModel, ConfigDict, Field
+from tokenizers import Tokenizer
+
+from inferq.api.deps import Caller, Service
+from inferq.shared.errors import InvalidRequest, NotFound, Unavailable
+from inferq.shared.keys import MODEL_NAME_PATTERN
+
+router = APIRouter(tags=["tokenize"])
+
+
+class TokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: str | None = Field(default=None, max_length=256, pattern=MODEL_NAME_PATTERN)
+    prompt: str = Field(max_length=1_000_000)
+    add_special_tokens: bool = True
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int | None
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: str | None = Field(default=None, max_length=256, pattern=MODEL_NAME_PATTERN)
+    tokens: list[int] = Field(max_length=1_000_000)
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
+
+
+@lru_cache(maxsize=4)
+def _load(path: Path) -> Tokenizer:
+    return Tokenizer.from_file(str(path / "tokenizer.json"))
+
+
+def _tokenizer(service: Any, model: str | None) -> Tokenizer:
+    settings = service.settings
+    if model not in (None, settings.model_name):
+        raise NotFound(f"model {model!r}: this gateway tokenizes only its default model "
+                       f"{settings.model_name!r}", param="model", code="model_not_found")
+    folder = settings.tokenizer_dir
+    if folder is None or not (folder / "tokenizer.json").is_file():
+        raise Unavailable("this gateway cannot read the model's tokenizer: set INFERQ_TOKENIZER_PATH to a "
+                          "folder with its tokenizer.json", code="tokenizer_unavailable")
+    return _load(folder)
+
+
+async def _max_model_len(service: Any) -> int | None:
+    workers = await service.live_workers(service.settings.model_name)
+    return max((w.max_model_len for w in workers), default=None)
+
+
+@router.post("/tokenize", response_model=TokenizeResponse)
+async def tokenize(req: TokenizeRequest, service: Service, _: Caller) -> TokenizeResponse:
+    """The prompt's token ids, as the default model's tokenizer gives them."""
+    ids = _tokenizer(service, req.model).encode(req.prompt, add_special_tokens=req.add_special_tokens).ids
+    return TokenizeResponse(count=len(ids), max_model_len=await _max_model_len(service), tokens=ids)
+
+
+@router.post("/detokenize", response_model=DetokenizeResponse)
+async def detokenize(req: DetokenizeRequest, service: Service, _: Caller) -> DetokenizeResponse:
+    """The text of token ids (special tokens left out, as vLLM's server does)."""
+    tok = _tokenizer(service, req.model)
+    if any(not 0 <= t < tok.get_vocab_size() for t in req.tokens):
+        raise InvalidRequest(f"tokens: every id must be from 0 to {tok.get_vocab_size() - 1}", param="tokens")
+    return DetokenizeResponse(prompt=tok.decode(req.tokens, skip_special_tokens=True))
