@@ -199,6 +199,9 @@ redis.call('PUBLISH', KEYS[3], data)
 return outcome
 """
 
+# KEYS: job hash. ARGV: field, value, ... Sets them only if the record exists.
+_UPDATE = "if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end redis.call('HSET', KEYS[1], unpack(ARGV)) return 1"
+
 # KEYS: job hash, log, channel, queued zset. ARGV: now, job id, error (JSON), ttl.
 # queued -> failed with its final `error` event (a job no worker can run); else: nothing.
 _FAIL_QUEUED = _LAST_SEQ + f"""
@@ -241,6 +244,7 @@ class JobStore:
         self._finish = redis.register_script(_FINISH)
         self._append = redis.register_script(_APPEND)
         self._requeue = redis.register_script(_REQUEUE)
+        self._update = redis.register_script(_UPDATE)
         self._fail_queued = redis.register_script(_FAIL_QUEUED)
         self._get_visible = redis.register_script(_GET_VISIBLE)
 
@@ -279,8 +283,11 @@ class JobStore:
                                 args=[str(time.time()), job_id, self.ttl_s])
         return JobStatus(json.loads(st)) if st else None
 
-    async def update(self, job_id: str, **fields: object) -> None:
-        await self.redis.hset(keys.job(job_id), mapping=hash_fields(**fields))
+    async def update(self, job_id: str, **fields: object) -> bool:
+        """Set fields of an existing record (False: there is none; a record that expired or was
+        never written is not brought back as a partial hash without a TTL)."""
+        flat = [x for kv in hash_fields(**fields).items() for x in kv]
+        return bool(await self._update(keys=[keys.job(job_id)], args=flat))
 
     async def finish(self, job_id: str, worker_id: str, attempt: int, event: Event, *, check_log: bool = True,
                      **fields: object) -> JobStatus | None:

@@ -97,6 +97,7 @@ class JobRunner:
         self.active: dict[str, ActiveJob] = {}  # job id -> the attempt of it this worker runs
         self._claiming: dict[str, list[ActiveJob]] = {}  # job id -> runs waiting for their claim
         self._engine_busy: dict[str, asyncio.Event] = {}  # job id -> set when its generation ends
+        self._first_token_notes: dict[tuple[str, int], asyncio.Task[None]] = {}  # its first_token_at write
         self._tok_lock = threading.Lock()
         self._runs = 0  # runs in progress, claimed or not
         self.idle = threading.Event()  # set while no run is in progress (a drain waits for it)
@@ -244,6 +245,7 @@ class JobRunner:
             finally:
                 if claimed:
                     self.writer.forget(msg.id, job.attempt)
+                    self._first_token_notes.pop((msg.id, job.attempt), None)  # an attempt ended without _end
         return written
 
     def _take_over(self, job_id: str, job: ActiveJob) -> bool:
@@ -302,18 +304,29 @@ class JobRunner:
                                                           stop_reason=c.stop_reason)
                     if first:
                         first = False
-                        try:
-                            await self.store.update(job_id, first_token_at=time.time())
-                        except Exception as e:  # a timestamp is not worth failing the job for
-                            log.warning("job %s: could not record first_token_at: %s", job_id, e)
+                        self._note_first_token(job_id, attempt, time.time())
         finally:
             del self._engine_busy[job_id]
             done.set()
+
+    def _note_first_token(self, job_id: str, attempt: int, at: float) -> None:
+        """Record when the first token came, without holding up the tokens behind it: a slow or
+        absent Redis delays this write, not the job (the writer's budget bounds it)."""
+        async def note() -> None:
+            try:
+                async with asyncio.timeout(self.writer.budget_s):
+                    await self.store.update(job_id, first_token_at=at)
+            except Exception as e:  # a timestamp is not worth failing the job for
+                log.warning("job %s: could not record first_token_at: %s", job_id, e or type(e).__name__)
+
+        self._first_token_notes[(job_id, attempt)] = asyncio.get_running_loop().create_task(note())
 
     async def _end(self, job_id: str, attempt: int, status: JobStatus | None, p: Progress,
                    error: ErrorInfo | None, hand_back: str | None) -> JobStatus | None:
         """End the attempt: write its terminal state, or hand the job back for another attempt.
         Returns the status written (None: the job was handed back, or is not this attempt's)."""
+        if (note := self._first_token_notes.pop((job_id, attempt), None)) is not None:
+            await note  # written before the end (bounded by the writer's budget; it never raises)
         if status is None and hand_back is None:
             return None
         await self.writer.barrier()  # every event emitted is logged (or given up on) before the end

@@ -327,3 +327,13 @@ def test_frame_event_equals_the_validated_parse() -> None:
                DoneEvent(seq=5, finish_reason="stop")):
         raw = ev.model_dump_json(exclude_none=True)
         assert frame(raw).event() == parse_event(raw) == ev
+
+
+async def test_update_never_brings_back_a_record_that_is_gone(store) -> None:
+    gone = f"job-{uuid.uuid4().hex}"
+    assert await store.update(gone, first_token_at=1.0) is False
+    assert not await store.redis.exists(keys.job(gone))
+    rec = JobRecord(id=f"job-{uuid.uuid4().hex}", model="m", request=JobRequest(prompt="p"))
+    await store.create(rec)
+    assert await store.update(rec.id, first_token_at=2.5) is True
+    assert (await store.get(rec.id)).first_token_at == 2.5
