@@ -180,6 +180,8 @@ async def chat_chunks(hub: StreamHub, job_id: str, model: str,
                                            usage=usage).model_dump_json(exclude_none=True))
 
     async for ev in hub.events(job_id, merge=True):
+        if ev.type == "restart" and not started:  # nothing sent yet: the next attempt just streams
+            continue
         if ev.type == "token":
             role = None if ev.index in started else "assistant"
             started.add(ev.index)
@@ -215,8 +217,12 @@ async def completion_chunks(hub: StreamHub, job_ids: list[str], model: str,
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     total = Usage()
     for p, job_id in enumerate(job_ids):
+        sent = False  # any of this job's text: a restart after it cannot be taken back
         async for ev in hub.events(job_id, merge=True):
+            if ev.type == "restart" and not sent:  # nothing of it sent yet: the next attempt just streams
+                continue
             if ev.type == "token":
+                sent = True
                 lp = _completion_logprobs(Choice(logprobs=ev.logprobs or []), k) if req.logprobs is not None else None
                 choice = TextChoice(index=p * req.n + ev.index, text=ev.text, logprobs=lp)
             elif ev.type == "done":

@@ -148,7 +148,7 @@ async def expiry(fleet: Fleet, owner: Client, other: Client) -> dict[str, Any]:
         events = await c.replay(job_id)
         after[f"{name}_stream"] = "refused" if events is None else f"{len(events)} events"
         leaked += after[f"{name}_poll"] < 400 or events is not None
-    return {"succeeded": final is not None and final["status"] == "succeeded", "before": before,
+    return {"submitted": 1, "succeeded": int(final is not None and final["status"] == "succeeded"), "before": before,
             "record_ttl_s": ttls[0], "log_ttl_s": ttls[1], "log_left_after_record": bool(log_left),
             "after": after, "leaked": leaked}
 

@@ -313,3 +313,23 @@ def test_unknown_route_and_method_have_the_same_body() -> None:
     assert wrong.status_code == 405 and wrong.headers["allow"] == "GET"
     assert (wrong.json()["error"]["type"], wrong.json()["error"]["code"]) == ("invalid_request_error",
                                                                               "method_not_allowed")
+
+
+async def test_a_restart_before_anything_was_sent_is_not_an_error() -> None:
+    """The job's worker was lost before its first token reached the client: the stream simply
+    goes on with the next attempt (a restart after text was sent still ends it)."""
+    from inferq.api.openai_schemas import CompletionRequest
+    from inferq.shared.schemas import DoneEvent, RestartEvent
+
+    events = [frame(RestartEvent(seq=1, attempt=1, reason="worker_lost")),
+              frame(TokenEvent(seq=2, text="a", n_tokens=1)), frame(DoneEvent(seq=3))]
+    chat = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], stream=True)
+    payloads = [p async for p in oc.chat_chunks(ScriptedHub(events), "job-1", "m", chat)]  # type: ignore[arg-type]
+    assert payloads[-1] == oc.DONE and all(p.error is None for p in payloads)
+    assert json.loads(payloads[0].data)["choices"][0]["delta"] == {"role": "assistant", "content": "a"}
+    text = CompletionRequest(prompt="hi", stream=True)
+    payloads = [p async for p in oc.completion_chunks(ScriptedHub(events), ["job-1"], "m", text)]  # type: ignore[arg-type]
+    assert payloads[-1] == oc.DONE and all(p.error is None for p in payloads)
+    late = [frame(TokenEvent(seq=1, text="a", n_tokens=1)), frame(RestartEvent(seq=2, attempt=1, reason="worker_lost"))]
+    payloads = [p async for p in oc.chat_chunks(ScriptedHub(late), "job-1", "m", chat)]  # type: ignore[arg-type]
+    assert payloads[-1].error is not None and payloads[-1].error.code == "restarted"
