@@ -26,7 +26,7 @@ def resolve_model_path(model: str | None) -> str:
     from inferq.shared.settings import Settings
     from inferq.worker.models import tiny_model_dir
 
-    return str(tiny_model_dir(Settings().cache_dir))
+    return str(tiny_model_dir(Settings()))
 
 
 @lru_cache(maxsize=4)

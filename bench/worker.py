@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -28,37 +29,21 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psutil
 
 from bench.stack import Procs
+from bench.standin import LoopHost, Out, Step
 from bench.sysinfo import cpu_model
 from inferq.cli.procs import free_port, start_redis
 from inferq.shared.redis import make_redis
-from inferq.shared.schemas import EngineStats, JobMessage, JobRecord, JobRequest
+from inferq.shared.schemas import JobMessage, JobRecord, JobRequest
 from inferq.shared.store import JobStore
 from inferq.worker.loopthread import LoopThread
 
 MODEL = "bench-paced"
-
-
-@dataclass
-class _Choice:
-    index: int
-    text: str
-    token_ids: list[int]
-    finish_reason: str | None = None
-    stop_reason: str | None = None
-    logprobs: None = None
-
-
-@dataclass
-class _Output:
-    outputs: list[_Choice]
-    finished: bool = False
 
 
 class PacedEngine:
@@ -66,12 +51,11 @@ class PacedEngine:
 
     def __init__(self, step_s: float) -> None:
         self.step_s = step_s
-        self._tick: asyncio.Event | None = None
+        self._tick = asyncio.Event()  # bound to the engine loop on first use
         self.steps = 0
         self.errored = False  # read by the worker's engine-death check
 
     async def clock(self) -> None:
-        self._tick = asyncio.Event()
         while True:
             await asyncio.sleep(self.step_s)
             tick, self._tick = self._tick, asyncio.Event()
@@ -81,46 +65,8 @@ class PacedEngine:
     async def generate(self, prompt: Any, params: Any, request_id: str, **_: Any) -> Any:
         n = int(params.max_tokens)
         for i in range(n):
-            assert self._tick is not None
             await self._tick.wait()
-            yield _Output([_Choice(0, " tok", [7], "length" if i == n - 1 else None)], finished=i == n - 1)
-
-
-class _Tokenizer:
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return [1] * max(1, len(text.split()))
-
-    def apply_chat_template(self, messages: Any, tokenize: bool = False, add_generation_prompt: bool = True) -> str:
-        return " ".join(m["content"] for m in messages)
-
-    def decode(self, ids: list[int]) -> str:
-        return " tok"
-
-
-class PacedHost:
-    """``EngineHost``'s interface around the paced engine; its loop is the worker's engine loop."""
-
-    def __init__(self, step_s: float) -> None:
-        self.engine = PacedEngine(step_s)
-        self.tokenizer = _Tokenizer()
-        self.max_model_len = 1 << 20
-        self.model_path = MODEL
-        self.stats = EngineStats()
-        self._thread = LoopThread("engine-loop")
-        self.loop = self._thread.loop
-
-    def start(self) -> None:
-        self._thread.start()
-        self._thread.submit(self.engine.clock())
-
-    def run(self, coro: Any) -> Any:
-        return self._thread.run(coro)
-
-    def unfinished_requests(self) -> int:
-        return 0
-
-    def stop(self) -> None:
-        self._thread.stop()
+            yield Step([Out(0, " tok", [7], "length" if i == n - 1 else None)], finished=i == n - 1)
 
 
 def _threads() -> dict[str, float]:
@@ -178,17 +124,18 @@ def main(argv: list[str] | None = None) -> int:
     from inferq.shared.settings import Settings
     from inferq.worker.runtime import WorkerRuntime
 
-    import logging
     logging.basicConfig(level=logging.WARNING)
     levels = [int(x) for x in a.jobs.split(",")]
     with Procs(Path(os.environ.get("TMPDIR", "/tmp"))) as procs:
         redis = procs.add(start_redis(free_port(), procs.logdir, name="redis-worker-bench"))
         settings = Settings(redis_url=redis.url, served_model_name=MODEL, worker_id="bench-worker",
                             max_num_seqs=max(levels))
-        host = PacedHost(a.step_ms / 1000)
+        engine = PacedEngine(a.step_ms / 1000)
+        host = LoopHost(engine, max_model_len=1 << 20, thread_name="engine-loop")
         runtime = WorkerRuntime(settings, make_celery(settings), host=host)  # type: ignore[arg-type]
         runtime.send = lambda msg: None  # no hand-back happens here; none must reach a queue
         runtime.start()
+        host.submit(engine.clock())  # the engine steps on the engine loop, as vLLM's output handler runs
         loop = LoopThread("bench-client")
         loop.start()
         store = JobStore(make_redis(redis.url), settings.job_ttl_s)

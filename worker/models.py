@@ -34,7 +34,7 @@ def resolve_model(settings: Settings) -> str:
     """The model path or HF id the engine loads: ``INFERQ_MODEL`` or the (built) tiny model."""
     if settings.model:
         return settings.model
-    path = tiny_model_dir(settings.cache_dir)
+    path = tiny_model_dir(settings)
     log.warning(
         "INFERQ_MODEL is not set: serving the built-in TINY DEMO MODEL (random weights, gibberish "
         "output) from %s. Point INFERQ_MODEL at a Hugging Face id or a local model folder to "
@@ -44,9 +44,9 @@ def resolve_model(settings: Settings) -> str:
     return str(path)
 
 
-def tiny_model_dir(cache_dir: Path) -> Path:
+def tiny_model_dir(settings: Settings) -> Path:
     """Return the tiny model's folder, building it once (safe against concurrent builders)."""
-    target = Path(cache_dir) / "models" / f"inferq-tiny-{TINY_VERSION}"  # = Settings.builtin_model_dir
+    target = settings.builtin_model_dir
     if (target / "config.json").exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)

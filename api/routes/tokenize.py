@@ -8,13 +8,12 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
-
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 from tokenizers import Tokenizer
 
 from inferq.api.deps import Caller, Service
+from inferq.api.service import JobService
 from inferq.shared.errors import InvalidRequest, NotFound, Unavailable
 from inferq.shared.keys import MODEL_NAME_PATTERN
 
@@ -50,7 +49,7 @@ def _load(path: Path) -> Tokenizer:
     return Tokenizer.from_file(str(path / "tokenizer.json"))
 
 
-def _tokenizer(service: Any, model: str | None) -> Tokenizer:
+def _tokenizer(service: JobService, model: str | None) -> Tokenizer:
     settings = service.settings
     if model not in (None, settings.model_name):
         raise NotFound(f"model {model!r}: this gateway tokenizes only its default model "
@@ -62,7 +61,7 @@ def _tokenizer(service: Any, model: str | None) -> Tokenizer:
     return _load(folder)
 
 
-async def _max_model_len(service: Any) -> int | None:
+async def _max_model_len(service: JobService) -> int | None:
     workers = await service.live_workers(service.settings.model_name)
     return max((w.max_model_len for w in workers), default=None)
 

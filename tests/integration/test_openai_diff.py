@@ -13,6 +13,7 @@ record of what is left).
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import Service, free_port, spawn, wait_for
+from tests.conftest import Service, free_port, http_ok, spawn, wait_for
 
 pytestmark = pytest.mark.integration
 MODEL = "inferq-tiny"
@@ -182,20 +183,13 @@ def vllm_server(logdir: Path) -> Iterator[str]:
     port = free_port()
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1", "--port",
            str(port), *flags(engine_args({"model_path": path, "settings": settings}))]
-    server: Service = spawn("vllm-openai", cmd, {**__import__("os").environ, "VLLM_NO_USAGE_STATS": "1"}, logdir)
+    server: Service = spawn("vllm-openai", cmd, {**os.environ, "VLLM_NO_USAGE_STATS": "1"}, logdir)
     base = f"http://127.0.0.1:{port}"
     try:
-        wait_for(lambda: _ok(f"{base}/health"), 240, "vLLM's OpenAI server", [server])
+        wait_for(lambda: http_ok(f"{base}/health"), 240, "vLLM's OpenAI server", [server])
         yield base
     finally:
         server.stop()
-
-
-def _ok(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def test_inferq_answers_as_vllm_serve_does(stack, vllm_server) -> None:

@@ -14,32 +14,7 @@ from inferq.shared.store import JobStore
 from inferq.worker.runner import JobRunner
 from inferq.worker.writer import EventWriter
 
-
-@dataclass
-class Out:
-    index: int
-    text: str
-    token_ids: list[int]
-    finish_reason: str | None = None
-    stop_reason: str | None = None
-    logprobs: None = None
-
-
-@dataclass
-class Step:
-    outputs: list[Out]
-    finished: bool = False
-
-
-class ScriptedTokenizer:
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return list(range(len(text.split())))
-
-    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True) -> str:
-        return " ".join(m["content"] for m in messages)
-
-    def decode(self, ids: list[int]) -> str:
-        return "?"
+from bench.standin import Out, ScriptedTokenizer, Step
 
 
 @dataclass

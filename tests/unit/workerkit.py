@@ -19,10 +19,9 @@ import vllm  # noqa: F401  (the runner imports it on its first job: not inside a
 from vllm.v1.engine.exceptions import EngineDeadError
 
 from inferq.cli import procs
-from inferq.shared.schemas import EngineStats, JobMessage, JobRecord, JobRequest
+from inferq.shared.schemas import JobMessage, JobRecord, JobRequest
 from inferq.shared.store import JobStore
-from inferq.worker.loopthread import LoopThread
-from tests.unit.test_runner import Out, ScriptedTokenizer, Step
+from bench.standin import LoopHost, Out, Step
 
 
 def start_redis(logdir: Path) -> Iterator[str]:
@@ -67,31 +66,6 @@ class GatedEngine:
         except (asyncio.CancelledError, GeneratorExit):
             self.aborted.append(request_id)
             raise
-
-
-class LoopHost:
-    """``EngineHost``'s interface around a scripted engine, its loop in a thread of its own."""
-
-    def __init__(self, engine: Any) -> None:
-        self.engine = engine
-        self.tokenizer = ScriptedTokenizer()
-        self.max_model_len = 64
-        self.model_path = "scripted"
-        self.stats = EngineStats()
-        self._thread = LoopThread("scripted-engine-loop")
-        self.loop = self._thread.loop
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def run(self, coro: Any) -> Any:
-        return self._thread.run(coro)
-
-    def unfinished_requests(self) -> int:
-        return 0
-
-    def stop(self) -> None:
-        self._thread.stop()
 
 
 async def queued_job(store: JobStore, model: str, **req: Any) -> JobMessage:
