@@ -25,6 +25,7 @@ class StackSpec:
     """How the inferq stack is started: redis-server + ``workers`` Celery/vLLM workers + gateway."""
 
     workers: int = 1
+    frontends: int = 1  # INFERQ_FRONTENDS: worker processes per engine
     max_num_seqs: int = 128
     kv_cache_gib: float = 1.0
     gpu_memory_utilization: float = 0.90

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 ROOT_ENV = "BENCH_ROOT_PID"  # the harness's pid, inherited by the in-process subprocess
 
@@ -65,11 +66,92 @@ def sample() -> CpuSample | None:
         return None
 
 
+def cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def shares(before: CpuSample | None, after: CpuSample | None, wall_s: float) -> dict[str, float | None]:
     """Share of the whole machine (0..1) used by the harness's processes and by all others."""
     if before is None or after is None or wall_s <= 0:
         return {"cpu_own": None, "cpu_others": None}
-    cap = wall_s * (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    cap = wall_s * cores()
     own = max(0.0, after.own - before.own)
     others = max(0.0, (after.busy - before.busy) - own)
     return {"cpu_own": min(1.0, own / cap), "cpu_others": min(1.0, others / cap)}
+
+
+#: Processes whose CPU is the engine's own (vLLM's EngineCore and its GPU workers): left out of
+#: the busiest-thread figure, which is about what a serving stack adds around the engine.
+ENGINE_PROCESS_PREFIXES = ("VLLM::", "EngineCore")
+
+
+def _comm(path: str) -> str:
+    with open(f"{path}/comm") as f:
+        return f.read().strip()
+
+
+def _descendants(root: int) -> list[int]:
+    parent: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            parent.setdefault(ppid, []).append(int(name))
+    out, stack = [], list(parent.get(root, []))
+    while stack:
+        pid = stack.pop()
+        out.append(pid)
+        stack.extend(parent.get(pid, []))
+    return out
+
+
+ThreadKey = tuple[int, int]  # (pid, tid)
+
+
+def thread_times() -> dict[ThreadKey, tuple[str, float]] | None:
+    """CPU seconds of every thread of the harness's descendants outside the engine, named
+    ``process-comm/thread-comm`` (the harness's own process, i.e. the load client, is left out)."""
+    try:
+        root = int(os.environ.get(ROOT_ENV, os.getpid()))
+        out: dict[ThreadKey, tuple[str, float]] = {}
+        for pid in _descendants(root):
+            try:
+                pname = _comm(f"/proc/{pid}")
+                if pname.startswith(ENGINE_PROCESS_PREFIXES) or pid == os.getpid():
+                    continue
+                for tid in os.listdir(f"/proc/{pid}/task"):
+                    path = f"/proc/{pid}/task/{tid}"
+                    with open(f"{path}/stat") as f:
+                        fields = f.read().rsplit(")", 1)[1].split()
+                    out[(pid, int(tid))] = (f"{pname}/{_comm(path)}", (int(fields[11]) + int(fields[12])) / _tick())
+            except (OSError, IndexError, ValueError):
+                continue  # exited meanwhile
+        return out
+    except OSError:
+        return None
+
+
+def busiest_thread(before: dict[ThreadKey, tuple[str, float]] | None,
+                   after: dict[ThreadKey, tuple[str, float]] | None) -> tuple[str | None, float | None]:
+    """The thread outside the engine that used the most CPU between two :func:`thread_times`
+    snapshots: its name and CPU seconds."""
+    if before is None or after is None:
+        return None, None
+    used = {k: (name, cpu - before.get(k, (name, 0.0))[1]) for k, (name, cpu) in after.items()}
+    if not used:
+        return None, None
+    name, cpu = max(used.values(), key=lambda v: v[1])
+    return name, cpu
+
+
+def per_1k_tokens(run: dict[str, Any], tokens: float) -> dict[str, float | None]:
+    """A repeat's CPU per 1,000 streamed tokens: of the whole stack (``cpu_s_per_1k_tokens``:
+    every process the harness started, load client included) and of its busiest thread outside
+    the engine (``busiest_thread_cpu_s_per_1k_tokens``)."""
+    k = 1000 / tokens if tokens else None
+    own, busiest = run.get("cpu_own"), run.get("busiest_thread_cpu_s")
+    return {"cpu_s_per_1k_tokens": own * cores() * run["wall_s"] * k if own is not None and k else None,
+            "busiest_thread_cpu_s_per_1k_tokens": busiest * k if busiest is not None and k else None}

@@ -56,6 +56,9 @@ def combine_runs(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         values = [r.get(key) for r in runs]
         if key in COUNTS:
             s[key] = sum(values)
+        elif key == "busiest_thread":  # a name: the one most repeats saw
+            names = [v for v in values if v]
+            s[key] = max(set(names), key=names.count) if names else None
         elif key in ("errors", "prompt_tokens"):
             s[key] = sorted({x for v in values for x in v})[:5 if key == "errors" else None]
         else:
@@ -90,6 +93,10 @@ def add_ratios(targets: dict[str, dict[str, Any]]) -> None:
                 s["throughput_vs_" + (ref_kind.replace("-", "_"))] = s["output_tok_s"] / ref["output_tok_s"]
                 if s["ttft_p50"] is not None and ref["ttft_p50"] is not None:
                     s[prefix + "added_ttft_p50"] = s["ttft_p50"] - ref["ttft_p50"]
+                if ref_kind == "vllm-serve":  # CPU per token: the stack's, and its busiest thread's
+                    for key in ("cpu_s_per_1k_tokens", "busiest_thread_cpu_s_per_1k_tokens"):
+                        if s.get(key) and ref.get(key):
+                            s[key + "_vs_vllm_serve"] = s[key] / ref[key]
 
 
 def summary_rows(targets: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:

@@ -49,6 +49,25 @@ def markdown_table(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+CPU_HEADER = ("| target | level | CPU-s / 1k tokens (stack) | vs vllm serve | busiest thread outside the engine "
+              "| its CPU-s / 1k tokens | vs vllm serve |")
+
+
+def cpu_table(doc: dict[str, Any]) -> str:
+    """CPU per 1,000 streamed tokens of the whole stack and of its busiest thread outside vLLM's
+    EngineCore (medians over repeats), for the serving targets."""
+    lines = [CPU_HEADER, "|" + "---|" * (CPU_HEADER.count("|") - 1)]
+    for r in doc["summary"]:
+        if r.get("level") == "-" or r.get("cpu_s_per_1k_tokens") is None or r["kind"] == "inprocess":
+            continue
+        lines.append(
+            f"| {r['target']} | {r['level']} | {_num(r['cpu_s_per_1k_tokens'], '{:.3f}')} "
+            f"| {_x(r.get('cpu_s_per_1k_tokens_vs_vllm_serve'))} | {r.get('busiest_thread') or '-'} "
+            f"| {_num(r.get('busiest_thread_cpu_s_per_1k_tokens'), '{:.3f}')} "
+            f"| {_x(r.get('busiest_thread_cpu_s_per_1k_tokens_vs_vllm_serve'))} |")
+    return "\n".join(lines)
+
+
 def _loads(doc: dict[str, Any]) -> str:
     return ", ".join(f"{n} {t['loadavg_1m_before']}" for n, t in doc["targets"].items()
                      if t.get("loadavg_1m_before") is not None) or "not recorded"
@@ -131,6 +150,11 @@ def plots(doc: dict[str, Any], png_dir: Path, prefix: str = "") -> list[Path]:
 def write_report(doc: dict[str, Any], md_path: Path | None, png_dir: Path | None, prefix: str = "") -> str:
     """Write the markdown (description + table) and the plots; return the markdown."""
     md = describe(doc) + "\n\n" + markdown_table(doc) + "\n"
+    if any(r.get("cpu_s_per_1k_tokens") is not None for r in doc["summary"]):
+        md += ("\nCPU per 1,000 streamed tokens (medians): the stack is every process the harness "
+               "started for the target (load client included); the busiest thread is the one outside "
+               "vLLM's EngineCore and GPU workers (gateway, worker, Redis, vllm serve's API server) "
+               "that used the most CPU.\n\n" + cpu_table(doc) + "\n")
     if md_path is not None:
         md_path.parent.mkdir(parents=True, exist_ok=True)
         md_path.write_text(md)

@@ -68,7 +68,8 @@ def _levels_json(levels: dict[str, dict[str, Any]], streaming: bool) -> dict[str
         for run in lv["runs"]:
             raw = [r if isinstance(r, dict) else r.to_json() for r in run["results"]]
             summary = summarize_level(raw, run["wall_s"], streaming)
-            summary.update({k: run.get(k) for k in ("cpu_own", "cpu_others")})
+            summary.update({k: run.get(k) for k in ("cpu_own", "cpu_others", "busiest_thread")})
+            summary.update(cpu.per_1k_tokens(run, summary["output_tok_s"] * run["wall_s"]))
             runs.append({"wall_s": run["wall_s"], "summary": summary, "requests": raw})
         out[label] = {"mode": lv["mode"], "value": lv["value"],
                       "summary": combine_runs([r["summary"] for r in runs]), "runs": runs}

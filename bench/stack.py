@@ -33,7 +33,8 @@ def start_inferq(procs: Procs, w: Workload, spec: StackSpec, tag: str) -> str:
     inferq = {"INFERQ_REDIS_URL": redis_url, "INFERQ_LOG_LEVEL": "WARNING",
               "INFERQ_MAX_NUM_SEQS": str(spec.max_num_seqs), "INFERQ_CPU_KV_CACHE_GIB": str(spec.kv_cache_gib),
               "INFERQ_GPU_MEMORY_UTILIZATION": str(spec.gpu_memory_utilization),
-              "INFERQ_LOAD_FORMAT": w.load_format, "INFERQ_DTYPE": w.dtype, **spec.env}
+              "INFERQ_LOAD_FORMAT": w.load_format, "INFERQ_DTYPE": w.dtype,
+              "INFERQ_FRONTENDS": str(spec.frontends), **spec.env}
     if w.model:
         inferq["INFERQ_MODEL"] = w.model
     if w.max_model_len:
@@ -45,8 +46,9 @@ def start_inferq(procs: Procs, w: Workload, spec: StackSpec, tag: str) -> str:
                     base_env(**inferq, INFERQ_WORKER_ID=f"bench-{tag}-{i}", **extra))
     procs.start(f"gateway-{tag}", [*py, "api", "--port", str(gport)], base_env(**inferq))
     base = f"http://127.0.0.1:{gport}"
-    procs.wait(lambda: http_ok(f"{base}/readyz", lambda body: body.get("workers") == spec.workers),
-               spec.startup_timeout_s, f"inferq stack {tag!r} ({spec.workers} workers)")
+    live = spec.workers * spec.frontends  # each frontend of an engine group registers as a worker
+    procs.wait(lambda: http_ok(f"{base}/readyz", lambda body: body.get("workers") == live),
+               spec.startup_timeout_s, f"inferq stack {tag!r} ({spec.workers} workers x {spec.frontends} frontends)")
     return base
 
 

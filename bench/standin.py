@@ -51,6 +51,7 @@ class LoopHost:
         self.tokenizer = ScriptedTokenizer()
         self.max_model_len = max_model_len
         self.model_path = "scripted"
+        self.frontend = None  # a lone worker, not a frontend of an engine group
         self.stats = EngineStats()
         self._thread = LoopThread(thread_name)
         self.loop = self._thread.loop

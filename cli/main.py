@@ -33,8 +33,7 @@ def cmd_api(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     from inferq.worker.main import run_worker
 
-    run_worker(get_settings().log_level)
-    return 0
+    return run_worker(get_settings().log_level)
 
 
 def cmd_up(args: argparse.Namespace) -> int:

@@ -346,3 +346,6 @@ class WorkerInfo(BaseModel):
     last_seen: float
     draining: bool = False
     stats: EngineStats = Field(default_factory=EngineStats)
+    frontend: int = Field(default=0, description="This worker's index in its engine group.")
+    frontends: int = Field(default=1, description="Workers sharing this worker's engine (INFERQ_FRONTENDS); "
+                           "each reports the whole engine's stats.")

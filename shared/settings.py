@@ -96,6 +96,10 @@ class Settings(BaseSettings):
     tensor_parallel_size: int = Field(default=1, ge=1)
     max_num_seqs: int = Field(default=128, ge=1, description="Engine batch size = Celery job slots.")
     max_num_batched_tokens: int | None = None
+    frontends: int = Field(
+        default=1, ge=1, le=64, description="Worker processes feeding one engine (like vllm serve's "
+        "--api-server-count): each a queue consumer with its share of max_num_seqs. Above 1, the token "
+        "path of a fast engine runs on that many Python threads instead of one.")
     dtype: str = "auto"
     load_format: str = Field(default="auto", description="'dummy' serves random weights (benchmarks).")
     cpu_kv_cache_gib: float = Field(default=1.0, gt=0, description="KV cache size on the CPU build.")

@@ -84,9 +84,10 @@ class Fleet:
         return wid
 
     def wait_worker(self, wid: str, timeout: float = 180) -> None:
-        def live() -> bool:
+        def live() -> bool:  # an engine group (INFERQ_FRONTENDS): all of its frontends, ids wid-0, wid-1...
             ws = self._get("/v1/workers")
-            return ws is not None and any(w["id"] == wid and not w["draining"] for w in ws)
+            mine = [w for w in ws or [] if (w["id"] == wid or w["id"].startswith(f"{wid}-")) and not w["draining"]]
+            return bool(mine) and len(mine) == mine[0]["frontends"]
         wait_for(live, timeout, f"worker {wid}", [self.workers[wid]])
 
     def kill_worker(self, wid: str, sig: int = signal.SIGKILL) -> None:

@@ -1,8 +1,9 @@
 """EngineHost: one vLLM ``AsyncLLM`` per worker process, on a background asyncio loop.
 
-vLLM is imported in two modules of inferq, both in worker/ and always inside functions (importing
-them does not load vLLM): here (the engine, its arguments, the stat logger) and in
-worker/runner.py (sampling and structured-output parameters, ``TokensPrompt``, ``EngineDeadError``).
+vLLM is imported in three modules of inferq, all in worker/ and always inside functions (importing
+them does not load vLLM): here (the engine, its arguments, the stat logger), worker/group.py (an
+EngineCore shared by several frontend processes) and worker/runner.py (sampling and
+structured-output parameters, ``TokensPrompt``, ``EngineDeadError``).
 Celery's threads pool hands each job to :meth:`EngineHost.run`, which schedules the job's coroutine
 on the engine's loop; every coroutine shares the one engine, so new requests join the running
 batch at the next step.
@@ -20,6 +21,7 @@ from typing import Any, TypeVar
 
 from inferq.shared.schemas import EngineStats
 from inferq.shared.settings import Settings
+from inferq.worker.group import Frontend
 from inferq.worker.models import resolve_model
 
 log = logging.getLogger(__name__)
@@ -55,8 +57,9 @@ def _stats_logger_class(stats: EngineStats) -> type:
 class EngineHost:
     """Owns the engine, its event loop thread, and the model's tokenizer."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, frontend: Frontend | None = None) -> None:
         self.settings = settings
+        self.frontend = frontend  # set: a frontend of an engine group (worker/group.py)
         self.stats = EngineStats()
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="engine-loop", daemon=True)
@@ -72,16 +75,18 @@ class EngineHost:
         log.info("engine ready: model=%s max_model_len=%d max_num_seqs=%d", self.model_path,
                  self.max_model_len, self.settings.max_num_seqs)
 
-    def engine_args(self) -> Any:
+    @staticmethod
+    def engine_args_for(settings: Settings, model_path: str) -> Any:
+        """vLLM's ``AsyncEngineArgs`` for ``settings``, serving ``model_path``."""
         from vllm.config import StructuredOutputsConfig
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.platforms import current_platform
 
-        s = self.settings
+        s = settings
         cpu = current_platform.is_cpu()
         kv_bytes = int(s.cpu_kv_cache_gib * (1 << 30)) if cpu else None
         return AsyncEngineArgs(
-            model=self.model_path,
+            model=model_path,
             served_model_name=[s.model_name],
             max_model_len=s.max_model_len,
             gpu_memory_utilization=s.gpu_memory_utilization,
@@ -98,13 +103,22 @@ class EngineHost:
             structured_outputs_config=StructuredOutputsConfig(backend="xgrammar", disable_any_whitespace=True),
         )
 
+    def engine_args(self) -> Any:
+        return self.engine_args_for(self.settings, self.model_path)
+
     async def _create(self) -> None:
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        self.model_path = resolve_model(self.settings)
-        self.engine = AsyncLLM.from_engine_args(
-            self.engine_args(), stat_loggers=[_stats_logger_class(self.stats)]
-        )
+        stat_loggers = [_stats_logger_class(self.stats)]
+        fe = self.frontend
+        if fe is None:
+            self.model_path = resolve_model(self.settings)
+            self.engine = AsyncLLM.from_engine_args(self.engine_args(), stat_loggers=stat_loggers)
+        else:  # a client of the group's EngineCore (vLLM gives scheduler stats to one client a step)
+            self.model_path = fe.model_path
+            self.engine = AsyncLLM.from_vllm_config(
+                fe.vllm_config, stat_loggers=stat_loggers, client_addresses=dict(fe.addresses),
+                client_count=fe.count, client_index=fe.index)
         tokenizer = self.engine.get_tokenizer()
         self.tokenizer = await tokenizer if inspect.isawaitable(tokenizer) else tokenizer  # async in older vLLM
         self.max_model_len = int(self.engine.model_config.max_model_len)

@@ -1,22 +1,36 @@
-"""``inferq worker``: start a Celery worker (threads pool) that feeds one vLLM engine."""
+"""``inferq worker``: a Celery worker (threads pool) that feeds one vLLM engine, or an engine group
+(``INFERQ_FRONTENDS`` > 1: several such workers as clients of one EngineCore, worker/group.py)."""
 
 from __future__ import annotations
 
+import os
+
 from inferq.shared import keys
-from inferq.shared.settings import get_settings
+from inferq.shared.settings import Settings, get_settings
 
 
-def run_worker(loglevel: str = "INFO") -> None:
+def run_worker(loglevel: str = "INFO") -> int:
+    """Serve until stopped; the exit code."""
+    s = get_settings()
+    if s.frontends > 1:
+        from inferq.worker.group import run_group
+
+        return run_group(s, loglevel)
+    consume(s, s.max_num_seqs, loglevel)
+    return 0
+
+
+def consume(s: Settings, slots: int, loglevel: str) -> None:
+    """Run the Celery worker with ``slots`` job slots (one per engine sequence it may fill)."""
     from inferq.worker.tasks import app  # imports the task and the engine life-cycle signals
 
-    s = get_settings()
     app.worker_main([
         "worker",
         "--pool=threads",
-        f"--concurrency={s.max_num_seqs}",  # one Celery slot per engine sequence
+        f"--concurrency={slots}",
         f"--queues={keys.queue(s.model_name)}",
         f"--loglevel={loglevel}",
-        "--hostname=inferq@%h-%i",
+        f"--hostname=inferq@%h-{os.getpid()}",  # unique among the frontends of a group
         "--without-gossip",
         "--without-mingle",
         "--without-heartbeat",

@@ -52,8 +52,10 @@ class WorkerRuntime:
     def __init__(self, settings: Settings, celery: Celery, host: EngineHost | None = None,
                  exit: Callable[[int], None] = hard_exit) -> None:
         self.settings = settings
-        self.id = settings.worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.host = host or EngineHost(settings)
+        self.id = settings.worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        if settings.worker_id and self.host.frontend is not None:  # the group's frontends share settings
+            self.id = f"{settings.worker_id}-{self.host.frontend.index}"
         self.send = partial(send_job, celery)
         self.started_at = time.time()
         self.draining = False
@@ -164,6 +166,7 @@ class WorkerRuntime:
             max_model_len=self.host.max_model_len, max_num_seqs=self.settings.max_num_seqs,
             tokenizer=self.host.model_path, started_at=self.started_at, last_seen=time.time(),
             draining=self.draining, stats=stats,
+            frontend=fe.index if (fe := self.host.frontend) else 0, frontends=fe.count if fe else 1,
         )
 
     def claimed(self) -> dict[str, int]:
@@ -175,8 +178,10 @@ class WorkerRuntime:
             self.host.loop.call_soon_threadsafe(self.handback.fence, job_id, attempt)
 
     def engine_dead(self) -> bool:
-        engine = self.host.engine
-        return not self.stopping and engine is not None and bool(engine.errored)
+        engine, fe = self.host.engine, self.host.frontend
+        if self.stopping or engine is None:
+            return False
+        return bool(engine.errored) or (fe is not None and fe.engine_gone())
 
     def on_engine_dead(self) -> None:
         if not self.stopping:

@@ -19,9 +19,10 @@ from celery.exceptions import Reject
 from inferq.shared import keys
 from inferq.shared.schemas import JobMessage, JobStatus
 from inferq.shared.settings import get_settings
-from inferq.worker import kombu_fix
+from inferq.worker import group, kombu_fix
 from inferq.shared.celery_app import make_celery
 from inferq.worker.death import kill_children
+from inferq.worker.engine import EngineHost
 from inferq.worker.runtime import WorkerRuntime
 from inferq.worker.undecodable import undecodable_job_id
 
@@ -37,7 +38,8 @@ def _start_engine(**_: Any) -> None:
     (Celery would otherwise log the error and go on taking jobs it cannot run)."""
     global _runtime
     try:
-        _runtime = WorkerRuntime(get_settings(), app)
+        settings = get_settings()
+        _runtime = WorkerRuntime(settings, app, EngineHost(settings, group.FRONTEND))
         _runtime.start()
     except BaseException:
         log.critical("the engine could not start; exiting", exc_info=True)

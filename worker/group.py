@@ -1,0 +1,200 @@
+"""An engine group: one vLLM EngineCore fed by several frontend processes (``INFERQ_FRONTENDS``).
+
+One worker process forwards every token of its engine on one Python thread: the AsyncLLM output
+handler (detokenizing, per-request output), the job runner and the event writer share the
+engine's event loop. A fast engine (a small model, hundreds of sequences, an H200) produces tokens
+faster than that thread can forward them. ``vllm serve --api-server-count N`` answers the same
+limit with N API-server processes, each an AsyncLLM client of one EngineCore; an engine group does
+the same with N **frontends**, each a complete inferq worker (Celery consumer, job runner, event
+writer, heartbeat, reaper) holding an AsyncLLM client of the group's EngineCore.
+
+- The group process builds the engine configuration, binds the engine's ZMQ listeners, starts the
+  EngineCore (and its GPU workers) and spawns the frontends, each with its own listeners
+  (``client_index``), as vLLM's own multi-API-server launcher does.
+- Each frontend takes ``ceil(max_num_seqs / N)`` jobs at a time, so that the group never claims
+  more jobs than the engine runs at once: a job waits in the queue, where any worker can take it,
+  not in one engine's waiting list.
+- Queue semantics are unchanged: each frontend is a worker of its own to the queue (its id, its
+  heartbeat, its job set, acks late, fencing, drain, hand-back).
+- SIGTERM to the group is passed to every frontend (each drains as a lone worker does); then the
+  engine stops. A frontend that exits on its own stops the group (its supervisor restarts it). A
+  frontend finds the engine dead when the EngineCore process or the group process is gone, and
+  takes the engine-death path (hand every job back, exit 4).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from inferq.shared.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Frontend:
+    """What a frontend process needs to reach its group's engine (picklable, sent at spawn)."""
+
+    index: int
+    count: int
+    model_path: str
+    vllm_config: Any  # vllm.config.VllmConfig
+    addresses: dict[str, Any]  # AsyncLLM's client_addresses: the listeners bound for this index
+    engine_pids: list[int] = field(default_factory=list)
+    group_pid: int = 0
+
+    def engine_gone(self) -> bool:
+        """True once the EngineCore or the group process has exited."""
+        import psutil
+
+        if os.getppid() != self.group_pid:
+            return True
+        for pid in self.engine_pids:
+            try:
+                if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                    return True
+            except psutil.NoSuchProcess:
+                return True
+        return False
+
+
+def frontend_slots(max_num_seqs: int, frontends: int) -> int:
+    """Jobs one frontend holds at once: its share of the engine's sequences."""
+    return max(1, math.ceil(max_num_seqs / frontends))
+
+
+#: Set in a frontend process before its worker starts; None in a lone worker.
+FRONTEND: Frontend | None = None
+
+
+def _frontend_main(frontend: Frontend, loglevel: str) -> None:
+    """Entry point of a frontend process (spawned): a worker whose engine is the group's."""
+    global FRONTEND
+    from inferq.shared.settings import get_settings
+    from inferq.worker.main import consume
+
+    FRONTEND = frontend
+    logging.basicConfig(level=loglevel.upper(),
+                        format=f"%(asctime)s %(levelname)s frontend-{frontend.index} %(name)s: %(message)s")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the group, which sends SIGTERM
+    s = get_settings()
+    consume(s, frontend_slots(s.max_num_seqs, frontend.count), loglevel)
+
+
+def run_group(settings: Settings, loglevel: str) -> int:
+    """Start the EngineCore and ``settings.frontends`` frontends; return when all have exited."""
+    from vllm.usage.usage_lib import UsageContext
+    from vllm.v1.engine.utils import bind_engine_zmq_listeners, launch_core_engines
+    from vllm.v1.executor import Executor
+
+    from inferq.worker.engine import EngineHost
+    from inferq.worker.models import resolve_model
+
+    n = settings.frontends
+    model_path = resolve_model(settings)
+    args = EngineHost.engine_args_for(settings, model_path)
+    args._api_process_count, args._api_process_rank = n, -1  # as vLLM's multi-API-server launcher
+    config = args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+    listeners = bind_engine_zmq_listeners(config, n)
+    spawn = multiprocessing.get_context("spawn")
+    frontends: list[BaseProcess] = []
+    stopping = _Stopping(frontends)
+    signal.signal(signal.SIGTERM, stopping.handle)
+    signal.signal(signal.SIGINT, stopping.handle)
+    engine = None
+    try:
+        with launch_core_engines(config, Executor.get_class(config), True, listeners.addresses) as launch:
+            engine = launch.engine_manager
+            engine_pids = [p.pid for p in engine.processes] if engine is not None else []
+            for i, (inp, out) in enumerate(zip(listeners.inputs, listeners.outputs, strict=True)):
+                addresses = {"input_address": inp.address, "output_address": out.address,
+                             "input_listener": inp.socket, "output_listener": out.socket}
+                fe = Frontend(i, n, model_path, config, addresses, engine_pids, os.getpid())
+                proc = spawn.Process(target=_frontend_main, args=(fe, loglevel), name=f"inferq-frontend-{i}")
+                proc.start()
+                frontends.append(proc)
+                inp.close()
+                out.close()
+            launch.watched_frontend_processes = frontends  # one exiting during start-up aborts it
+        log.info("engine group: %d frontends (pids %s) on one EngineCore (pids %s), %d jobs each",
+                 n, [p.pid for p in frontends], engine_pids, frontend_slots(settings.max_num_seqs, n))
+        return _supervise(frontends, list(engine.processes) if engine is not None else [], stopping, settings)
+    finally:
+        stopping.stop(reason="the group is ending")
+        _reap(frontends, settings.drain_timeout_s + 30)
+        if engine is not None:
+            engine.shutdown(timeout=10)
+        listeners.cleanup()
+        del listeners  # now, not at interpreter exit (its __del__ needs modules that are gone by then)
+
+
+class _Stopping:
+    """The group's stop: SIGTERM every frontend once (each drains)."""
+
+    def __init__(self, frontends: list[BaseProcess]) -> None:
+        self.frontends = frontends
+        self.requested = False
+        self.since: float | None = None
+
+    def handle(self, signum: int, _frame: object) -> None:
+        self.requested = True
+        self.stop(reason=f"signal {signal.Signals(signum).name}")
+
+    def stop(self, reason: str) -> None:
+        if self.since is not None:
+            return
+        self.since = time.monotonic()
+        log.info("engine group stopping (%s): draining %d frontends", reason, len(self.frontends))
+        for p in self.frontends:
+            if p.is_alive() and p.pid is not None:
+                try:
+                    os.kill(p.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+
+
+def _supervise(frontends: list[BaseProcess], engines: list[BaseProcess], stopping: _Stopping,
+               settings: Settings) -> int:
+    """Wait for the frontends; stop the group when one exits or the engine dies. The exit code:
+    0 after a requested stop, 4 when the engine died, else the first frontend's code (or 1)."""
+    code = 0
+    deadline: float | None = None  # past it, the frontends still running are killed
+    while any(p.is_alive() for p in frontends):
+        if deadline is not None and time.monotonic() > deadline:
+            break
+        sentinels = [p.sentinel for p in frontends if p.is_alive()]
+        if code != 4:
+            sentinels += [p.sentinel for p in engines]
+        multiprocessing.connection.wait(sentinels, timeout=1.0)
+        if code != 4 and any(not p.is_alive() for p in engines):
+            # every frontend sees it on its next heartbeat, hands its jobs back and exits 4
+            code = 4
+            deadline = time.monotonic() + 2 * settings.worker_ttl_s + 30
+            log.critical("the engine core died: the frontends hand their jobs back and exit")
+            continue
+        exited = [(p.name, p.exitcode) for p in frontends if not p.is_alive()]
+        if exited and code != 4 and not stopping.requested and stopping.since is None:
+            code = next((c for _, c in exited if c), 1)
+            stopping.stop(reason=f"a frontend exited: {exited}")
+        if stopping.since is not None and deadline is None:
+            deadline = stopping.since + settings.drain_timeout_s + 30
+    return code
+
+
+def _reap(frontends: list[BaseProcess], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    for p in frontends:
+        p.join(max(0.0, deadline - time.monotonic()))
+        if p.is_alive():
+            log.error("frontend %s did not stop in time: killing it", p.name)
+            p.kill()
+            p.join(5)
