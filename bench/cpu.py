@@ -108,6 +108,22 @@ def _descendants(root: int) -> list[int]:
     return out
 
 
+#: (what a process's command line holds, the role it is named by), first match wins.
+ROLES = (("redis-server", "redis"), ("vllm.entrypoints", "vllm-serve"), ("inferq.cli api", "gateway"),
+         ("inferq.cli worker", "worker"), ("celeryd", "worker"), ("multiprocessing.spawn", "worker frontend"),
+         ("bench.naive_server", "naive server"))
+
+
+def _role(pid: int, comm: str) -> str:
+    """What a process of a stack is (its command line read against :data:`ROLES`)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return comm
+    return next((role for marker, role in ROLES if marker in cmd), comm)
+
+
 ThreadKey = tuple[int, int]  # (pid, tid)
 
 
@@ -122,11 +138,13 @@ def thread_times() -> dict[ThreadKey, tuple[str, float]] | None:
                 pname = _comm(f"/proc/{pid}")
                 if pname.startswith(ENGINE_PROCESS_PREFIXES) or pid == os.getpid():
                     continue
+                role = _role(pid, pname)
                 for tid in os.listdir(f"/proc/{pid}/task"):
                     path = f"/proc/{pid}/task/{tid}"
                     with open(f"{path}/stat") as f:
                         fields = f.read().rsplit(")", 1)[1].split()
-                    out[(pid, int(tid))] = (f"{pname}/{_comm(path)}", (int(fields[11]) + int(fields[12])) / _tick())
+                    thread = "main thread" if int(tid) == pid else f"thread {_comm(path)}"
+                    out[(pid, int(tid))] = (f"{role} {thread}", (int(fields[11]) + int(fields[12])) / _tick())
             except (OSError, IndexError, ValueError):
                 continue  # exited meanwhile
         return out

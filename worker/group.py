@@ -24,6 +24,7 @@ writer, heartbeat, reaper) holding an AsyncLLM client of the group's EngineCore.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import multiprocessing
@@ -31,6 +32,7 @@ import multiprocessing.connection
 import os
 import signal
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from typing import Any
@@ -83,6 +85,7 @@ def _frontend_main(frontend: Frontend, loglevel: str) -> None:
     from inferq.worker.main import consume
 
     FRONTEND = frontend
+    frontend.vllm_config.parallel_config._api_process_rank = frontend.index  # as vLLM's API servers
     logging.basicConfig(level=loglevel.upper(),
                         format=f"%(asctime)s %(levelname)s frontend-{frontend.index} %(name)s: %(message)s")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the group, which sends SIGTERM
@@ -93,8 +96,6 @@ def _frontend_main(frontend: Frontend, loglevel: str) -> None:
 def run_group(settings: Settings, loglevel: str) -> int:
     """Start the EngineCore and ``settings.frontends`` frontends; return when all have exited."""
     from vllm.usage.usage_lib import UsageContext
-    from vllm.v1.engine.utils import bind_engine_zmq_listeners, launch_core_engines
-    from vllm.v1.executor import Executor
 
     from inferq.worker.engine import EngineHost
     from inferq.worker.models import resolve_model
@@ -104,37 +105,97 @@ def run_group(settings: Settings, loglevel: str) -> int:
     args = EngineHost.engine_args_for(settings, model_path)
     args._api_process_count, args._api_process_rank = n, -1  # as vLLM's multi-API-server launcher
     config = args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
-    listeners = bind_engine_zmq_listeners(config, n)
     spawn = multiprocessing.get_context("spawn")
     frontends: list[BaseProcess] = []
     stopping = _Stopping(frontends)
     signal.signal(signal.SIGTERM, stopping.handle)
     signal.signal(signal.SIGINT, stopping.handle)
-    engine = None
-    try:
-        with launch_core_engines(config, Executor.get_class(config), True, listeners.addresses) as launch:
-            engine = launch.engine_manager
-            engine_pids = [p.pid for p in engine.processes] if engine is not None else []
-            for i, (inp, out) in enumerate(zip(listeners.inputs, listeners.outputs, strict=True)):
-                addresses = {"input_address": inp.address, "output_address": out.address,
-                             "input_listener": inp.socket, "output_listener": out.socket}
-                fe = Frontend(i, n, model_path, config, addresses, engine_pids, os.getpid())
+    with _core_engine(config, n) as core:
+        try:
+            engine_pids = [p.pid for p in core.processes]
+            for i in range(n):
+                fe = Frontend(i, n, model_path, config, core.addresses(i), engine_pids, os.getpid())
                 proc = spawn.Process(target=_frontend_main, args=(fe, loglevel), name=f"inferq-frontend-{i}")
                 proc.start()
                 frontends.append(proc)
-                inp.close()
-                out.close()
-            launch.watched_frontend_processes = frontends  # one exiting during start-up aborts it
+                core.started(i)
+            core.watch(frontends)  # one exiting during the engine's start-up aborts it
+        except BaseException:
+            stopping.stop(reason="the engine did not start")
+            _reap(frontends, 30)
+            raise
+    try:
         log.info("engine group: %d frontends (pids %s) on one EngineCore (pids %s), %d jobs each",
                  n, [p.pid for p in frontends], engine_pids, frontend_slots(settings.max_num_seqs, n))
-        return _supervise(frontends, list(engine.processes) if engine is not None else [], stopping, settings)
+        return _supervise(frontends, core.processes, stopping, settings)
     finally:
         stopping.stop(reason="the group is ending")
         _reap(frontends, settings.drain_timeout_s + 30)
-        if engine is not None:
-            engine.shutdown(timeout=10)
-        listeners.cleanup()
-        del listeners  # now, not at interpreter exit (its __del__ needs modules that are gone by then)
+        core.shutdown()
+
+
+class _CoreEngine:
+    """The group's EngineCore as vLLM's launcher starts it, across the vLLM versions inferq runs
+    on: 0.32 binds each frontend's ZMQ sockets in the launcher and hands them over at spawn; 0.26
+    fixes their addresses up front and each frontend binds its own."""
+
+    def __init__(self, manager: Any, addresses: list[dict[str, Any]], listeners: Any = None,
+                 launch: Any = None) -> None:
+        self.manager = manager
+        self._addresses = addresses
+        self._listeners = listeners
+        self._launch = launch
+
+    @property
+    def processes(self) -> list[BaseProcess]:
+        return list(getattr(self.manager, "processes", None) or [])
+
+    def addresses(self, index: int) -> dict[str, Any]:
+        return self._addresses[index]
+
+    def started(self, index: int) -> None:
+        """Frontend ``index`` has its sockets (spawned): the launcher closes its copies."""
+        if self._listeners is not None:
+            self._listeners.inputs[index].close()
+            self._listeners.outputs[index].close()
+
+    def watch(self, frontends: list[BaseProcess]) -> None:
+        if self._launch is not None:
+            self._launch.watched_frontend_processes = frontends
+
+    def shutdown(self) -> None:
+        if self.manager is not None:
+            self.manager.shutdown(timeout=10)
+        if self._listeners is not None:
+            self._listeners.cleanup()
+            self._listeners = None  # now, not at interpreter exit (its __del__ needs modules gone by then)
+
+
+@contextlib.contextmanager
+def _core_engine(config: Any, n: int) -> Iterator[_CoreEngine]:
+    """Start the EngineCore for ``n`` clients; the engine's start-up handshake runs when the
+    block ends (the frontends are spawned inside it)."""
+    from vllm.v1.engine import utils
+    from vllm.v1.executor import Executor
+
+    executor = Executor.get_class(config)
+    if hasattr(utils, "bind_engine_zmq_listeners"):  # vLLM 0.32
+        listeners = utils.bind_engine_zmq_listeners(config, n)
+        addresses = [{"input_address": i.address, "output_address": o.address,
+                      "input_listener": i.socket, "output_listener": o.socket}
+                     for i, o in zip(listeners.inputs, listeners.outputs, strict=True)]
+        try:
+            with utils.launch_core_engines(config, executor, True, listeners.addresses) as launch:
+                core = _CoreEngine(launch.engine_manager, addresses, listeners, launch)
+                yield core
+        except BaseException:
+            listeners.cleanup()
+            raise
+    else:  # vLLM 0.26
+        zmq = utils.get_engine_zmq_addresses(config, n, defer_api_server_ports=False)
+        with utils.launch_core_engines(config, executor, True, zmq, n) as (manager, _coord, zmq, _queue):
+            yield _CoreEngine(manager, [{"input_address": i, "output_address": o}
+                                        for i, o in zip(zmq.inputs, zmq.outputs, strict=True)])
 
 
 class _Stopping:

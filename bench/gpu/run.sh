@@ -5,6 +5,7 @@
 #   bench/gpu/run.sh peer-refs; bench/gpu/run.sh peer-inferq   # one H200, two calls: in-process +
 #       vllm serve, then inferq (every level 3 times); then locally:
 #       python -m bench.merge OUT.json refs-results.json inferq-results.json
+#   bench/gpu/run.sh config NAME TARGETS TAG   # bench/configs/NAME.json, those targets only
 # Results (json, md, png) are copied to $OUT (default /tmp/bench-out).
 set -u
 out=${OUT:-/tmp/bench-out}; mkdir -p "$out"
@@ -21,7 +22,19 @@ collect() {  # name dir
   done
   tail -n 40 "$2"/logs/*.log > "$out/$1-logs.txt" 2>/dev/null || true
 }
+# Llama-3.2-1B shapes (/tmp/m1) from the 7B model's tokenizer
+[ -f /tmp/m1/config.json ] || { mkdir -p /tmp/m1 && cp /tmp/m7/* /tmp/m1/ && python3 - <<'PY'
+import json; p = "/tmp/m1/config.json"; c = json.load(open(p))
+c.update(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+         num_key_value_heads=8, head_dim=64, tie_word_embeddings=True)
+json.dump(c, open(p, "w"), indent=1)
+PY
+}
 case "${1:-serving}" in
+  config)  # NAME TARGETS TAG [TIMEOUT_S]
+    timeout "${5:-560}" python3 -m bench run --config "bench/configs/$2.json" --targets "$3" --out "/tmp/b-$4" \
+      > "/tmp/b-$4.log" 2>&1
+    collect "$4" "/tmp/b-$4"; cp "/tmp/b-$4.log" "$out/$4.log"; tail -n 30 "/tmp/b-$4.log" ;;
   serving)
     [ -n "${SKIP_NAIVE:-}" ] || timeout 540 python3 -m bench run --config bench/configs/h200-mistral7b-naive.json --out /tmp/b-naive \
       > /tmp/b-naive.log 2>&1 &
@@ -39,14 +52,7 @@ case "${1:-serving}" in
     timeout 580 python3 -m bench run --config bench/configs/h200-mistral7b-peer.json --targets $targets \
       --out /tmp/b-$which > /tmp/b-$which.log 2>&1
     collect $which /tmp/b-$which; tail -n 30 /tmp/b-$which.log ;;
-  highrate)  # Llama-3.2-1B shapes from the 7B model's tokenizer; then the worker alone on this host's CPU
-    [ -f /tmp/m1/config.json ] || { mkdir -p /tmp/m1 && cp /tmp/m7/* /tmp/m1/ && python3 - <<'PY'
-import json; p = "/tmp/m1/config.json"; c = json.load(open(p))
-c.update(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
-         num_key_value_heads=8, head_dim=64, tie_word_embeddings=True)
-json.dump(c, open(p, "w"), indent=1)
-PY
-    }
+  highrate)  # then the worker alone on this host's CPU
     timeout 420 python3 -m bench run --config bench/configs/h200-llama1b-highrate.json --out /tmp/b-1b > /tmp/b-1b.log 2>&1
     timeout 120 python3 -m bench worker --jobs 64,256,1024 --tokens 256 --step-ms 5 --out "$out/worker-alone.json" > /tmp/b-w.log 2>&1
     collect highrate /tmp/b-1b; tail -n 24 /tmp/b-1b.log; tail -n 4 /tmp/b-w.log ;;

@@ -50,6 +50,10 @@ def run_and_check(config: Path, out: Path, timeout: float) -> None:
             assert s["output_tokens"] == s["ok"] * w.output_len, (t.name, level.label)
             if t.kind in ("inferq-ws", "inferq-rest"):
                 assert s["queued_p50"] is not None, (t.name, level.label)
+            if t.kind != "inprocess":  # CPU per token: the stack's, and its busiest thread's outside the engine
+                whole, busiest = s["cpu_s_per_1k_tokens"], s["busiest_thread_cpu_s_per_1k_tokens"]
+                assert whole is not None and busiest is not None and s["busiest_thread"], (t.name, s)
+                assert 0 <= busiest <= whole, (t.name, busiest, whole)
     assert (out / "results.md").read_text().count("| c=") == sum(len(w.levels(t)) for t in w.targets)
     for t in w.targets:  # every inferq path is compared with each reference that ran
         if t.kind.startswith("inferq"):
