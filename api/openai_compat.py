@@ -24,10 +24,13 @@ from inferq.api.openai_schemas import (
     CompletionLogprobs,
     CompletionRequest,
     Delta,
+    NamedToolChoice,
     TextChoice,
     TextCompletion,
+    ToolCallDelta,
     TopLogprobOut,
 )
+from inferq.api import openai_tools as tools
 from inferq.api.errors import error_body
 from inferq.api.streams import StreamHub
 from inferq.shared.errors import InferqError, Unavailable, error_from
@@ -53,6 +56,8 @@ def check_chat(req: ChatCompletionRequest, settings: Settings) -> None:
     check would name ``json_schema``)."""
     if (rf := req.response_format) is not None and rf.json_schema is not None:
         check_json(rf.json_schema.schema_, "response_format.json_schema.schema", settings)
+    if req.tools:
+        check_json([t.model_dump(exclude_none=True) for t in req.tools], "tools", settings)
 
 
 def chat_job(req: ChatCompletionRequest) -> JobRequest:
@@ -65,6 +70,10 @@ def chat_job(req: ChatCompletionRequest) -> JobRequest:
         fields["json_object"] = True
     elif rf is not None and rf.type == "json_schema" and rf.json_schema is not None:
         fields["json_schema"] = rf.json_schema.schema_
+    if (schema := tools.tool_schema(req)) is not None:
+        fields["json_schema"] = schema
+    if req.tools:
+        fields["tools"] = [t.model_dump(exclude_none=True) for t in req.tools]
     return JobRequest(messages=[m.to_chat() for m in req.messages], model=req.model, user=req.user, **fields)
 
 
@@ -135,9 +144,15 @@ async def collect(hub: StreamHub, job_id: str, n: int) -> Collected:
 
 def chat_response(job_id: str, model: str, req: ChatCompletionRequest, got: Collected) -> ChatCompletion:
     k = req.top_logprobs or 0
+
+    def message(c: Choice) -> AssistantMessage:
+        if tools.forced(req):  # the constrained text is the call, not content
+            return AssistantMessage(content="", tool_calls=tools.tool_calls(req, c.text) or None)
+        return AssistantMessage(content=c.text)
+
     return ChatCompletion(
         id=job_id, created=int(time.time()), model=model, usage=got.usage,
-        choices=[ChatChoice(index=i, message=AssistantMessage(content=c.text), finish_reason=c.finish_reason,
+        choices=[ChatChoice(index=i, message=message(c), finish_reason=tools.finish_reason(req, c.finish_reason),
                             logprobs=_chat_logprobs(c.logprobs, k) if req.logprobs else None)
                  for i, c in sorted(got.choices.items())],
     )
@@ -179,23 +194,67 @@ async def chat_chunks(hub: StreamHub, job_id: str, model: str,
         return Payload(ChatCompletionChunk(id=job_id, created=created, model=model, choices=choices,
                                            usage=usage).model_dump_json(exclude_none=True))
 
+    calls = _StreamedCalls(req)
     async for ev in hub.events(job_id, merge=True):
         if ev.type == "restart" and not started:  # nothing sent yet: the next attempt just streams
             continue
         if ev.type == "token":
+            lps = _chat_logprobs(ev.logprobs, k) if req.logprobs else None
+            if calls.forced:
+                if ev.index not in started:  # the role first, with empty content, as vLLM
+                    started.add(ev.index)
+                    yield chunk([ChunkChoice(index=ev.index, delta=Delta(role="assistant", content=""))])
+                if (delta := calls.add(ev.index, ev.text)) is not None:
+                    yield chunk([ChunkChoice(index=ev.index, delta=delta, logprobs=lps)])
+                continue
             role = None if ev.index in started else "assistant"
             started.add(ev.index)
-            yield chunk([ChunkChoice(index=ev.index, delta=Delta(role=role, content=ev.text),
-                                     logprobs=_chat_logprobs(ev.logprobs, k) if req.logprobs else None)])
+            yield chunk([ChunkChoice(index=ev.index, delta=Delta(role=role, content=ev.text), logprobs=lps)])
         elif ev.type == "done":
             for end in ev.choices:
-                yield chunk([ChunkChoice(index=end.index, delta=Delta(), finish_reason=end.finish_reason)])
+                if (delta := calls.finish(end.index)) is not None:
+                    yield chunk([ChunkChoice(index=end.index, delta=delta)])
+                yield chunk([ChunkChoice(index=end.index, delta=Delta(),
+                                         finish_reason=tools.finish_reason(req, end.finish_reason))])
             if include_usage:
                 yield chunk([], ev.usage)
         else:
             yield _stream_end_error(job_id, ev)
             return
     yield DONE
+
+
+class _StreamedCalls:
+    """The tool calls of a forced stream: a named call streams its arguments as they come (the
+    first piece with the call's id and name); ``required`` calls are sent whole once the array is
+    complete (a partial array is not yet calls)."""
+
+    def __init__(self, req: ChatCompletionRequest) -> None:
+        self.req = req
+        self.forced = tools.forced(req)
+        self.named = isinstance(req.tool_choice, NamedToolChoice)
+        self.texts: dict[int, str] = {}
+
+    def add(self, index: int, text: str) -> Delta | None:
+        first = index not in self.texts
+        self.texts[index] = self.texts.get(index, "") + text
+        if not self.named:
+            return None
+        if first:
+            name = self.req.tool_choice.function.name  # type: ignore[union-attr]
+            return Delta(tool_calls=[ToolCallDelta(index=0, id=tools.call_id(), type="function",
+                                                   function={"name": name, "arguments": text})])
+        return Delta(tool_calls=[ToolCallDelta(index=0, function={"arguments": text})])
+
+    def finish(self, index: int) -> Delta | None:
+        if not self.forced or self.named:
+            return None
+        found = tools.tool_calls(self.req, self.texts.get(index, ""))
+        if not found:
+            return None
+        return Delta(tool_calls=[ToolCallDelta(index=i, id=c.id, type="function",
+                                               function={"name": c.function.name, "arguments": c.function.arguments})
+                                 for i, c in enumerate(found)])
 
 
 def _stream_end_error(job_id: str, ev: ErrorEvent | RestartEvent) -> Payload:

@@ -2,12 +2,12 @@
 
 Requests forbid unknown fields: a parameter inferq does not implement is refused with a 400
 naming it, never silently ignored; so is a known one set to a value inferq cannot honour
-(``tools`` with any tool, a non-empty ``logit_bias``, ``echo: true``, ``best_of`` above ``n``,
+(``tool_choice: "auto"``, a non-empty ``logit_bias``, ``echo: true``, ``best_of`` above ``n``,
 ``stream_options.continuous_usage_stats: true``). What SDKs and frameworks send as a matter of
 course is accepted with the meaning vLLM gives it: ``null`` for any field (its default), empty
-``tools`` and ``logit_bias``, ``tool_choice: "none"``, ``echo: false``, ``best_of: 1``, and the
-bookkeeping fields ``store``, ``metadata``, ``service_tier``, ``reasoning_effort`` and
-``parallel_tool_calls``, which change nothing here (docs/openai.md).
+``logit_bias``, ``echo: false``, ``best_of: 1``, and the
+bookkeeping fields ``store``, ``metadata``, ``service_tier`` and ``reasoning_effort``,
+which change nothing here (README, "OpenAI SDK"). Tool calling: api/openai_tools.py.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, field_validator, model_serializer, model_validator
 
 from inferq.shared.keys import MODEL_NAME_PATTERN
-from inferq.shared.schemas import NO_CONTROL_CHARS, ChatMessage, Usage
+from inferq.shared.schemas import NO_CONTROL_CHARS, ChatMessage, ToolCall, Usage
 
 
 class TextPart(BaseModel):
@@ -32,12 +32,43 @@ class OpenAIMessage(BaseModel):
     content: str | list[TextPart] | None = None  # an assistant turn may have none
     name: str | None = Field(default=None, min_length=1, max_length=256,
                              description="Passed to the model's chat template as `message.name`.")
+    tool_calls: list[ToolCall] | None = Field(default=None, max_length=128, description="An assistant "
+                                              "turn's calls; passed to the chat template.")
+    tool_call_id: str | None = Field(default=None, max_length=256, description="A tool turn: the call "
+                                     "whose result it holds.")
 
     def to_chat(self) -> ChatMessage:
         content = self.content or ""
         text = content if isinstance(content, str) else "".join(p.text for p in content)
         role = "system" if self.role == "developer" else self.role
-        return ChatMessage(role=role, content=text, name=self.name)
+        return ChatMessage(role=role, content=text, name=self.name, tool_calls=self.tool_calls or None,
+                           tool_call_id=self.tool_call_id)
+
+
+class FunctionDef(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(pattern=r"^[A-Za-z0-9_.\-]{1,64}$", description="1 to 64 letters, digits, _ . -")
+    description: str | None = None
+    parameters: dict[str, Any] | None = Field(default=None, description="A JSON schema of the arguments "
+                                              "(default: an object with any properties).")
+    strict: bool | None = None
+
+
+class ToolDef(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class JsonSchemaSpec(BaseModel):
@@ -132,16 +163,31 @@ class ChatCompletionRequest(_Common):
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     response_format: ResponseFormat | None = None
-    tools: list[dict[str, Any]] | None = Field(default=None, max_length=0, description="Empty only: tool "
-                                               "calling is not supported yet.")
-    tool_choice: Literal["none"] | None = None
-    parallel_tool_calls: bool | None = None
+    tools: list[ToolDef] | None = Field(default=None, max_length=128, description="Functions the model "
+                                        "may call; given to the chat template.")
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
+        default=None, description="'required' or a named function: the answer is a call (structured "
+        "outputs); 'none': text; 'auto' (the default with tools): not supported yet (400).")
+    parallel_tool_calls: bool | None = Field(default=None, description="false: 'required' makes one call.")
     reasoning_effort: str | None = Field(default=None, max_length=16)
 
     @model_validator(mode="after")
     def _top_logprobs_needs_logprobs(self) -> ChatCompletionRequest:
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs requires logprobs: true")
+        return self
+
+    @model_validator(mode="after")
+    def _tool_choice_names_a_tool(self) -> ChatCompletionRequest:
+        """As vLLM: ``auto`` by default when tools are given; a choice other than ``none`` needs
+        tools, and a named one must be among them."""
+        if "tool_choice" not in self.model_fields_set and self.tools:
+            self.tool_choice = "auto"
+        if self.tool_choice not in (None, "none") and not self.tools:
+            raise ValueError("when using `tool_choice`, `tools` must be set")
+        if isinstance(self.tool_choice, NamedToolChoice) and self.tools and \
+                self.tool_choice.function.name not in {t.function.name for t in self.tools}:
+            raise ValueError(f"tool_choice names {self.tool_choice.function.name!r}, which is not in `tools`")
         return self
 
 
@@ -204,6 +250,7 @@ class CompletionLogprobs(BaseModel):
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str
+    tool_calls: list[ToolCall] | None = None
 
 
 class ChatChoice(BaseModel):
@@ -222,9 +269,20 @@ class ChatCompletion(BaseModel):
     usage: Usage
 
 
+class ToolCallDelta(BaseModel):
+    """A streamed piece of a call: the first has ``id``, ``type`` and the name; the rest add to
+    ``function.arguments``."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: dict[str, str]
+
+
 class Delta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class _NullsKept(BaseModel):

@@ -36,7 +36,8 @@ class ScriptedTokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(range(len(text.split())))
 
-    def apply_chat_template(self, messages: Any, tokenize: bool = False, add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: Any, tokenize: bool = False, add_generation_prompt: bool = True,
+                            tools: Any = None) -> str:
         return " ".join(m["content"] for m in messages)
 
     def decode(self, ids: list[int]) -> str:

@@ -36,6 +36,8 @@ def check_limits(req: JobRequest, settings: Settings) -> None:
             _refuse(param, "is not valid Unicode (it holds a lone surrogate)")
     if req.json_schema is not None:
         check_json(req.json_schema, "json_schema", s)
+    if req.tools is not None:
+        check_json(req.tools, "tools", s)
 
 
 def _texts(req: JobRequest) -> Iterator[tuple[str, str]]:
@@ -47,6 +49,8 @@ def _texts(req: JobRequest) -> Iterator[tuple[str, str]]:
         yield f"messages.{i}.content", m.content
         if m.name is not None:
             yield f"messages.{i}.name", m.name
+        for j, call in enumerate(m.tool_calls or ()):
+            yield f"messages.{i}.tool_calls.{j}.function.arguments", call.function.arguments
     for x in req.stop:
         yield "stop", x
     for param, value in (("model", req.model), ("user", req.user)):

@@ -42,6 +42,21 @@ TERMINAL_STATUSES: frozenset[str] = frozenset(s.value for s in (JobStatus.succee
                                                                 JobStatus.cancelled))
 
 
+class ToolCallFunction(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=64)
+    arguments: str = Field(description="The arguments as a JSON text, as the model wrote them.")
+
+
+class ToolCall(BaseModel):
+    """A function call an assistant turn made (OpenAI's ``tool_calls`` item)."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: str = Field(min_length=1, max_length=256)
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
     role: Literal["system", "user", "assistant", "tool"]
@@ -49,6 +64,22 @@ class ChatMessage(BaseModel):
     name: str | None = Field(default=None, min_length=1, max_length=256,
                              description="The participant's name; the model's chat template sees it as "
                              "`message.name` (templates that do not use it ignore it).")
+    tool_calls: list[ToolCall] | None = Field(default=None, max_length=128, description="An assistant "
+                                              "turn's function calls, for the chat template.")
+    tool_call_id: str | None = Field(default=None, max_length=256, description="A tool turn: the call it "
+                                     "answers.")
+
+    def template_dict(self) -> dict[str, Any]:
+        """The message as a chat template reads it: unset fields absent (templates test
+        ``message.name is defined``), a call's arguments as an object where they parse (as vLLM
+        passes them)."""
+        d = self.model_dump(exclude_none=True)
+        for call in d.get("tool_calls", ()):
+            try:
+                call["function"]["arguments"] = json.loads(call["function"]["arguments"])
+            except ValueError:
+                pass
+        return d
 
 
 class SamplingOptions(BaseModel):
@@ -107,6 +138,9 @@ class JobRequest(SamplingOptions):
     messages: list[ChatMessage] | None = Field(default=None, min_length=1, max_length=1024,
                                                description="Contents of at most INFERQ_MAX_PROMPT_CHARS "
                                                "characters in all.")
+    tools: list[dict[str, Any]] | None = Field(default=None, max_length=128, description="Function tools "
+                                               "(OpenAI's `tools` items), given to the chat template with "
+                                               "`messages`.")
     model: str | None = Field(default=None, min_length=1, max_length=256, pattern=MODEL_NAME_PATTERN,
                               description="Letters, digits and . _ - / @ + only.")
     user: str | None = Field(default=None, max_length=256, pattern=NO_CONTROL_CHARS,

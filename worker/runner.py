@@ -123,8 +123,7 @@ class JobRunner:
         req, tok = msg.request, self.host.tokenizer
         with self._tok_lock:
             if req.messages is not None:
-                # exclude_none: a template tests `message.name is defined`, so an unset name is absent
-                text = tok.apply_chat_template([m.model_dump(exclude_none=True) for m in req.messages],
+                text = tok.apply_chat_template([m.template_dict() for m in req.messages], tools=req.tools,
                                                tokenize=False, add_generation_prompt=True)
                 return list(tok.encode(text, add_special_tokens=False))
             return list(tok.encode(req.prompt))

@@ -28,6 +28,11 @@ pytestmark = pytest.mark.integration
 MODEL = "inferq-tiny"
 CHAT = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say hi"}]
 G = {"temperature": 0, "max_tokens": 8}  # greedy and short: the texts must match
+T = {"temperature": 0, "max_tokens": 40}  # room for a whole call
+TOOLS = [{"type": "function", "function": {"name": "weather", "description": "Weather now", "parameters": {
+    "type": "object", "properties": {"unit": {"type": "string", "enum": ["c", "f"]}}, "required": ["unit"],
+    "additionalProperties": False}}}, {"type": "function", "function": {"name": "noop"}}]
+NAMED = {"tool_choice": {"type": "function", "function": {"name": "weather"}}}
 
 # name -> (path, body). Streams end in "stream": true.
 CASES: dict[str, tuple[str, dict[str, Any]]] = {
@@ -62,6 +67,20 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
                                                               "stream": True, "max_tokens": 4}),
     "chat tools auto": ("/v1/chat/completions", {"messages": CHAT, "tool_choice": "auto", "tools": [
         {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}], **G}),
+    "chat tool named": ("/v1/chat/completions", {"messages": CHAT, "tools": TOOLS, **NAMED, **T}),
+    "chat tool named stream": ("/v1/chat/completions", {"messages": CHAT, "tools": TOOLS, **NAMED, **T,
+                                                        "stream": True}),
+    "chat tool required": ("/v1/chat/completions", {"messages": CHAT, "tools": TOOLS, "tool_choice": "required",
+                                                    "parallel_tool_calls": False, **T}),
+    "chat tool required stream": ("/v1/chat/completions", {"messages": CHAT, "tools": TOOLS, "stream": True,
+                                                           "tool_choice": "required", "parallel_tool_calls": False, **T}),
+    "chat tool none": ("/v1/chat/completions", {"messages": CHAT, "tools": TOOLS, "tool_choice": "none", **G}),
+    "chat tool history": ("/v1/chat/completions", {"messages": [*CHAT, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": '{"unit": "c"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "20 degrees"}], **G}),
+    "chat tool_choice not in tools": ("/v1/chat/completions", {"messages": CHAT, "tools": TOOLS, **T,
+                                                               "tool_choice": {"type": "function", "function": {"name": "x"}}}),
+    "chat tool_choice without tools": ("/v1/chat/completions", {"messages": CHAT, "tool_choice": "required", **G}),
     "tokenize": ("/tokenize", {"prompt": "The sky is blue"}),
     "tokenize no special tokens": ("/tokenize", {"prompt": "The sky is blue", "add_special_tokens": False}),
     "detokenize": ("/detokenize", {"tokens": [1882, 306, 77, 91, 338]}),
@@ -87,7 +106,9 @@ INTENDED: dict[tuple[str, str], str] = {
 }
 
 # (case, path) -> not matched yet (the record of what is left to do).
-NOT_YET: dict[tuple[str, str], str] = {}
+_AUTO = "tool_choice auto needs a model-specific tool-call parser; inferq refuses it (400) for now"
+NOT_YET: dict[tuple[str, str], str] = {("chat tools auto", k): _AUTO for k in (
+    "status", "error", "finish_reasons", "shape", "texts", "values")}
 
 
 def shape(v: Any, path: str = "") -> dict[str, str]:
@@ -181,8 +202,11 @@ def vllm_server(logdir: Path) -> Iterator[str]:
     settings = {"max_num_seqs": 64, "cpu_kv_cache_gib": 0.5}
     path = resolve_model(Settings(**settings))
     port = free_port()
+    # a tool-call parser: vLLM serves no tool_choice but "none" without one
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1", "--port",
-           str(port), *flags(engine_args({"model_path": path, "settings": settings}))]
+           str(port), "--enable-auto-tool-choice", "--tool-call-parser", "pythonic",
+           "--structured-outputs-config", json.dumps({"backend": "xgrammar", "disable_any_whitespace": True}),
+           *flags(engine_args({"model_path": path, "settings": settings}))]
     server: Service = spawn("vllm-openai", cmd, {**os.environ, "VLLM_NO_USAGE_STATS": "1"}, logdir)
     base = f"http://127.0.0.1:{port}"
     try:

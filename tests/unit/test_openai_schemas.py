@@ -50,7 +50,8 @@ def test_message_name_reaches_the_chat_template() -> None:
     seen: list[list[dict]] = []
 
     class Tokenizer:
-        def apply_chat_template(self, messages: list[dict], tokenize: bool, add_generation_prompt: bool) -> str:
+        def apply_chat_template(self, messages: list[dict], tokenize: bool, add_generation_prompt: bool,
+                                tools: list[dict] | None = None) -> str:
             seen.append(messages)
             return "rendered"
 
