@@ -101,17 +101,17 @@ def run_group(settings: Settings, loglevel: str) -> int:
     from inferq.worker.models import resolve_model
 
     n = settings.frontends
-    model_path = resolve_model(settings)
-    args = EngineHost.engine_args_for(settings, model_path)
-    args._api_process_count, args._api_process_rank = n, -1  # as vLLM's multi-API-server launcher
-    config = args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
     spawn = multiprocessing.get_context("spawn")
     frontends: list[BaseProcess] = []
     stopping = _Stopping(frontends)
     signal.signal(signal.SIGTERM, stopping.handle)
     signal.signal(signal.SIGINT, stopping.handle)
-    with _core_engine(config, n) as core:
-        try:
+    try:
+        model_path = resolve_model(settings)
+        args = EngineHost.engine_args_for(settings, model_path)
+        args._api_process_count, args._api_process_rank = n, -1  # as vLLM's multi-API-server launcher
+        config = args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+        with _core_engine(config, n) as core:  # the engine's start-up handshake runs as the block ends
             engine_pids = [p.pid for p in core.processes]
             for i in range(n):
                 fe = Frontend(i, n, model_path, config, core.addresses(i), engine_pids, os.getpid())
@@ -120,10 +120,13 @@ def run_group(settings: Settings, loglevel: str) -> int:
                 frontends.append(proc)
                 core.started(i)
             core.watch(frontends)  # one exiting during the engine's start-up aborts it
-        except BaseException:
-            stopping.stop(reason="the engine did not start")
-            _reap(frontends, 30)
+    except BaseException as e:
+        stopping.stop(reason="the engine did not start")
+        _reap(frontends, 30)
+        if not isinstance(e, Exception):
             raise
+        log.critical("the engine could not start; exiting", exc_info=True)
+        return 3  # as a lone worker whose engine cannot start
     try:
         log.info("engine group: %d frontends (pids %s) on one EngineCore (pids %s), %d jobs each",
                  n, [p.pid for p in frontends], engine_pids, frontend_slots(settings.max_num_seqs, n))

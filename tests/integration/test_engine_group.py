@@ -1,10 +1,13 @@
 """An engine group (INFERQ_FRONTENDS=2): two workers as clients of one EngineCore. Each holds its
-share of the engine's sequences; cancel, engine death and SIGTERM drain work as for a lone worker."""
+share of the engine's sequences; cancel, engine death and SIGTERM drain (these two under
+``make test-faults``) work as for a lone worker."""
 
 from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import sys
 import time
 
 import httpx
@@ -86,6 +89,7 @@ def test_each_frontend_holds_its_share_and_cancel_reaches_the_engine(group: Flee
     wait_for(engine_idle, 30, "the engine's requests aborted")
 
 
+@pytest.mark.faults
 def test_engine_death_hands_every_job_back_and_the_group_exits_4(group: Fleet) -> None:
     (wid,) = group.live()
     proc = group.workers[wid].proc
@@ -107,6 +111,7 @@ def test_engine_death_hands_every_job_back_and_the_group_exits_4(group: Fleet) -
     assert all(a >= 2 for a in attempts(group, jobs)), attempts(group, jobs)
 
 
+@pytest.mark.faults
 def test_sigterm_drains_every_frontend_then_the_group_exits_0(group: Fleet) -> None:
     (wid,) = group.live()
     proc = group.workers[wid].proc
@@ -126,3 +131,14 @@ def test_sigterm_drains_every_frontend_then_the_group_exits_0(group: Fleet) -> N
     # both frontends finished what they held within the grace period: nothing was handed back
     assert [v["status"] for v in views] == ["succeeded"] * SEQS
     assert attempts(group, jobs) == [1] * SEQS
+
+
+def test_a_group_whose_engine_cannot_start_exits_3(redis_server, tmp_path) -> None:
+    """As a lone worker: a supervisor sees the start-up failure, not a hung group."""
+    from tests.conftest import inferq_env
+
+    env = inferq_env(redis_server.url, INFERQ_FRONTENDS="2", INFERQ_MODEL=str(tmp_path / "no-such-model"))
+    proc = subprocess.run([sys.executable, "-m", "inferq.cli", "worker"], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    assert "the engine could not start" in proc.stderr
