@@ -151,8 +151,10 @@ class JobRunner:
                 logprobs=o.logprobs, structured_outputs=structured,
                 output_kind=RequestOutputKind.DELTA,
             )
-        except ValueError as e:  # vLLM's own validation
-            raise InvalidRequest(str(e)) from e
+        except Exception as e:
+            if isinstance(e, ValueError) or _client_error(e):  # vLLM's own validation of the request
+                raise InvalidRequest(str(e), param=getattr(e, "parameter", None)) from e
+            raise
 
     # --- running a job (on the engine loop) ---------------------------------------------------
     async def run(self, msg: JobMessage) -> JobStatus | None:
@@ -228,6 +230,8 @@ class JobRunner:
                 log.error("job %s: the engine died; handing the job back", msg.id)
                 job.handed_back, status = True, None
                 await self.on_engine_dead(msg.id, job.attempt)
+            elif _client_error(e):  # the engine refused the request itself (vLLM's validation)
+                status, error = JobStatus.failed, ErrorInfo.of(InvalidRequest(str(e), param=getattr(e, "parameter", None)))
             else:
                 log.exception("job %s failed", msg.id)
                 status, error = JobStatus.failed, ErrorInfo.of(EngineError(f"{type(e).__name__}: {e}"))
@@ -439,3 +443,9 @@ def _engine_dead(e: BaseException) -> bool:
             return True
         e = e.__cause__  # type: ignore[assignment]
     return False
+
+
+def _client_error(e: BaseException) -> bool:
+    """An error vLLM raises for the request itself (``VLLMClientError``, from vLLM 0.3x on; before
+    that its validation raised ValueError, and ``VLLMValidationError`` is no longer one)."""
+    return any(c.__name__ == "VLLMClientError" for c in type(e).__mro__)

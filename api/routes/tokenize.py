@@ -1,7 +1,7 @@
 """``/tokenize`` and ``/detokenize``, as vLLM's server has them, for the default model: the gateway
 reads the model's ``tokenizer.json`` itself (``Settings.tokenizer_dir``; the ``tokenizers`` library,
 no vLLM), so they cost no worker time. A prompt is counted as a worker counts it; chat messages
-(which need the model's chat template) are not taken here.
+are rendered with the model's chat template first (``api/chat_template.py``), as the worker does.
 """
 
 from __future__ import annotations
@@ -12,7 +12,9 @@ from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 from tokenizers import Tokenizer
 
+from inferq.api.chat_template import render_chat
 from inferq.api.deps import Caller, Service
+from inferq.api.openai_schemas import OpenAIMessage, ToolDef
 from inferq.api.service import JobService
 from inferq.shared.errors import InvalidRequest, NotFound, Unavailable
 from inferq.shared.keys import MODEL_NAME_PATTERN
@@ -25,6 +27,17 @@ class TokenizeRequest(BaseModel):
     model: str | None = Field(default=None, max_length=256, pattern=MODEL_NAME_PATTERN)
     prompt: str = Field(max_length=1_000_000)
     add_special_tokens: bool = True
+
+
+class TokenizeChatRequest(BaseModel):
+    """vLLM's chat form: the messages as the chat template renders them."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str | None = Field(default=None, max_length=256, pattern=MODEL_NAME_PATTERN)
+    messages: list[OpenAIMessage] = Field(min_length=1, max_length=1024)
+    add_generation_prompt: bool = True
+    add_special_tokens: bool = False
+    tools: list[ToolDef] | None = Field(default=None, max_length=128)
 
 
 class TokenizeResponse(BaseModel):
@@ -67,9 +80,16 @@ async def _max_model_len(service: JobService) -> int | None:
 
 
 @router.post("/tokenize", response_model=TokenizeResponse)
-async def tokenize(req: TokenizeRequest, service: Service, _: Caller) -> TokenizeResponse:
-    """The prompt's token ids, as the default model's tokenizer gives them."""
-    ids = _tokenizer(service, req.model).encode(req.prompt, add_special_tokens=req.add_special_tokens).ids
+async def tokenize(req: TokenizeRequest | TokenizeChatRequest, service: Service, _: Caller) -> TokenizeResponse:
+    """The token ids of a prompt, or of chat messages rendered with the model's chat template, as
+    the default model's tokenizer gives them."""
+    tok = _tokenizer(service, req.model)
+    if isinstance(req, TokenizeChatRequest):
+        text = render_chat(service.settings.tokenizer_dir, [m.to_chat().template_dict() for m in req.messages],
+                           req.add_generation_prompt, [t.model_dump(exclude_none=True) for t in req.tools or ()] or None)
+    else:
+        text = req.prompt
+    ids = tok.encode(text, add_special_tokens=req.add_special_tokens).ids
     return TokenizeResponse(count=len(ids), max_model_len=await _max_model_len(service), tokens=ids)
 
 

@@ -49,6 +49,7 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "chat assistant content null": ("/v1/chat/completions", {"messages": [
         *CHAT, {"role": "assistant", "content": None}, {"role": "user", "content": "again"}], **G}),
     "chat min_tokens": ("/v1/chat/completions", {"messages": CHAT, "min_tokens": 4, **G}),
+    "chat min_tokens over max_tokens": ("/v1/chat/completions", {"messages": CHAT, "min_tokens": 20, **G}),
     "chat temperature 3": ("/v1/chat/completions", {"messages": CHAT, "temperature": 3, "max_tokens": 4}),
     "chat max_tokens 0": ("/v1/chat/completions", {"messages": CHAT, "max_tokens": 0}),
     "chat unknown model": ("/v1/chat/completions", {"model": "nope", "messages": CHAT, **G}),
@@ -83,6 +84,8 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "chat tool_choice without tools": ("/v1/chat/completions", {"messages": CHAT, "tool_choice": "required", **G}),
     "tokenize": ("/tokenize", {"prompt": "The sky is blue"}),
     "tokenize no special tokens": ("/tokenize", {"prompt": "The sky is blue", "add_special_tokens": False}),
+    "tokenize messages": ("/tokenize", {"messages": CHAT}),
+    "tokenize messages no generation prompt": ("/tokenize", {"messages": CHAT, "add_generation_prompt": False}),
     "detokenize": ("/detokenize", {"tokens": [1882, 306, 77, 91, 338]}),
     "models": ("/v1/models", {}),
     "health": ("/health", {}),

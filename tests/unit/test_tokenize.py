@@ -37,3 +37,29 @@ def test_without_a_tokenizer_it_is_503(redis_server, tmp_path: Path) -> None:
     with app(redis_server.url, tokenizer_path=tmp_path) as c:
         r = c.post("/tokenize", json={"prompt": "x"})
         assert (r.status_code, r.json()["error"]["code"]) == (503, "tokenizer_unavailable")
+
+
+def test_chat_messages_are_rendered_as_the_worker_renders_them(redis_server) -> None:
+    """The gateway's template rendering gives the text the worker's tokenizer gives (transformers'
+    apply_chat_template on the same folder), so /tokenize counts what the engine will see."""
+    from transformers import AutoTokenizer
+
+    from inferq.api.chat_template import render_chat
+    from inferq.worker.models import tiny_model_dir
+
+    folder = tiny_model_dir(Settings())
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "", "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"x": 1}}}]},
+                {"role": "tool", "content": "42", "tool_call_id": "c1"}]
+    hf = AutoTokenizer.from_pretrained(str(folder))
+    for gen in (True, False):
+        assert render_chat(folder, messages, gen, None) == hf.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=gen)
+    with app(redis_server.url) as c:
+        r = c.post("/tokenize", json={"messages": messages[:2]})
+        assert r.status_code == 200, r.text
+        text = hf.apply_chat_template(messages[:2], tokenize=False, add_generation_prompt=True)
+        assert r.json()["tokens"] == hf.encode(text, add_special_tokens=False)
+        bad = c.post("/tokenize", json={"messages": []})
+        assert bad.status_code == 400 and "messages" in bad.text

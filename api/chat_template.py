@@ -1,0 +1,57 @@
+"""A model's chat template rendered in the gateway, as Hugging Face's ``apply_chat_template``
+renders it (a sandboxed Jinja environment with its filters and the tokenizer's special tokens), so
+that ``/tokenize`` counts chat messages without a worker. The worker renders the same template
+with the model's own tokenizer."""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from jinja2 import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from inferq.shared.errors import InvalidRequest, Unavailable
+
+
+class _TemplateRaised(Exception):
+    pass
+
+
+def _raise(message: str) -> None:
+    raise _TemplateRaised(message)
+
+
+@lru_cache(maxsize=4)
+def _load(folder: Path) -> tuple[Any, dict[str, str]]:
+    """The compiled template and the special tokens it may use (``bos_token``, ...)."""
+    config: dict[str, Any] = {}
+    if (folder / "tokenizer_config.json").is_file():
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+    source = config.get("chat_template")
+    if (folder / "chat_template.jinja").is_file():
+        source = (folder / "chat_template.jinja").read_text()
+    if not isinstance(source, str):
+        raise Unavailable("the model has no chat template this gateway can read (tokenizer_config.json or "
+                          "chat_template.jinja)", code="tokenizer_unavailable")
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = lambda x, indent=None, ensure_ascii=False: json.dumps(x, indent=indent, ensure_ascii=ensure_ascii)
+    env.globals["raise_exception"] = _raise
+    specials = {k: v for k, v in config.items() if k.endswith("_token") and isinstance(v, str)}
+    return env.from_string(source), specials
+
+
+def render_chat(folder: Path | None, messages: list[dict[str, Any]], add_generation_prompt: bool,
+                tools: list[dict[str, Any]] | None) -> str:
+    """The prompt text of ``messages`` under the chat template in ``folder``."""
+    if folder is None:
+        raise Unavailable("this gateway cannot read the model's tokenizer: set INFERQ_TOKENIZER_PATH",
+                          code="tokenizer_unavailable")
+    template, specials = _load(folder)
+    try:
+        return str(template.render(messages=messages, tools=tools, add_generation_prompt=add_generation_prompt,
+                                   **specials))
+    except (_TemplateRaised, TemplateError) as e:
+        raise InvalidRequest(f"the model's chat template refused these messages: {e}", param="messages") from e
