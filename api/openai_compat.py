@@ -56,8 +56,6 @@ def check_chat(req: ChatCompletionRequest, settings: Settings) -> None:
     check would name ``json_schema``)."""
     if (rf := req.response_format) is not None and rf.json_schema is not None:
         check_json(rf.json_schema.schema_, "response_format.json_schema.schema", settings)
-    if req.tools:
-        check_json([t.model_dump(exclude_none=True) for t in req.tools], "tools", settings)
 
 
 def chat_job(req: ChatCompletionRequest) -> JobRequest:

@@ -25,30 +25,38 @@ def _busy_s() -> float:
     return (sum(v[:8]) - idle) / _tick()
 
 
-def _tree_s(root: int) -> float:
-    """CPU time (user + system) of ``root`` and all its live descendants."""
-    parent: dict[int, int] = {}
-    used: dict[int, float] = {}
+def _processes() -> dict[int, tuple[int, float]]:
+    """Every live process: pid -> (parent pid, CPU seconds used, user + system)."""
+    out: dict[int, tuple[int, float]] = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         try:
             with open(f"/proc/{name}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
+            out[int(name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / _tick())
+        except (OSError, IndexError, ValueError):  # exited meanwhile
             continue
-        pid = int(name)
-        parent[pid] = int(fields[1])
-        used[pid] = (int(fields[11]) + int(fields[12])) / _tick()
+    return out
+
+
+def _descendants(root: int, procs: dict[int, tuple[int, float]]) -> list[int]:
+    """The live descendants of ``root`` (not ``root`` itself)."""
     children: dict[int, list[int]] = {}
-    for pid, ppid in parent.items():
+    for pid, (ppid, _) in procs.items():
         children.setdefault(ppid, []).append(pid)
-    total, stack = 0.0, [root]
+    out, stack = [], list(children.get(root, []))
     while stack:
         pid = stack.pop()
-        total += used.get(pid, 0.0)
+        out.append(pid)
         stack.extend(children.get(pid, []))
-    return total
+    return out
+
+
+def _tree_s(root: int) -> float:
+    """CPU time (user + system) of ``root`` and all its live descendants."""
+    procs = _processes()
+    return sum(procs[pid][1] for pid in [root, *_descendants(root, procs)] if pid in procs)
 
 
 @dataclass
@@ -90,24 +98,6 @@ def _comm(path: str) -> str:
         return f.read().strip()
 
 
-def _descendants(root: int) -> list[int]:
-    parent: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            parent.setdefault(ppid, []).append(int(name))
-    out, stack = [], list(parent.get(root, []))
-    while stack:
-        pid = stack.pop()
-        out.append(pid)
-        stack.extend(parent.get(pid, []))
-    return out
-
-
 #: (what a process's command line holds, the role it is named by), first match wins.
 ROLES = (("redis-server", "redis"), ("vllm.entrypoints", "vllm-serve"), ("inferq.cli api", "gateway"),
          ("inferq.cli worker", "worker"), ("celeryd", "worker"), ("multiprocessing.spawn", "worker frontend"),
@@ -133,7 +123,7 @@ def thread_times() -> dict[ThreadKey, tuple[str, float]] | None:
     try:
         root = int(os.environ.get(ROOT_ENV, os.getpid()))
         out: dict[ThreadKey, tuple[str, float]] = {}
-        for pid in _descendants(root):
+        for pid in _descendants(root, _processes()):
             try:
                 pname = _comm(f"/proc/{pid}")
                 if pname.startswith(ENGINE_PROCESS_PREFIXES) or pid == os.getpid():

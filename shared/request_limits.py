@@ -34,10 +34,10 @@ def check_limits(req: JobRequest, settings: Settings) -> None:
     for param, text in _texts(req):
         if not _encodable(text):
             _refuse(param, "is not valid Unicode (it holds a lone surrogate)")
+    if req.tools is not None:  # first: a forced tool call's json_schema is built from them
+        check_json(req.tools, "tools", s)
     if req.json_schema is not None:
         check_json(req.json_schema, "json_schema", s)
-    if req.tools is not None:
-        check_json(req.tools, "tools", s)
 
 
 def _texts(req: JobRequest) -> Iterator[tuple[str, str]]:
