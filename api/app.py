@@ -14,9 +14,11 @@ from inferq.api.admission import Admission
 from inferq.api.auth import KeyRing
 from inferq.api.deps import Caller
 from inferq.api.limits import BodyLimit
-from inferq.api.routes import health, jobs, openai, stream, tokenize
+from inferq.api.metrics import RequestMetrics, process_exit
+from inferq.api.routes import health, jobs, metrics, openai, stream, tokenize
 from inferq.api.service import JobService
 from inferq.api.streams import StreamHub
+from inferq.shared import logs
 from inferq.shared.redis import make_redis
 from inferq.shared.settings import Settings, get_settings
 from inferq.shared.store import JobStore
@@ -25,6 +27,7 @@ from inferq.shared.celery_app import make_celery
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
+    logs.setup(settings, "gateway")  # each of several gateway processes configures its own
     keyring = KeyRing.from_settings(settings)
 
     @asynccontextmanager
@@ -42,6 +45,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             await hub.stop()
             await redis.aclose()
+            process_exit()
 
     # With API keys, the schema needs a key too and the browser docs (which cannot send one) are off.
     app = FastAPI(title="inferq", version="0.1.0", lifespan=lifespan,
@@ -54,10 +58,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             return app.openapi()
 
     errors.install(app)
-    for module in (jobs, stream, openai, health, tokenize):
+    for module in (jobs, stream, openai, health, tokenize, metrics):
         app.include_router(module.router)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     if settings.origins:  # browser pages on these origins may call the API (keys go in headers)
         app.add_middleware(CORSMiddleware, allow_origins=settings.origins, allow_methods=["*"],
                            allow_headers=["*"], expose_headers=["Retry-After", "Location"])
+    app.add_middleware(RequestMetrics)  # outermost: sees every answer, 413s and CORS refusals too
     return app

@@ -18,6 +18,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from inferq.api.metrics import count_rejection
 from inferq.shared.errors import InferqError, InvalidRequest, NotFound, ServerError, Unavailable
 from inferq.shared.schemas import ErrorEvent, ErrorInfo
 
@@ -98,12 +99,16 @@ def to_response(exc: Exception) -> Response:
         headers["Retry-After"] = str(max(1, round(err.retry_after)))
     if status == 401:
         headers["WWW-Authenticate"] = "Bearer"
+    if status == 429:
+        count_rejection(err.code)
     return Response(error_body(err).model_dump_json(), status, headers, media_type="application/json")
 
 
 def ws_error_event(err: InferqError) -> ErrorEvent:
     """The ``error`` event a WebSocket gets when the gateway itself refuses or fails it; ``seq`` 0:
     it is not one of the job's events."""
+    if err.status == 429:
+        count_rejection(err.code)
     return ErrorEvent(seq=0, error=ErrorInfo.of(err))
 
 

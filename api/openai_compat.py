@@ -193,7 +193,7 @@ async def chat_chunks(hub: StreamHub, job_id: str, model: str,
                                            usage=usage).model_dump_json(exclude_none=True))
 
     calls = _StreamedCalls(req)
-    async for ev in hub.events(job_id, merge=True):
+    async for ev in hub.events(job_id, merge=True, kind="sse"):
         if ev.type == "restart" and not started:  # nothing sent yet: the next attempt just streams
             continue
         if ev.type == "token":
@@ -275,7 +275,7 @@ async def completion_chunks(hub: StreamHub, job_ids: list[str], model: str,
     total = Usage()
     for p, job_id in enumerate(job_ids):
         sent = False  # any of this job's text: a restart after it cannot be taken back
-        async for ev in hub.events(job_id, merge=True):
+        async for ev in hub.events(job_id, merge=True, kind="sse"):
             if ev.type == "restart" and not sent:  # nothing of it sent yet: the next attempt just streams
                 continue
             if ev.type == "token":

@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from inferq.api.metrics import CATCHUPS, StreamMeter
 from inferq.api.pubsub import Subscriber
 from inferq.shared import keys
 from inferq.shared.errors import job_not_found
@@ -63,6 +64,14 @@ class Frame(NamedTuple):
         """The text to send a client: a token event as it is; others in their canonical form
         (the Lua scripts write a few events with cjson, which orders and omits fields its own way)."""
         return self.raw if self.type == "token" else parse_event(self.raw).model_dump_json(exclude_none=True)
+
+
+class Head(NamedTuple):
+    """What a stream reads of the job's record with each log read."""
+
+    status: str
+    model: str
+    created_at: float
 
 
 def frame(raw: str) -> Frame:
@@ -136,7 +145,7 @@ class StreamHub:
         except (RedisConnectionError, RedisTimeoutError, OSError, TimeoutError) as e:
             log.warning("pub/sub %s %s failed (%r); relying on the log", command.__name__, channel, e)
 
-    async def _read(self, job_id: str, after: int) -> tuple[str, list[Frame]]:
+    async def _read(self, job_id: str, after: int) -> tuple[Head, list[Frame]]:
         """The job's status and its logged events after ``after``, read together (MULTI): a
         terminal status with nothing after ``after`` means there is nothing more. A job without
         a record is not found, whatever its log still holds: a log is never replayed without the
@@ -144,41 +153,46 @@ class StreamHub:
         async for attempt in redis_retrying():
             with attempt:
                 async with self.store.redis.pipeline(transaction=True) as p:
-                    p.hget(keys.job(job_id), "status")
+                    p.hmget(keys.job(job_id), "status", "model", "created_at")
                     p.xrange(keys.job_log(job_id), min=f"{after + 1}-0", max="+")
-                    status, rows = await p.execute()
+                    (status, model, created), rows = await p.execute()
                 if status is None:
                     raise job_not_found(job_id)
-                return str(json.loads(status)), [frame(fields["e"]) for _, fields in rows]
+                head = Head(str(json.loads(status)), str(json.loads(model or '""')), float(created or 0))
+                return head, [frame(fields["e"]) for _, fields in rows]
         raise AssertionError("unreachable")
 
-    async def events(self, job_id: str, after: int = 0, merge: bool = False) -> AsyncIterator[Event]:
+    async def events(self, job_id: str, after: int = 0, merge: bool = False,
+                     kind: str | None = None) -> AsyncIterator[Event]:
         """Every event of the job with ``seq > after``, exactly once and in order, up to the last.
         With ``merge``, token events that were already waiting together come as one (a reader
-        that is behind gets fewer, larger deltas; their ``seq`` is the last one's)."""
-        async for batch in self.batches(job_id, after):
+        that is behind gets fewer, larger deltas; their ``seq`` is the last one's). ``kind``: a
+        client stream of that kind (``ws``, ``sse``), counted in the gateway's metrics."""
+        async for batch in self.batches(job_id, after, kind):
             for ev in merged(batch) if merge else [f.event() for f in batch]:
                 yield ev
 
-    async def frames(self, job_id: str, after: int = 0) -> AsyncIterator[Frame]:
+    async def frames(self, job_id: str, after: int = 0, kind: str | None = None) -> AsyncIterator[Frame]:
         """:meth:`events`, unparsed."""
-        async for batch in self.batches(job_id, after):
+        async for batch in self.batches(job_id, after, kind):
             for f in batch:
                 yield f
 
-    async def batches(self, job_id: str, after: int = 0) -> AsyncIterator[list[Frame]]:
+    async def batches(self, job_id: str, after: int = 0, kind: str | None = None) -> AsyncIterator[list[Frame]]:
         """:meth:`frames` in lists: what the log held, or what arrived while the reader was busy."""
-        async with self._listen(job_id) as q:
-            last = after
+        async with self._listen(job_id) as q, StreamMeter(kind) as meter:
+            last, why = after, "start"
             while True:
-                status, backlog = await self._read(job_id, last)
+                job, backlog = await self._read(job_id, last)
                 if backlog:
+                    CATCHUPS.labels(why).inc()
                     head = _upto_terminal(backlog)
+                    meter.sent(head, job.model, job.created_at, live=job.status not in TERMINAL_STATUSES)
                     yield head
                     if head[-1].terminal:
                         return
                     last = head[-1].seq
-                elif status in TERMINAL_STATUSES:  # `after` is past its last event
+                elif job.status in TERMINAL_STATUSES:  # `after` is past its last event
                     return
                 # Live: forward until a gap or a quiet spell sends us back to the log.
                 gap = False
@@ -188,6 +202,7 @@ class StreamHub:
                             async with asyncio.timeout(self.idle_check_s):
                                 raws = [await q.get()]
                         except TimeoutError:
+                            why = "idle"
                             break
                     else:  # behind: no timer for what is already here
                         raws = []
@@ -200,15 +215,17 @@ class StreamHub:
                             continue
                         if f.seq > last + 1:  # what follows the gap is in the log too
                             self.gaps += 1
-                            gap = True
+                            gap, why = True, "gap"
                             break
                         batch.append(f)
                         last = f.seq
                         if f.terminal:
-                            yield batch
-                            return
+                            break
                     if batch:
+                        meter.sent(batch, job.model, job.created_at, live=True)
                         yield batch
+                        if batch[-1].terminal:
+                            return
 
 
 def _upto_terminal(frames: list[Frame]) -> list[Frame]:

@@ -3,28 +3,29 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 
+from inferq.shared import logs
 from inferq.shared.settings import get_settings
-
-
-def _logging(level: str) -> None:
-    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
 def cmd_api(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from inferq.api import metrics
     from inferq.api.app import create_app
 
     s = get_settings()
     workers = args.workers or s.api_workers
+    metrics.prepare_multiprocess()  # before any metric exists: the processes' counters add up
     # several processes need the app as an import string; they share nothing but Redis
     app = "inferq.api.app:create_app" if workers > 1 else create_app(s)
+    # JSON logs: uvicorn's own loggers go through the root handler (shared/logs.py) too
+    log_config = {} if s.log_format == "json" else uvicorn.config.LOGGING_CONFIG
     uvicorn.run(app, factory=workers > 1, workers=workers, host=args.host or s.host,
                 port=args.port or s.port, log_level=s.log_level.lower(), ws="websockets",
+                log_config=log_config or None,
                 ws_max_size=s.max_body_bytes, ws_per_message_deflate=s.ws_compression,
                 timeout_graceful_shutdown=5)
     return 0
@@ -98,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         sub.choices[name].add_argument("--url", help="gateway WebSocket base, e.g. ws://127.0.0.1:8000")
         sub.choices[name].add_argument("--raw", action="store_true", help="print the JSON events")
     args = parser.parse_args(argv)
-    _logging(get_settings().log_level)
+    logs.setup(get_settings(), {"api": "gateway", "worker": "worker"}.get(args.command, "inferq"))
     try:
         return int(args.func(args))
     except BrokenPipeError:  # `inferq stream ID | head`: the reader left, which is fine

@@ -14,6 +14,8 @@ inferq:worker:{wid}             string    the worker's :class:`shared.schemas.Wo
 inferq:worker:{wid}:jobs        set       ids of the jobs the worker is running (for the reaper)
 inferq:reaper                   string    lock: one worker at a time looks for dead workers (TTL)
 inferq:queued                   zset      queued job ids -> time queued (the reaper finds lost messages)
+inferq:stats                    hash      cluster-wide counters (jobs ended by model, status and code;
+                                          redeliveries; reaped workers; submissions): /metrics
 inferq:models                   zset      served model name -> last heartbeat (unix s); never pruned:
                                           readers keep only models seen within worker_ttl_s
 inferq.q.{model}[:{p}]          list      the model's Celery queue, one list per priority p (kombu)
@@ -38,6 +40,9 @@ _JOB_ID = re.compile(JOB_ID_PATTERN)
 MODEL_NAME_PATTERN = r"^[A-Za-z0-9._/@+-]+$"
 CONTROL_CHANNEL = f"{PREFIX}:control"
 MODELS = f"{PREFIX}:models"
+#: hash: cluster-wide counters, one field per (kind, labels): see :func:`stat`.
+STATS = f"{PREFIX}:stats"
+STAT_SEP = "|"  # never in a model name (MODEL_NAME_PATTERN), a status, a code or a reason
 REAPER_LOCK = f"{PREFIX}:reaper"
 #: zset: queued job id -> time it was (re)queued; the reaper re-sends one whose message was lost.
 QUEUED = f"{PREFIX}:queued"
@@ -112,3 +117,9 @@ def idempotency(subject: str, key_hash: str) -> str:
     """One Idempotency-Key of one subject (the key itself is stored hashed); expires
     ``Settings.idempotency_ttl_s``."""
     return f"{PREFIX}:idem:{subject}:{key_hash}"
+
+
+def stat(kind: str, *labels: str) -> str:
+    """A field of :data:`STATS`: ``end|model|status|code``, ``requeue|model|reason``,
+    ``reaped|model`` or ``submitted|model`` (the Lua scripts in shared/store.py build the same)."""
+    return STAT_SEP.join((kind, *labels))

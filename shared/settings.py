@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -37,6 +38,9 @@ class Settings(BaseSettings):
     job_ttl_s: int = Field(default=24 * 3600, ge=60, description="How long job records and logs live.")
     cache_dir: Path = Field(default=Path.home() / ".cache" / "inferq")
     log_level: str = "INFO"
+    log_format: Literal["plain", "json"] = Field(
+        default="plain", description="'json': one JSON object per line, lines about a job carrying its "
+        "job_id, model and worker_id (shared/logs.py).")
     tokenizer_path: Path | None = Field(
         default=None, description="Folder with the model's tokenizer.json, for the gateway's /tokenize and "
         "/detokenize; default: INFERQ_MODEL when it is a local folder, the built-in model's otherwise.")
@@ -119,6 +123,9 @@ class Settings(BaseSettings):
     scheduling_policy: str = Field(default="priority", description="vLLM scheduler: 'priority' or 'fcfs'.")
     visibility_timeout_s: int = Field(default=6 * 3600, ge=60)
     worker_id: str | None = None
+    metrics_port: int = Field(
+        default=9400, ge=0, le=65535, description="The worker's Prometheus /metrics port (vLLM's metrics "
+        "and inferq's); 0: off. An engine group's frontend i serves it on this port + i.")
 
     @property
     def reaper_budget(self) -> float:

@@ -37,6 +37,17 @@ _Q = json.dumps  # stored form of a string field: JSON
 APPEND_CHUNK = 256
 
 _LAST_SEQ = """
+local function text(v)
+  if type(v) == 'string' then return v end
+  return ''
+end
+-- one of the cluster-wide counters (keys.stat): kind|model|a[|b], the model from the job record
+local function count(stats, h, kind, a, b)
+  local m = redis.call('HGET', h, 'model')
+  local f = kind .. '|' .. text(m and cjson.decode(m)) .. '|' .. text(a)
+  if b then f = f .. '|' .. text(b) end
+  redis.call('HINCRBY', stats, f, 1)
+end
 local function last_seq(log)
   local last = redis.call('XREVRANGE', log, '+', '-', 'COUNT', 1)
   if #last == 0 then return 0 end
@@ -58,9 +69,9 @@ redis.call('ZREM', KEYS[4], ARGV[3])
 return {{st, attempt, last_seq(KEYS[2])}}
 """
 
-# KEYS: job hash, log, channel, queued zset. ARGV: now, job id, ttl.
+# KEYS: job hash, log, channel, queued zset, stats. ARGV: now, job id, ttl.
 # queued -> cancelled at once (with its final event); running -> flag it; else: nothing.
-_CANCEL = f"""
+_CANCEL = _LAST_SEQ + f"""
 local st = redis.call('HGET', KEYS[1], 'status')
 if not st then return nil end
 if st == '{_Q("queued")}' then
@@ -75,13 +86,14 @@ if st == '{_Q("queued")}' then
   redis.call('EXPIRE', KEYS[1], ARGV[3])
   redis.call('PUBLISH', KEYS[3], data)
   redis.call('ZREM', KEYS[4], ARGV[2])
+  count(KEYS[5], KEYS[1], 'end', 'cancelled', '')
 elseif st == '{_Q("running")}' then
   redis.call('HSET', KEYS[1], 'cancel_requested', 'true')
 end
 return st
 """
 
-# KEYS: job hash, worker's job set, log, channel. ARGV: attempt, job id, final event seq ('': right
+# KEYS: job hash, worker's job set, log, channel, stats. ARGV: attempt, job id, final event seq ('': right
 # after the last logged event), final event JSON, ttl, field, value, ... Writes the end (fields +
 # final event) only while this attempt owns the running job: a worker that lost the job is fenced
 # out. The end check: the final event must directly follow the last logged one, i.e. the log holds
@@ -103,6 +115,10 @@ elseif tonumber(ARGV[3]) ~= seq then
   redis.call('HSET', KEYS[1], 'status', '{_Q("failed")}', 'error', cjson.encode(err))
   result = 2
 end
+local st, code = cjson.decode(redis.call('HGET', KEYS[1], 'status')), ''
+local e = redis.call('HGET', KEYS[1], 'error')
+if st == 'failed' and e and e ~= 'null' then code = cjson.decode(e).code end
+count(KEYS[5], KEYS[1], 'end', st, code)
 redis.call('SREM', KEYS[2], ARGV[2])
 redis.call('XADD', KEYS[3], seq .. '-0', 'e', data)
 redis.call('EXPIRE', KEYS[3], ARGV[5])
@@ -145,7 +161,8 @@ end
 return out
 """
 
-# KEYS: job hash, log, channel, worker's job set, queued zset, the model's live workers zset (or any key).
+# KEYS: job hash, log, channel, worker's job set, queued zset, the model's live workers zset (or any
+# key), stats.
 # ARGV: worker id (JSON) or '', attempt or '', max attempts, now, reason, job id, ttl, claimed before
 # ('' = any time), the worker's last beat as the caller saw it ('' = don't check), worker id. Takes a running job back from a
 # worker that died, drains or lost its engine: cancelled if a cancel was pending, failed after max
@@ -178,18 +195,21 @@ if redis.call('HGET', KEYS[1], 'cancel_requested') == 'true' then
   redis.call('HSET', KEYS[1], 'status', '{_Q("cancelled")}', 'finished_at', ARGV[4],
              'finish_reason', '{_Q("cancelled")}')
   outcome = 'cancelled'
+  count(KEYS[7], KEYS[1], 'end', 'cancelled', '')
 elseif attempt >= tonumber(ARGV[3]) then
   local err = {{type='service_unavailable', code='worker_lost',
     message='the job was interrupted ' .. attempt .. ' times (last: ' .. ARGV[5] .. '); giving up'}}
   ev = {{type='error', seq=seq, error=err}}
   redis.call('HSET', KEYS[1], 'status', '{_Q("failed")}', 'finished_at', ARGV[4], 'error', cjson.encode(err))
   outcome = 'failed'
+  count(KEYS[7], KEYS[1], 'end', 'failed', 'worker_lost')
 else
   ev = {{type='restart', seq=seq, attempt=attempt, reason=ARGV[5]}}
   redis.call('HSET', KEYS[1], 'status', '{_Q("queued")}')
   redis.call('ZADD', KEYS[5], ARGV[4], ARGV[6])
   redis.call('HDEL', KEYS[1], 'worker')
   outcome = 'requeued'
+  count(KEYS[7], KEYS[1], 'requeue', ARGV[5])
 end
 local data = cjson.encode(ev)
 redis.call('XADD', KEYS[2], seq .. '-0', 'e', data)
@@ -202,7 +222,7 @@ return outcome
 # KEYS: job hash. ARGV: field, value, ... Sets them only if the record exists.
 _UPDATE = "if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end redis.call('HSET', KEYS[1], unpack(ARGV)) return 1"
 
-# KEYS: job hash, log, channel, queued zset. ARGV: now, job id, error (JSON), ttl.
+# KEYS: job hash, log, channel, queued zset, stats. ARGV: now, job id, error (JSON), ttl.
 # queued -> failed with its final `error` event (a job no worker can run); else: nothing.
 _FAIL_QUEUED = _LAST_SEQ + f"""
 if redis.call('HGET', KEYS[1], 'status') ~= '{_Q("queued")}' then return 0 end
@@ -214,6 +234,7 @@ redis.call('EXPIRE', KEYS[2], ARGV[4])
 redis.call('EXPIRE', KEYS[1], ARGV[4])
 redis.call('PUBLISH', KEYS[3], data)
 redis.call('ZREM', KEYS[4], ARGV[2])
+count(KEYS[5], KEYS[1], 'end', 'failed', cjson.decode(ARGV[3]).code)
 return 1
 """
 
@@ -254,6 +275,7 @@ class JobStore:
             p.hset(key, mapping=record.to_hash())
             p.expire(key, self.ttl_s)
             p.zadd(keys.QUEUED, {record.id: record.created_at})
+            p.hincrby(keys.STATS, keys.stat("submitted", record.model), 1)
             await p.execute()
 
     async def get(self, job_id: str) -> JobRecord | None:
@@ -279,7 +301,8 @@ class JobStore:
 
     async def request_cancel(self, job_id: str) -> JobStatus | None:
         """Cancel: a queued job ends now; a running one is flagged (its worker aborts it)."""
-        st = await self._cancel(keys=[keys.job(job_id), keys.job_log(job_id), keys.job_channel(job_id), keys.QUEUED],
+        st = await self._cancel(keys=[keys.job(job_id), keys.job_log(job_id), keys.job_channel(job_id), keys.QUEUED,
+                                      keys.STATS],
                                 args=[str(time.time()), job_id, self.ttl_s])
         return JobStatus(json.loads(st)) if st else None
 
@@ -298,7 +321,8 @@ class JobStore:
         (a failure's end). Returns the status written, or None (fenced out)."""
         flat: list[str] = [x for kv in hash_fields(**fields).items() for x in kv]
         res = await self._finish(
-            keys=[keys.job(job_id), keys.worker_jobs(worker_id), keys.job_log(job_id), keys.job_channel(job_id)],
+            keys=[keys.job(job_id), keys.worker_jobs(worker_id), keys.job_log(job_id), keys.job_channel(job_id),
+                  keys.STATS],
             args=[str(attempt), job_id, event.seq if check_log else "",
                   event.model_dump_json(exclude_none=True), self.ttl_s, *flat])
         if not res:
@@ -316,7 +340,7 @@ class JobStore:
         model, beat = silent if silent is not None else ("", None)
         return str(await self._requeue(
             keys=[keys.job(job_id), keys.job_log(job_id), keys.job_channel(job_id), keys.worker_jobs(wid),
-                  keys.QUEUED, keys.workers(model) if model else keys.QUEUED],
+                  keys.QUEUED, keys.workers(model) if model else keys.QUEUED, keys.STATS],
             args=[_Q(wid) if wid else "", "" if attempt is None else str(attempt), max_attempts,
                   str(time.time()), reason, job_id, self.ttl_s,
                   "" if claimed_before is None else repr(claimed_before),
@@ -326,7 +350,7 @@ class JobStore:
         """End a job that is still queued as failed, with its final ``error`` event (a job whose
         message no worker can decode). True if it was queued; otherwise nothing changes."""
         return bool(await self._fail_queued(
-            keys=[keys.job(job_id), keys.job_log(job_id), keys.job_channel(job_id), keys.QUEUED],
+            keys=[keys.job(job_id), keys.job_log(job_id), keys.job_channel(job_id), keys.QUEUED, keys.STATS],
             args=[str(time.time()), job_id, hash_fields(error=error)["error"], self.ttl_s]))
 
     async def append(self, items: Sequence[tuple[str, int, Event]]) -> list[Exception | bool]:

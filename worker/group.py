@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from typing import Any
 
+from inferq.shared import logs
 from inferq.shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -86,10 +87,9 @@ def _frontend_main(frontend: Frontend, loglevel: str) -> None:
 
     FRONTEND = frontend
     frontend.vllm_config.parallel_config._api_process_rank = frontend.index  # as vLLM's API servers
-    logging.basicConfig(level=loglevel.upper(),
-                        format=f"%(asctime)s %(levelname)s frontend-{frontend.index} %(name)s: %(message)s")
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the group, which sends SIGTERM
     s = get_settings()
+    logs.setup(s, "worker", prefix=f"frontend-{frontend.index} ")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the group, which sends SIGTERM
     consume(s, frontend_slots(s.max_num_seqs, frontend.count), loglevel)
 
 

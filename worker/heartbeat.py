@@ -67,6 +67,7 @@ class Heartbeat:
         self.redis: Redis | None = None
         self.trusted_since: float | None = None  # monotonic start of the current run of good beats
         self.reaped = 0  # times this worker found itself taken for dead
+        self.last_ok: float | None = None  # monotonic time of the last beat Redis took
         self._registered = False
         self._wake: asyncio.Event | None = None
         self._thread: LoopThread | None = None
@@ -151,7 +152,7 @@ class Heartbeat:
                 # the beat waited out an outage inside Redis retries, or this process was stalled:
                 # what it sees of others' beats is not to be trusted for a while
                 self.trusted_since = None
-            last_ok = now
+            last_ok = self.last_ok = now
             if self.trusted_since is None:
                 self.trusted_since = now
 

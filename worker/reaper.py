@@ -160,6 +160,7 @@ class Reaper:
             if not await self.redis.eval(_EXTEND, 1, keys.REAPER_LOCK, token, int(self.lock_ttl_s * 1000)):
                 raise LockLost
         if await forget_worker(self.redis, dead.model, dead.worker_id, dead.beat_before):
+            await self.redis.hincrby(keys.STATS, keys.stat("reaped", dead.model), 1)
             log.warning("worker %s stopped heartbeating; %d of its jobs were handed back", dead.worker_id, handed)
         return handed
 

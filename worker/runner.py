@@ -37,9 +37,11 @@ from inferq.shared.schemas import (
     TopLogprob,
     Usage,
 )
+from inferq.shared.logs import job_context
 from inferq.shared.redis import redis_retrying
 from inferq.shared.store import JobStore
 from inferq.worker.engine import EngineHost
+from inferq.worker.metrics import JOBS_CLAIMED, JOBS_FINISHED
 from inferq.worker.writer import EventWriter, FencedOut
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -163,9 +165,14 @@ class JobRunner:
         job = ActiveJob(task=asyncio.current_task())
         self._runs += 1
         self.idle.clear()
+        written: JobStatus | None = None
         try:
-            return await self._run(msg, job)
+            with job_context(msg.id):
+                written = await self._run(msg, job)
+            return written
         finally:
+            if job.attempt:  # this run claimed the job
+                JOBS_FINISHED.labels(msg.model, written.value if written else "not_ended").inc()
             self._runs -= 1
             if not self._runs:
                 self.idle.set()
@@ -191,6 +198,7 @@ class JobRunner:
                 log.info("job %s skipped: status %s", msg.id, claim and claim.previous.value)
                 return None
             job.attempt, progress.seq, claimed = claim.attempt, claim.last_seq, True
+            JOBS_CLAIMED.labels(msg.model).inc()
             self.writer.open(msg.id, job.attempt)
             if not self._take_over(msg.id, job):
                 return None

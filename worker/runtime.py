@@ -35,7 +35,8 @@ from inferq.shared.redis import make_redis
 from inferq.shared.schemas import JobMessage, JobStatus, WorkerInfo
 from inferq.shared.settings import Settings
 from inferq.shared.store import JobStore
-from inferq.worker import control
+from inferq.shared import logs
+from inferq.worker import control, metrics
 from inferq.worker.death import EngineDeath, hard_exit
 from inferq.worker.engine import EngineHost
 from inferq.worker.handback import LocalHandBack
@@ -56,7 +57,9 @@ class WorkerRuntime:
         self.id = settings.worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         if settings.worker_id and self.host.frontend is not None:  # the group's frontends share settings
             self.id = f"{settings.worker_id}-{self.host.frontend.index}"
+        logs.set_process_fields(worker_id=self.id)
         self.send = partial(send_job, celery)
+        self._metrics_close: Callable[[], None] | None = None
         self.started_at = time.time()
         self.draining = False
         self.stopping = False
@@ -81,6 +84,9 @@ class WorkerRuntime:
         gc.freeze()
         self.heartbeat.start(timeout=60)  # registered: gateways count it, Celery consumes right after
         self.reaper.start()
+        fe = self.host.frontend.index if self.host.frontend else 0
+        port = self.settings.metrics_port and self.settings.metrics_port + fe
+        self._metrics_close = metrics.serve(port, metrics.WorkerCollector(self, self.settings.model_name, fe))
         log.info("worker %s serving model %r from queue %s", self.id, self.settings.model_name,
                  keys.queue(self.settings.model_name))
 
@@ -88,7 +94,7 @@ class WorkerRuntime:
         s = self.settings
         self.redis = make_redis(s.redis_url, max_connections=16)
         store = JobStore(self.redis, s.job_ttl_s)
-        writer = EventWriter(store, budget_s=s.event_write_budget_s)
+        writer = EventWriter(store, budget_s=s.event_write_budget_s, model=s.model_name)
         writer.start()
         self.runner = JobRunner(self.host, store, writer, self.id, s.default_max_tokens,
                                 priority_scheduling=s.scheduling_policy == "priority",
@@ -122,6 +128,8 @@ class WorkerRuntime:
     def stop(self) -> None:
         """Stop judging others, deregister, close the job path, stop the engine."""
         self.stopping = True
+        if self._metrics_close is not None:
+            self._metrics_close()
         self.reaper.stop()
         self.heartbeat.stop()
         try:
@@ -168,6 +176,12 @@ class WorkerRuntime:
             draining=self.draining, stats=stats,
             frontend=fe.index if (fe := self.host.frontend) else 0, frontends=fe.count if fe else 1,
         )
+
+    def held_jobs(self) -> int:
+        return len(self.runner.active) if self.runner is not None else 0
+
+    def last_beat(self) -> float | None:
+        return self.heartbeat.last_ok
 
     def claimed(self) -> dict[str, int]:
         active = dict(self.runner.active) if self.runner is not None else {}  # one C-level copy

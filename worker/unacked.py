@@ -85,6 +85,7 @@ async def sweep_unacked(store: JobStore, send: Send, entries: UnackedEntries, de
             requeued_at = await store.redis.zscore(keys.QUEUED, rec.id)
             if requeued_at is None or requeued_at <= delivered_before:  # no newer message was sent
                 await asyncio.to_thread(send, rec.message())
+                await store.redis.hincrby(keys.STATS, keys.stat("requeue", rec.model, "message_stranded"), 1)
                 resent += 1
                 log.warning("job %s: its message was stranded with a lost worker; re-sent", rec.id)
         await entries.drop(tag)
@@ -116,6 +117,7 @@ async def sweep_queued(store: JobStore, send: Send, entries: UnackedEntries, que
         if depth == 0 and job_id not in held:
             await asyncio.to_thread(send, rec.message())
             await redis.zadd(keys.QUEUED, {job_id: now})
+            await redis.hincrby(keys.STATS, keys.stat("requeue", rec.model, "message_lost"), 1)
             resent += 1
             log.warning("job %s: queued with no message anywhere; re-sent", job_id)
     return resent

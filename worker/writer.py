@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from inferq.shared.redis import redis_retrying
 from inferq.shared.schemas import TokenEvent
 from inferq.shared.store import Event, JobStore, is_duplicate_id
+from inferq.worker.metrics import EVENT_BATCH, EVENT_WRITE
 
 log = logging.getLogger(__name__)
 MAX_BATCH = 1024
@@ -29,8 +31,9 @@ class FencedOut(Exception):
 
 
 class EventWriter:
-    def __init__(self, store: JobStore, budget_s: float = 30.0) -> None:
+    def __init__(self, store: JobStore, budget_s: float = 30.0, model: str = "") -> None:
         self.store = store
+        self._batch_size, self._write_time = EVENT_BATCH.labels(model), EVENT_WRITE.labels(model)
         self.budget_s = budget_s  # a batch not written after this long (a Redis outage) is lost
         self._queue: asyncio.Queue[tuple[str, int, Event | None, asyncio.Future[None] | None]] = asyncio.Queue()
         self.failed: dict[Key, Exception] = {}  # per attempt: why its events stopped being written
@@ -105,10 +108,14 @@ class EventWriter:
                 if key not in self.failed:  # queued before its attempt failed: never sent
                     events.append((job_id, attempt, ev))
             self._sending = True
+            started = time.perf_counter()
             try:
                 results = await self._send(events) if events else []
             finally:
                 self._sending = False
+            if events:
+                self._write_time.observe(time.perf_counter() - started)
+                self._batch_size.observe(len(events))
             for (job_id, attempt, _), res in zip(events, results):
                 err = FencedOut(job_id) if res is False else (res if isinstance(res, Exception) else None)
                 key = (job_id, attempt)

@@ -75,7 +75,7 @@ async def _follow(ws: WebSocket, hub: Hub, job_id: str, after: int,
     """Send the job's events from ``after`` on; stop when it ends or the client goes away."""
 
     async def send_all() -> None:
-        async for f in hub.frames(job_id, after):
+        async for f in hub.frames(job_id, after, kind="ws"):
             await ws.send_text(f.json())
 
     sender = asyncio.create_task(send_all())

@@ -168,13 +168,13 @@ class ScriptedHub:
     frames_: list[Frame] = field(default_factory=list)
     then: Exception | None = None
 
-    async def frames(self, job_id: str, after: int = 0) -> AsyncIterator[Frame]:
+    async def frames(self, job_id: str, after: int = 0, kind: str | None = None) -> AsyncIterator[Frame]:
         for f in self.frames_:
             yield f
         if self.then is not None:
             raise self.then
 
-    async def events(self, job_id: str, after: int = 0, merge: bool = False) -> AsyncIterator[object]:
+    async def events(self, job_id: str, after: int = 0, merge: bool = False, kind: str | None = None) -> AsyncIterator[object]:
         async for f in self.frames(job_id, after):
             yield f.event()
 

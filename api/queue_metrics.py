@@ -1,0 +1,149 @@
+"""The cluster's queue metrics, read from Redis when ``/metrics`` is scraped.
+
+They describe the whole deployment (every gateway and worker shares the one Redis), so they are
+the same whichever gateway answers: aggregate them with ``max``, never ``sum``, across gateways
+(docs/operations.md). Counters are kept in Redis (``inferq:stats``, written by the Lua scripts
+of shared/store.py and by the reaper) so that they survive gateway restarts and count each event
+once, whichever process saw it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from redis.asyncio import Redis
+
+from inferq.shared import keys
+from inferq.shared.schemas import WorkerInfo
+
+# KEYS: a model's priority lists, then the queued zset. The oldest message of each list (kombu
+# pushes on the left, workers pop on the right) -> its job's (re)queue time; returns the earliest.
+_OLDEST = """
+local oldest = false
+for i = 1, #KEYS - 1 do
+  local raw = redis.call('LINDEX', KEYS[i], -1)
+  if raw then
+    local ok, msg = pcall(cjson.decode, raw)
+    local id = ok and type(msg) == 'table' and type(msg.headers) == 'table' and msg.headers.id
+    local at = type(id) == 'string' and redis.call('ZSCORE', KEYS[#KEYS], id)
+    if at and (not oldest or tonumber(at) < oldest) then oldest = tonumber(at) end
+  end
+end
+if oldest then return tostring(oldest) end
+return false
+"""
+
+
+_ARITY = {"submitted": 1, "end": 3, "requeue": 2, "reaped": 1}  # labels of each kind of keys.stat()
+
+
+@dataclass
+class QueueSnapshot:
+    """What Redis said, at one moment."""
+
+    now: float
+    depth: dict[tuple[str, int], int] = field(default_factory=dict)  # (model, priority) -> messages
+    oldest: dict[str, float] = field(default_factory=dict)  # model -> oldest queued job's time
+    workers: dict[tuple[str, str], int] = field(default_factory=dict)  # (model, live|draining) -> n
+    running: dict[str, int] = field(default_factory=dict)  # model -> jobs its live workers hold
+    stats: dict[str, int] = field(default_factory=dict)  # inferq:stats
+
+
+async def snapshot(redis: Redis, default_model: str, ttl_s: float, window_s: float) -> QueueSnapshot:
+    """Read the queues of the default model and of every model served within ``window_s``."""
+    now = time.time()
+    models = {default_model, *await redis.zrangebyscore(keys.MODELS, now - window_s, "+inf")}
+    snap = QueueSnapshot(now, stats={k: int(v) for k, v in (await redis.hgetall(keys.STATS)).items()})
+    for model in sorted(models):
+        lists = keys.queue_lists(model)
+        async with redis.pipeline(transaction=False) as p:
+            for name in lists:
+                p.llen(name)
+            p.eval(_OLDEST, len(lists) + 1, *lists, keys.QUEUED)
+            p.zrangebyscore(keys.workers(model), now - ttl_s, "+inf")
+            *lengths, oldest, wids = await p.execute()
+        snap.depth.update({(model, prio): n for prio, n in zip(keys.PRIORITIES, lengths)})
+        if oldest is not None:
+            snap.oldest[model] = float(oldest)
+        infos = [WorkerInfo.model_validate_json(r) for r in await redis.mget([keys.worker(w) for w in wids]) if r] \
+            if wids else []
+        snap.workers[(model, "live")] = sum(not w.draining for w in infos)
+        snap.workers[(model, "draining")] = sum(w.draining for w in infos)
+        if wids:
+            async with redis.pipeline(transaction=False) as p:
+                for w in wids:
+                    p.scard(keys.worker_jobs(w))
+                snap.running[model] = sum(await p.execute())
+        else:
+            snap.running[model] = 0
+    return snap
+
+
+class QueueCollector(Collector):
+    """The snapshot as Prometheus metrics."""
+
+    def __init__(self, snap: QueueSnapshot) -> None:
+        self.snap = snap
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.snap
+        depth = GaugeMetricFamily("inferq_queue_jobs", "Jobs waiting in a model's queue, by priority "
+                                  "(0 most urgent).", labels=["model", "priority"])
+        for (model, prio), n in s.depth.items():
+            depth.add_metric([model, str(prio)], n)
+        yield depth
+        age = GaugeMetricFamily("inferq_queue_oldest_job_age_seconds", "Age of the oldest job waiting "
+                                "in a model's queue since it was (re)queued; 0 when none waits.", labels=["model"])
+        for model in {m for m, _ in s.depth}:
+            age.add_metric([model], max(0.0, s.now - s.oldest[model]) if model in s.oldest else 0.0)
+        yield age
+        jobs = GaugeMetricFamily("inferq_jobs", "Jobs not finished, by status (queued: messages in the "
+                                 "queue; running: held by live workers).", labels=["model", "status"])
+        for model in {m for m, _ in s.depth}:
+            jobs.add_metric([model, "queued"], sum(n for (m, _), n in s.depth.items() if m == model))
+            jobs.add_metric([model, "running"], s.running.get(model, 0))
+        yield jobs
+        workers = GaugeMetricFamily("inferq_workers", "Workers heartbeating, live or draining.",
+                                    labels=["model", "state"])
+        for (model, state), n in s.workers.items():
+            workers.add_metric([model, state], n)
+        yield workers
+        yield from self._counters()
+
+    def _counters(self) -> Iterator[Metric]:
+        fams = {
+            "submitted": CounterMetricFamily("inferq_jobs_submitted", "Jobs accepted into the queue.",
+                                             labels=["model"]),
+            "end": CounterMetricFamily("inferq_jobs_finished", "Jobs that reached a terminal status, by "
+                                       "status and error code ('' unless failed).", labels=["model", "status", "code"]),
+            "requeue": CounterMetricFamily("inferq_job_redeliveries", "Jobs sent to the queue again, by "
+                                           "reason (worker_lost, engine_failure, worker_shutdown, "
+                                           "event_write_failed, message_lost, message_stranded).",
+                                           labels=["model", "reason"]),
+            "reaped": CounterMetricFamily("inferq_workers_reaped", "Workers found dead (no heartbeat for "
+                                          "INFERQ_WORKER_TTL_S) and removed by a reaper.", labels=["model"]),
+        }
+        expired = CounterMetricFamily("inferq_job_deadline_expiries", "Jobs that failed at their deadline "
+                                      "(inferq_jobs_finished_total with code deadline_exceeded).", labels=["model"])
+        deadline: dict[str, int] = {}
+        for name, n in self.snap.stats.items():
+            kind, *labels = name.split(keys.STAT_SEP)
+            if kind in fams and len(labels) == _ARITY[kind]:
+                fams[kind].add_metric(labels, n)
+            if kind == "end" and labels[-1:] == ["deadline_exceeded"]:
+                deadline[labels[0]] = deadline.get(labels[0], 0) + n
+        for model, n in deadline.items():
+            expired.add_metric([model], n)
+        yield from fams.values()
+        yield expired
+
+
+def exposition(snap: QueueSnapshot) -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(QueueCollector(snap))
+    return generate_latest(registry)

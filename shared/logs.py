@@ -1,0 +1,76 @@
+"""Logging for every inferq process: plain lines (the default) or JSON, one object per line.
+
+``INFERQ_LOG_FORMAT=json`` turns on JSON (python-json-logger). Every line then carries the
+process's ``component`` (gateway, worker) and, where known, ``worker_id`` and ``model``; a line
+logged while a job is being handled carries its ``job_id`` too. The job comes from a context
+variable (:func:`job_context`) that asyncio copies into every task a job's coroutine starts, so a
+log call needs no ``extra=``; an explicit ``extra={"job_id": ...}`` wins over it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
+from pythonjsonlogger.json import JsonFormatter
+
+from inferq.shared.settings import Settings
+
+PLAIN_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+#: The job a log line is about (set around the code that handles one job).
+current_job: ContextVar[str | None] = ContextVar("inferq_job", default=None)
+#: Fields every line of this process carries (component, worker_id, model), set once known.
+_process: dict[str, str] = {}
+
+
+class JobFields(logging.Filter):
+    """Adds ``job_id`` (from :data:`current_job`) and the process's fields to each record."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, "job_id", None) is None:
+            record.job_id = current_job.get()
+        for k, v in _process.items():
+            if getattr(record, k, None) is None:
+                setattr(record, k, v)
+        return True
+
+
+@contextmanager
+def job_context(job_id: str) -> Iterator[None]:
+    """Lines logged inside (and in tasks started inside) are about ``job_id``."""
+    token = current_job.set(job_id)
+    try:
+        yield
+    finally:
+        current_job.reset(token)
+
+
+def set_process_fields(**fields: str | None) -> None:
+    """Fields every later line of this process carries (e.g. ``worker_id`` once it is chosen)."""
+    _process.update({k: v for k, v in fields.items() if v is not None})
+
+
+def formatter(fmt: str, prefix: str = "") -> logging.Formatter:
+    """The formatter for ``fmt`` ('plain' or 'json'); ``prefix`` goes before a plain line's logger name."""
+    if fmt == "json":
+        return JsonFormatter("%(asctime)s %(levelname)s %(name)s %(message)s %(job_id)s",
+                             rename_fields={"asctime": "time", "levelname": "level", "name": "logger"},
+                             timestamp=False)
+    return logging.Formatter(PLAIN_FORMAT.replace("%(name)s", f"{prefix}%(name)s"))
+
+
+def setup(settings: Settings, component: str, prefix: str = "") -> None:
+    """Configure the root logger, as ``logging.basicConfig`` does: only if it has no handler yet
+    (a host that set up logging, a test runner, keeps its own). Later calls only update the
+    process fields."""
+    set_process_fields(component=component, model=settings.model_name)
+    root = logging.getLogger()
+    if root.handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(formatter(settings.log_format, prefix))
+    handler.addFilter(JobFields())
+    root.addHandler(handler)
+    root.setLevel(settings.log_level.upper())

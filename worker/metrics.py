@@ -1,0 +1,89 @@
+"""The worker's Prometheus metrics, served on ``INFERQ_METRICS_PORT`` (docs/operations.md lists them).
+
+One registry per process: prometheus-client's default one, where vLLM's own stat logger already
+registers its ``vllm:*`` metrics (labelled ``model_name``), so the port serves both. inferq's own
+are the ``inferq_worker_*`` metrics below; the ones read from the running worker (heartbeat age,
+draining, held jobs) are collected at scrape time by :class:`WorkerCollector`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from typing import Protocol
+
+from prometheus_client import REGISTRY, Counter, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+log = logging.getLogger(__name__)
+
+JOBS_CLAIMED = Counter("inferq_worker_jobs_claimed_total", "Jobs this worker claimed (attempts started).",
+                       ["model_name"])
+JOBS_FINISHED = Counter(
+    "inferq_worker_jobs_finished_total", "Attempts that ended on this worker, by outcome: the status it "
+    "wrote (succeeded, failed, cancelled), or not_ended (handed back to the queue, superseded, fenced out).",
+    ["model_name", "outcome"])
+EVENT_BATCH = Histogram("inferq_worker_event_batch_size", "Events the event writer sent in one round trip.",
+                        ["model_name"], buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024))
+EVENT_WRITE = Histogram("inferq_worker_event_write_seconds", "Time of one event-writer round trip to Redis.",
+                        ["model_name"], buckets=(.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 5))
+
+
+class WorkerState(Protocol):
+    """What the collector reads from the running worker (worker/runtime.py)."""
+
+    id: str
+    draining: bool
+
+    def held_jobs(self) -> int: ...
+    def last_beat(self) -> float | None: ...
+
+
+class WorkerCollector(Collector):
+    """The worker's live state, read at scrape time."""
+
+    def __init__(self, worker: WorkerState, model: str, frontend: int,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.worker, self.model, self.frontend, self.clock = worker, model, str(frontend), clock
+
+    def collect(self) -> Iterator[Metric]:
+        w, labels = self.worker, [self.model]
+        info = GaugeMetricFamily("inferq_worker_info", "This worker: 1, labelled with its id.",
+                                 labels=["model_name", "worker_id", "frontend"])
+        info.add_metric([self.model, w.id, self.frontend], 1)
+        yield info
+        beat = w.last_beat()
+        age = GaugeMetricFamily("inferq_worker_heartbeat_age_seconds", "Seconds since Redis last took "
+                                "this worker's heartbeat (+Inf before the first).", labels=["model_name"])
+        age.add_metric(labels, float("inf") if beat is None else self.clock() - beat)
+        yield age
+        draining = GaugeMetricFamily("inferq_worker_draining", "1 while the worker drains (SIGTERM).",
+                                     labels=["model_name"])
+        draining.add_metric(labels, 1.0 if w.draining else 0.0)
+        yield draining
+        held = GaugeMetricFamily("inferq_worker_jobs_running", "Jobs this worker holds now.",
+                                 labels=["model_name"])
+        held.add_metric(labels, w.held_jobs())
+        yield held
+
+
+def serve(port: int, collector: Collector) -> Callable[[], None]:
+    """Register ``collector`` and serve the registry on ``port`` (0: only register). Returns the
+    function that unregisters it. A port that is taken is logged, not fatal: jobs matter more."""
+    REGISTRY.register(collector)
+    server = None
+    if port:
+        try:
+            server, _ = start_http_server(port, registry=REGISTRY)
+            log.info("metrics on :%d/metrics", port)
+        except OSError as e:
+            log.warning("metrics port %d unavailable (%s); serving without /metrics", port, e)
+
+    def close() -> None:
+        REGISTRY.unregister(collector)
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+    return close
