@@ -14,7 +14,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup run test test-heavy test-faults test-unit redis-server bench chaos clean
+.PHONY: setup run test test-heavy test-faults test-unit system-packages bench chaos clean
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" || { echo "need one of $(PYTHONS) (CPython 3.11 or later; 3.11 preferred)"; exit 1; }
@@ -28,12 +28,14 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
 	touch $(STAMP)
 
-setup: $(STAMP) redis-server
+setup: $(STAMP) system-packages
 
-redis-server:
-	@command -v redis-server >/dev/null || { \
-	  echo "installing redis-server (Debian package)"; \
-	  (apt-get update -qq && apt-get install -y -qq redis-server) >/dev/null; }
+# Debian packages: redis-server (make run, the tests), prometheus (the metrics test scrapes with it)
+system-packages:
+	@missing=; command -v redis-server >/dev/null || missing="redis-server"; \
+	command -v prometheus >/dev/null || missing="$$missing prometheus"; \
+	test -z "$$missing" || { echo "installing$$missing (Debian packages)"; \
+	  (apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing) >/dev/null; }
 
 run: setup
 	$(VENV)/bin/inferq up

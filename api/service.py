@@ -112,6 +112,8 @@ class JobService:
                                     error=ErrorInfo.of(failed))
             raise Unavailable("the queue (Redis) is unavailable; retry shortly", code="enqueue_failed",
                               retry_after=1.0) from e
+        log.info("job %s queued (model %s, priority %d)", record.id, model, req.priority,
+                 extra={"job_id": record.id, "model": model})
         return record
 
     async def record(self, job_id: str, caller: Principal | None = None) -> JobRecord:

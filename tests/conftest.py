@@ -65,6 +65,7 @@ def inferq_env(redis_url: str, **extra: str) -> dict[str, str]:
         INFERQ_HEARTBEAT_S="0.5",
         INFERQ_WORKER_TTL_S="3",
         INFERQ_DEFAULT_MAX_TOKENS="32",
+        INFERQ_METRICS_PORT="0",  # a test that scrapes a worker gives it a free port
         PYTHONUNBUFFERED="1",
         VLLM_NO_USAGE_STATS="1",
         HF_HUB_OFFLINE="1",
@@ -81,6 +82,7 @@ class Stack:
     redis: RedisServer
     workers: dict[str, Service] = field(default_factory=dict)
     gateway: Service | None = None
+    metrics_ports: dict[str, int] = field(default_factory=dict)  # worker id -> its /metrics port
 
     def http(self) -> httpx.Client:
         return httpx.Client(base_url=self.base, timeout=60)
@@ -94,8 +96,9 @@ def stack(redis_server: RedisServer, logdir: Path) -> Iterator[Stack]:
     st = Stack(f"http://127.0.0.1:{port}", f"ws://127.0.0.1:{port}", redis_server)
     try:
         for wid in ("w1", "w2"):
-            st.workers[wid] = spawn(f"worker-{wid}", [*py, "worker"],
-                                    inferq_env(redis_server.url, INFERQ_WORKER_ID=wid), logdir)
+            st.metrics_ports[wid] = free_port()
+            st.workers[wid] = spawn(f"worker-{wid}", [*py, "worker"], inferq_env(
+                redis_server.url, INFERQ_WORKER_ID=wid, INFERQ_METRICS_PORT=str(st.metrics_ports[wid])), logdir)
         st.gateway = spawn("gateway", [*py, "api", "--port", str(port)], inferq_env(redis_server.url), logdir)
 
         def ready() -> bool:

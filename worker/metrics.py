@@ -13,7 +13,10 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
-from prometheus_client import REGISTRY, Counter, Histogram, start_http_server
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -69,6 +72,26 @@ class WorkerCollector(Collector):
         yield held
 
 
+class _Handler(BaseHTTPRequestHandler):
+    """``GET /metrics`` in Prometheus' text format, always: under OpenMetrics negotiation
+    prometheus-client would rename ``vllm:*`` to ``vllm_*``, and dashboards and alerts written
+    against vLLM use the standard names."""
+
+    def do_GET(self) -> None:  # noqa: N802 (the http.server API)
+        if self.path.split("?")[0] not in ("/metrics", "/"):
+            self.send_error(404)
+            return
+        body = generate_latest(REGISTRY)
+        self.send_response(200)
+        self.send_header("Content-Type", CONTENT_TYPE_LATEST)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:  # scrapes are not news
+        pass
+
+
 def serve(port: int, collector: Collector) -> Callable[[], None]:
     """Register ``collector`` and serve the registry on ``port`` (0: only register). Returns the
     function that unregisters it. A port that is taken is logged, not fatal: jobs matter more."""
@@ -76,7 +99,9 @@ def serve(port: int, collector: Collector) -> Callable[[], None]:
     server = None
     if port:
         try:
-            server, _ = start_http_server(port, registry=REGISTRY)
+            server = ThreadingHTTPServer(("0.0.0.0", port), _Handler)
+            server.daemon_threads = True
+            threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
             log.info("metrics on :%d/metrics", port)
         except OSError as e:
             log.warning("metrics port %d unavailable (%s); serving without /metrics", port, e)

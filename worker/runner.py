@@ -173,6 +173,8 @@ class JobRunner:
         finally:
             if job.attempt:  # this run claimed the job
                 JOBS_FINISHED.labels(msg.model, written.value if written else "not_ended").inc()
+                log.info("job %s attempt %d: %s", msg.id, job.attempt, written.value if written else "not ended here",
+                         extra={"job_id": msg.id})
             self._runs -= 1
             if not self._runs:
                 self.idle.set()
