@@ -13,5 +13,5 @@ RUN pip install ".[${ENGINE}]"
 # PyPI's torchvision/torchaudio/torchcodec do not match vLLM's torch (pip skips those not installed)
 RUN pip uninstall -y torchvision torchaudio torchcodec
 RUN python -c "import inferq.api.app, inferq.worker.tasks" && inferq --help >/dev/null
-EXPOSE 8000
+EXPOSE 8000 9400
 CMD ["inferq", "api", "--host", "0.0.0.0", "--port", "8000"]

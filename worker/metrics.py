@@ -77,8 +77,19 @@ class _Handler(BaseHTTPRequestHandler):
     prometheus-client would rename ``vllm:*`` to ``vllm_*``, and dashboards and alerts written
     against vLLM use the standard names."""
 
+    ready: Callable[[], bool] = staticmethod(lambda: True)
+
     def do_GET(self) -> None:  # noqa: N802 (the http.server API)
-        if self.path.split("?")[0] not in ("/metrics", "/"):
+        path = self.path.split("?")[0]
+        if path == "/ready":  # a readiness probe: 200 while the heartbeat is fresh and not draining
+            ok = self.ready()
+            body = b"ready\n" if ok else b"not ready\n"
+            self.send_response(200 if ok else 503)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        if path not in ("/metrics", "/"):
             self.send_error(404)
             return
         body = generate_latest(REGISTRY)
@@ -92,14 +103,16 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
 
-def serve(port: int, collector: Collector) -> Callable[[], None]:
-    """Register ``collector`` and serve the registry on ``port`` (0: only register). Returns the
-    function that unregisters it. A port that is taken is logged, not fatal: jobs matter more."""
+def serve(port: int, collector: Collector, ready: Callable[[], bool]) -> Callable[[], None]:
+    """Register ``collector`` and serve the registry on ``port`` (0: only register), with
+    ``/ready`` answering ``ready()``. Returns the function that unregisters it and stops the
+    server. A port that is taken is logged, not fatal: jobs matter more."""
     REGISTRY.register(collector)
     server = None
     if port:
         try:
-            server = ThreadingHTTPServer(("0.0.0.0", port), _Handler)
+            handler = type("Handler", (_Handler,), {"ready": staticmethod(ready)})
+            server = ThreadingHTTPServer(("0.0.0.0", port), handler)
             server.daemon_threads = True
             threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
             log.info("metrics on :%d/metrics", port)

@@ -86,7 +86,8 @@ class WorkerRuntime:
         self.reaper.start()
         fe = self.host.frontend.index if self.host.frontend else 0
         port = self.settings.metrics_port and self.settings.metrics_port + fe
-        self._metrics_close = metrics.serve(port, metrics.WorkerCollector(self, self.settings.model_name, fe))
+        self._metrics_close = metrics.serve(port, metrics.WorkerCollector(self, self.settings.model_name, fe),
+                                            self.ready)
         log.info("worker %s serving model %r from queue %s", self.id, self.settings.model_name,
                  keys.queue(self.settings.model_name))
 
@@ -176,6 +177,12 @@ class WorkerRuntime:
             draining=self.draining, stats=stats,
             frontend=fe.index if (fe := self.host.frontend) else 0, frontends=fe.count if fe else 1,
         )
+
+    def ready(self) -> bool:
+        """Serving: Redis took a heartbeat within the TTL, not draining, the engine alive."""
+        beat = self.heartbeat.last_ok
+        return (beat is not None and time.monotonic() - beat < self.settings.worker_ttl_s
+                and not self.draining and not self.death.triggered)
 
     def held_jobs(self) -> int:
         return len(self.runner.active) if self.runner is not None else 0

@@ -5,6 +5,8 @@ counter must move by exactly what the test did, read back through Prometheus' qu
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 import shutil
 import sys
 import time
@@ -13,6 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 from openai import OpenAI
 
 from tests.conftest import Stack, free_port, inferq_env, spawn, wait_for
@@ -163,3 +166,20 @@ def test_gauges_and_vllm_metrics_are_labelled(stack: Stack, prometheus: Promethe
     assert prometheus.query("sum(inferq_worker_draining)") == 0
     assert prometheus.query("max(inferq_redis_up)") == 1
     assert prometheus.query('sum(inferq_open_streams)') == 0  # every stream above has closed
+
+
+def test_dashboard_and_alert_queries_run_on_real_data(stack: Stack, prometheus: Prometheus) -> None:
+    """What deploy/ asks of Prometheus parses and, for the series it names, finds them."""
+    root = Path(__file__).resolve().parents[2] / "deploy"
+    rules = yaml.safe_load((root / "prometheus" / "alerts.yml").read_text())
+    dash = json.loads((root / "grafana" / "dashboards" / "inferq.json").read_text())
+    exprs = [r["expr"] for g in rules["groups"] for r in g["rules"]] + \
+        [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    for expr in exprs:
+        r = httpx.get(f"{prometheus.base}/api/v1/query", params={"query": expr}, timeout=10)
+        assert r.status_code == 200 and r.json()["status"] == "success", (expr, r.text)
+        for name in re.findall(r"\b((?:inferq_|vllm:)[a-z_:]+)", expr):
+            if name.startswith("vllm:") or name in ("inferq_jobs", "inferq_workers", "inferq_queue_jobs"):
+                assert (prometheus.query(f"count({{__name__=\"{name}\"}})") or 0) > 0, name
+    for port in stack.metrics_ports.values():  # the worker's readiness probe
+        assert httpx.get(f"http://127.0.0.1:{port}/ready", timeout=5).status_code == 200

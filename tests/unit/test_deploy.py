@@ -1,0 +1,164 @@
+"""deploy/: the Kubernetes manifests validate against Kubernetes' schemas and agree with the code
+(setting names, queue names, metric names, drain timing); Prometheus' config and alert rules pass
+promtool; the Grafana dashboard and the compose profile name only what exists."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from inferq.api import queue_metrics
+from inferq.api.metrics import REQUESTS  # noqa: F401  (registers the gateway's metrics)
+from inferq.shared import keys
+from inferq.shared.schemas import JobRequest
+from inferq.shared.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+K8S = ROOT / "deploy" / "k8s"
+KEDA = "keda.sh/v1alpha1"
+
+
+def _docs() -> list[dict[str, Any]]:
+    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    return [d for f in kustomization["resources"] for d in yaml.safe_load_all((K8S / f).read_text()) if d]
+
+
+def _one(kind: str, name: str) -> dict[str, Any]:
+    [doc] = [d for d in _docs() if d["kind"] == kind and d["metadata"]["name"] == name]
+    return doc
+
+
+def _config() -> dict[str, str]:
+    return _one("ConfigMap", "inferq-config")["data"]
+
+
+def _settings() -> Settings:
+    return Settings(**{k.removeprefix("INFERQ_").lower(): v for k, v in _config().items()})
+
+
+def _metric_names() -> set[str]:
+    """Every series name the gateway and the worker can export (vLLM's own: VLLM_METRICS)."""
+    from prometheus_client import REGISTRY
+
+    import inferq.worker.metrics
+
+    snap = queue_metrics.QueueSnapshot(0.0)
+    collectors = [REGISTRY, queue_metrics.QueueCollector(snap),
+                  inferq.worker.metrics.WorkerCollector(_Idle(), "m", 0)]
+    suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_count", "_sum"], "gauge": [""]}
+    names = {fam.name + sfx for c in collectors for fam in c.collect() for sfx in suffixes.get(fam.type, [""])}
+    return names | {"inferq_redis_up"}
+
+
+class _Idle:
+    id, draining = "w", False
+
+    def held_jobs(self) -> int:
+        return 0
+
+    def last_beat(self) -> float | None:
+        return None
+
+
+def test_every_kubernetes_resource_validates() -> None:
+    docs = _docs()
+    assert {d["kind"] for d in docs} >= {"Deployment", "Service", "HorizontalPodAutoscaler", "ConfigMap",
+                                         "ScaledObject"}
+    for doc in docs:
+        if doc["apiVersion"] != KEDA:  # a CRD: not in Kubernetes' schemas, checked below
+            kubernetes_validate.validate(doc, kubernetes_validate.latest_version(), strict=True)
+
+
+def test_kustomize_renders_every_resource_in_the_namespace() -> None:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:  # what kustomize needs: no resource pins another namespace than the kustomization's
+        assert all("namespace" not in d["metadata"] for d in _docs())
+        return
+    out = subprocess.run([kubectl, "kustomize", str(K8S)], capture_output=True, text=True, check=True).stdout
+    rendered = [d for d in yaml.safe_load_all(out) if d]
+    namespace = yaml.safe_load((K8S / "kustomization.yaml").read_text())["namespace"]
+    assert len(rendered) == len(_docs())
+    assert all(d["metadata"].get("namespace") == namespace for d in rendered if d["kind"] != "Namespace")
+
+
+def test_the_config_holds_only_real_settings() -> None:
+    fields = set(Settings.model_fields)
+    for name in _config():
+        assert name.startswith("INFERQ_") and name.removeprefix("INFERQ_").lower() in fields, name
+    _settings()  # and every value parses
+
+
+def test_workers_drain_within_their_grace_period_on_one_gpu() -> None:
+    s = _settings()
+    spec = _one("Deployment", "worker")["spec"]["template"]["spec"]
+    assert spec["terminationGracePeriodSeconds"] >= s.drain_timeout_s + 30
+    [c] = spec["containers"]
+    assert c["resources"]["requests"]["nvidia.com/gpu"] == 1 and c["resources"]["limits"]["nvidia.com/gpu"] == 1
+    [port] = c["ports"]
+    assert port["containerPort"] == s.metrics_port
+    assert c["readinessProbe"]["httpGet"]["path"] == "/ready"
+    assert c["readinessProbe"]["httpGet"]["port"] == port["name"]
+
+
+def test_keda_scales_workers_on_the_models_own_queue() -> None:
+    s, so = _settings(), _one("ScaledObject", "worker")
+    assert so["apiVersion"] == KEDA and so["spec"]["scaleTargetRef"]["name"] == "worker"
+    assert so["spec"]["minReplicaCount"] == 0  # scale to zero
+    triggers = {t["type"]: t["metadata"] for t in so["spec"]["triggers"]}
+    prom, red = triggers["prometheus"], triggers["redis"]
+    default_priority = JobRequest.model_fields["priority"].default
+    assert red["listName"] == keys.queue_lists(s.model_name)[default_priority]
+    assert int(red["listLength"]) == s.max_num_seqs and int(prom["threshold"]) == s.max_num_seqs
+    assert red["address"].split(".")[0] == _one("Service", "redis")["metadata"]["name"]
+    assert f'model="{s.model_name}"' in prom["query"]
+    for metric in re.findall(r"\b(inferq_[a-z_]+)\{", prom["query"]):
+        assert metric in _metric_names(), metric
+
+
+def test_prometheus_config_and_alert_rules_pass_promtool(tmp_path: Path) -> None:
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool comes with the prometheus package (make setup installs it)"
+    base = ROOT / "deploy" / "prometheus"
+    subprocess.run([promtool, "check", "config", "--syntax-only", str(base / "prometheus.yml")], check=True)
+    subprocess.run([promtool, "check", "rules", str(base / "alerts.yml")], check=True)
+
+
+def _exprs() -> list[str]:
+    rules = yaml.safe_load((ROOT / "deploy" / "prometheus" / "alerts.yml").read_text())
+    dash = json.loads((ROOT / "deploy" / "grafana" / "dashboards" / "inferq.json").read_text())
+    return [r["expr"] for g in rules["groups"] for r in g["rules"]] + \
+        [t["expr"] for p in dash["panels"] for t in p["targets"]]
+
+
+@pytest.mark.parametrize("expr", _exprs())
+def test_dashboards_and_alerts_name_only_exported_metrics(expr: str) -> None:
+    names = _metric_names()
+    for metric in re.findall(r"\b((?:inferq_|vllm:)[a-z_:]+)", expr):
+        if metric.startswith("vllm:"):
+            assert metric in VLLM_METRICS, metric
+        else:
+            assert metric in names, metric
+
+
+#: vLLM's standard metric names the dashboards use (vllm/v1/metrics/loggers.py), as a worker serves them.
+VLLM_METRICS = {"vllm:generation_tokens_total", "vllm:time_to_first_token_seconds_bucket",
+                "vllm:inter_token_latency_seconds_bucket", "vllm:kv_cache_usage_perc",
+                "vllm:num_requests_running", "vllm:num_requests_waiting"}
+
+
+def test_compose_monitoring_profile_mounts_what_exists() -> None:
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    services = compose["services"]
+    for name in ("prometheus", "grafana", "flower"):
+        assert services[name]["profiles"] == ["monitoring"], name
+    for name in ("prometheus", "grafana"):
+        for volume in services[name]["volumes"]:
+            assert (ROOT / volume.split(":")[0]).exists(), volume
