@@ -64,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     r.set_defaults(func=cmd_report)
     sub.add_parser("gateway", help="gateway alone: streamed tokens/s of one gateway process", add_help=False)
     sub.add_parser("worker", help="worker alone: CPU per streamed token of one worker process", add_help=False)
+    sub.add_parser("dashboard", help="draw the Grafana dashboard's panels from a Prometheus", add_help=False)
     if argv is None:
         argv = sys.argv[1:]
     if argv[:1] == ["gateway"]:  # its own argument parser
@@ -74,6 +75,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench.worker import main as worker_main
 
         return worker_main(argv[1:])
+    if argv[:1] == ["dashboard"]:
+        from bench.dashboard import main as dashboard_main
+
+        return dashboard_main(argv[1:])
     a = p.parse_args(argv)
     try:
         return int(a.func(a))
