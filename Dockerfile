@@ -9,7 +9,7 @@ COPY worker ./worker
 COPY shared ./shared
 COPY cli ./cli
 # Each step fails the build on its own: a failed install never yields a green image.
-RUN pip install ".[${ENGINE}]"
+RUN pip install ".[${ENGINE},tracing]"
 # PyPI's torchvision/torchaudio/torchcodec do not match vLLM's torch (pip skips those not installed)
 RUN pip uninstall -y torchvision torchaudio torchcodec
 RUN python -c "import inferq.api.app, inferq.worker.tasks" && inferq --help >/dev/null

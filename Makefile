@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	extra=; $(PY) -m pip install -q --dry-run --no-deps --no-index "torch==2.13.0+cpu" >/dev/null 2>&1 \
 	  || extra="--extra-index-url $(TORCH_INDEX)"; \
-	$(PY) -m pip install -q -e ".[cpu,test,bench]" $$extra
+	$(PY) -m pip install -q -e ".[cpu,test,bench,tracing]" $$extra
 	@# PyPI's torchvision/torchaudio/torchcodec do not match the CPU torch and break `import vllm`
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
 	touch $(STAMP)

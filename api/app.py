@@ -18,7 +18,7 @@ from inferq.api.metrics import RequestMetrics, process_exit
 from inferq.api.routes import health, jobs, metrics, openai, stream, tokenize
 from inferq.api.service import JobService
 from inferq.api.streams import StreamHub
-from inferq.shared import logs
+from inferq.shared import logs, tracing
 from inferq.shared.redis import make_redis
 from inferq.shared.settings import Settings, get_settings
 from inferq.shared.store import JobStore
@@ -28,6 +28,7 @@ from inferq.shared.celery_app import make_celery
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
     logs.setup(settings, "gateway")  # each of several gateway processes configures its own
+    tracing.setup(settings, "inferq-gateway")
     keyring = KeyRing.from_settings(settings)
 
     @asynccontextmanager

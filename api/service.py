@@ -32,6 +32,7 @@ from inferq.shared.schemas import (
     JobView,
     WorkerInfo,
 )
+from inferq.shared import tracing
 from inferq.shared.settings import Settings
 from inferq.shared.store import JobStore
 from inferq.shared.celery_app import send_job
@@ -101,17 +102,19 @@ class JobService:
                               "retry later", code="queue_full", retry_after=1.0)
         record = JobRecord(id=job_id or new_job_id(), model=model, request=req, owner=owner)
         record.deadline = record.created_at + (req.timeout or self.settings.default_timeout_s)
-        await self.store.create(record)
-        msg = record.message()
-        try:
-            await run_in_threadpool(send_job, self.celery, msg)
-        except Exception as e:  # the broker is away: the job must not sit "queued" forever
-            log.error("job %s: could not enqueue: %s", record.id, e)
-            failed = Unavailable(f"could not enqueue the job: {e}", code="enqueue_failed")
-            await self.store.update(record.id, status=JobStatus.failed, finished_at=time.time(),
-                                    error=ErrorInfo.of(failed))
-            raise Unavailable("the queue (Redis) is unavailable; retry shortly", code="enqueue_failed",
-                              retry_after=1.0) from e
+        with tracing.span("inferq.submit", job_id=record.id, model=model, priority=req.priority) as span:
+            record.traceparent = span.traceparent
+            await self.store.create(record)
+            msg = record.message()
+            try:
+                await run_in_threadpool(send_job, self.celery, msg)
+            except Exception as e:  # the broker is away: the job must not sit "queued" forever
+                log.error("job %s: could not enqueue: %s", record.id, e)
+                failed = Unavailable(f"could not enqueue the job: {e}", code="enqueue_failed")
+                await self.store.update(record.id, status=JobStatus.failed, finished_at=time.time(),
+                                        error=ErrorInfo.of(failed))
+                raise Unavailable("the queue (Redis) is unavailable; retry shortly", code="enqueue_failed",
+                                  retry_after=1.0) from e
         log.info("job %s queued (model %s, priority %d)", record.id, model, req.priority,
                  extra={"job_id": record.id, "model": model})
         return record

@@ -40,4 +40,5 @@ def make_celery(settings: Settings) -> Celery:
 def send_job(app: Celery, msg: JobMessage) -> None:
     """Put the job on its model's queue (blocking: call it from a thread in async code)."""
     app.send_task(keys.TASK_NAME, args=[msg.model_dump_json(exclude_none=True)], task_id=msg.id,
-                  queue=keys.queue(msg.model), priority=msg.request.priority)
+                  queue=keys.queue(msg.model), priority=msg.request.priority,
+                  headers={"traceparent": msg.traceparent} if msg.traceparent else None)

@@ -165,6 +165,7 @@ class JobMessage(BaseModel):
     request: JobRequest
     created_at: float
     deadline: float | None = None
+    traceparent: str | None = Field(default=None, description="W3C trace context of the submission (tracing on).")
 
 
 class Usage(BaseModel):
@@ -302,11 +303,12 @@ class JobRecord(BaseModel):
     attempt: int = Field(default=0, description="Runs started so far; fences out a lost worker.")
     deadline: float | None = Field(default=None, description="Unix time after which the job is abandoned.")
     owner: str | None = Field(default=None, description="Hash id of the API key that submitted it.")
+    traceparent: str | None = Field(default=None, description="W3C trace context of the submission.")
 
     def message(self) -> JobMessage:
         """The Celery task payload that (re-)sends this job to a worker."""
         return JobMessage(id=self.id, model=self.model, request=self.request, created_at=self.created_at,
-                          deadline=self.deadline)
+                          deadline=self.deadline, traceparent=self.traceparent)
 
     def to_hash(self) -> dict[str, str]:
         return hash_fields(**self.model_dump(mode="json", exclude_none=True))

@@ -60,6 +60,10 @@ class Settings(BaseSettings):
             return self.builtin_model_dir
         return Path(self.model) if Path(self.model).is_dir() else None
 
+    otel_endpoint: str | None = Field(
+        default=None, description="OTLP/HTTP collector (e.g. http://otel-collector:4318) to send traces of "
+        "each job to, gateway and worker; unset: tracing off (shared/tracing.py).")
+
     # --- gateway ------------------------------------------------------------------------------
     host: str = "127.0.0.1"
     port: int = 8000

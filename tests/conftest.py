@@ -19,6 +19,7 @@ import redis
 
 from inferq.cli.procs import Proc as Service
 from inferq.cli.procs import RedisProc, free_port, http_ok, start_redis, wait_until
+from tests.otlp import Receiver
 
 ROOT = Path(__file__).resolve().parent.parent
 __all__ = ["Service", "Stack", "RedisServer", "free_port", "http_ok", "inferq_env", "spawn", "wait_for"]
@@ -89,8 +90,17 @@ class Stack:
 
 
 @pytest.fixture(scope="session")
-def stack(redis_server: RedisServer, logdir: Path) -> Iterator[Stack]:
-    """Two workers on the default model's queue and one gateway, all real processes."""
+def otlp() -> Iterator[Receiver]:
+    """An OTLP/HTTP receiver the session stack sends its traces to."""
+    receiver = Receiver()
+    yield receiver
+    receiver.stop()
+
+
+@pytest.fixture(scope="session")
+def stack(redis_server: RedisServer, logdir: Path, otlp: Receiver) -> Iterator[Stack]:
+    """Two workers on the default model's queue and one gateway, all real processes, tracing to
+    ``otlp``."""
     py = [sys.executable, "-m", "inferq.cli"]
     port = free_port()
     st = Stack(f"http://127.0.0.1:{port}", f"ws://127.0.0.1:{port}", redis_server)
@@ -98,8 +108,10 @@ def stack(redis_server: RedisServer, logdir: Path) -> Iterator[Stack]:
         for wid in ("w1", "w2"):
             st.metrics_ports[wid] = free_port()
             st.workers[wid] = spawn(f"worker-{wid}", [*py, "worker"], inferq_env(
-                redis_server.url, INFERQ_WORKER_ID=wid, INFERQ_METRICS_PORT=str(st.metrics_ports[wid])), logdir)
-        st.gateway = spawn("gateway", [*py, "api", "--port", str(port)], inferq_env(redis_server.url), logdir)
+                redis_server.url, INFERQ_WORKER_ID=wid, INFERQ_METRICS_PORT=str(st.metrics_ports[wid]),
+                INFERQ_OTEL_ENDPOINT=otlp.endpoint), logdir)
+        st.gateway = spawn("gateway", [*py, "api", "--port", str(port)],
+                           inferq_env(redis_server.url, INFERQ_OTEL_ENDPOINT=otlp.endpoint), logdir)
 
         def ready() -> bool:
             return http_ok(f"{st.base}/readyz", lambda body: body["workers"] == 2)

@@ -37,6 +37,7 @@ from inferq.shared.schemas import (
     TopLogprob,
     Usage,
 )
+from inferq.shared import tracing
 from inferq.shared.logs import job_context
 from inferq.shared.redis import redis_retrying
 from inferq.shared.store import JobStore
@@ -55,6 +56,7 @@ class ActiveJob:
     cancel_requested: bool = False
     attempt: int = 0
     handed_back: bool = False  # requeued by this worker (drain, engine failure): write no end
+    span: tracing.Span = field(default_factory=tracing.Span)  # this attempt's trace span (tracing on)
     superseded: bool = False  # a later attempt of the job won its claim on this worker: write no end
 
 
@@ -167,8 +169,12 @@ class JobRunner:
         self.idle.clear()
         written: JobStatus | None = None
         try:
-            with job_context(msg.id):
+            with job_context(msg.id), tracing.span("inferq.job", parent=msg.traceparent, job_id=msg.id,
+                                                   model=msg.model) as span:
+                job.span = span
                 written = await self._run(msg, job)
+                span.set("inferq.attempt", job.attempt)
+                span.set("inferq.status", written.value if written else "not_ended")
             return written
         finally:
             if job.attempt:  # this run claimed the job
@@ -201,6 +207,7 @@ class JobRunner:
                 return None
             job.attempt, progress.seq, claimed = claim.attempt, claim.last_seq, True
             JOBS_CLAIMED.labels(msg.model).inc()
+            job.span.event("claimed", attempt=job.attempt, worker=self.worker_id)
             self.writer.open(msg.id, job.attempt)
             if not self._take_over(msg.id, job):
                 return None
@@ -325,6 +332,8 @@ class JobRunner:
     def _note_first_token(self, job_id: str, attempt: int, at: float) -> None:
         """Record when the first token came, without holding up the tokens behind it: a slow or
         absent Redis delays this write, not the job (the writer's budget bounds it)."""
+        if (job := self.active.get(job_id)) is not None:
+            job.span.event("first_token")
         async def note() -> None:
             try:
                 async with asyncio.timeout(self.writer.budget_s):

@@ -35,7 +35,7 @@ from inferq.shared.redis import make_redis
 from inferq.shared.schemas import JobMessage, JobStatus, WorkerInfo
 from inferq.shared.settings import Settings
 from inferq.shared.store import JobStore
-from inferq.shared import logs
+from inferq.shared import logs, tracing
 from inferq.worker import control, metrics
 from inferq.worker.death import EngineDeath, hard_exit
 from inferq.worker.engine import EngineHost
@@ -75,6 +75,7 @@ class WorkerRuntime:
     # --- life cycle ---------------------------------------------------------------------------
     def start(self) -> None:
         """Engine, the job path on its loop, registration (first beat), then the reaper."""
+        tracing.setup(self.settings, "inferq-worker")
         self.host.start()
         self.host.run(self._start_job_path())
         # what start-up built (torch, vLLM, the model's tokenizer) lives as long as the process:

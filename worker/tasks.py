@@ -76,5 +76,8 @@ def generate(self: Task, payload: str) -> str | None:
         return JobStatus.failed.value if failed else None
     if _runtime is None:  # not reachable once worker_init succeeded; never lose the job
         raise Reject("engine not started", requeue=True)
+    header = self.request.get("traceparent")  # the W3C trace context the message carries (tracing on)
+    if isinstance(header, str) and header:
+        msg.traceparent = header
     status = _runtime.run_job(msg)
     return status.value if status else None
