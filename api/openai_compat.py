@@ -35,7 +35,15 @@ from inferq.api.errors import error_body
 from inferq.api.streams import StreamHub
 from inferq.shared.errors import InferqError, Unavailable, error_from
 from inferq.shared.request_limits import check_json
-from inferq.shared.schemas import ErrorEvent, JobRequest, RestartEvent, TokenEvent, TokenLogprob, Usage
+from inferq.shared.schemas import (
+    ErrorEvent,
+    JobRequest,
+    RestartEvent,
+    TokenEvent,
+    TokenLogprob,
+    ToolCallPiece,
+    Usage,
+)
 from inferq.shared.settings import Settings
 
 
@@ -72,6 +80,7 @@ def chat_job(req: ChatCompletionRequest) -> JobRequest:
         fields["json_schema"] = schema
     if req.tools:
         fields["tools"] = [t.model_dump(exclude_none=True) for t in req.tools]
+        fields["parse_tool_calls"] = tools.parsed(req)
     return JobRequest(messages=[m.to_chat() for m in req.messages], model=req.model, user=req.user, **fields)
 
 
@@ -109,6 +118,7 @@ class Choice:
     text: str = ""
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
+    calls: list[ToolCallPiece] = field(default_factory=list)  # pieces the worker's parser found
 
 
 @dataclass
@@ -122,6 +132,7 @@ class Collected:
         c = self.choices.setdefault(ev.index, Choice())
         c.text += ev.text
         c.logprobs.extend(ev.logprobs or [])
+        c.calls.extend(ev.tool_calls or [])
 
 
 async def collect(hub: StreamHub, job_id: str, n: int) -> Collected:
@@ -146,6 +157,8 @@ def chat_response(job_id: str, model: str, req: ChatCompletionRequest, got: Coll
     def message(c: Choice) -> AssistantMessage:
         if tools.forced(req):  # the constrained text is the call, not content
             return AssistantMessage(content="", tool_calls=tools.tool_calls(req, c.text) or None)
+        if c.calls:  # the parser's calls; content only what was not a call (vLLM: null when none)
+            return AssistantMessage(content=c.text or None, tool_calls=tools.assembled(c.calls))
         return AssistantMessage(content=c.text)
 
     return ChatCompletion(
@@ -198,11 +211,12 @@ async def chat_chunks(hub: StreamHub, job_id: str, model: str,
             continue
         if ev.type == "token":
             lps = _chat_logprobs(ev.logprobs, k) if req.logprobs else None
-            if calls.forced:
+            if calls.forced or ev.tool_calls:
                 if ev.index not in started:  # the role first, with empty content, as vLLM
                     started.add(ev.index)
                     yield chunk([ChunkChoice(index=ev.index, delta=Delta(role="assistant", content=""))])
-                if (delta := calls.add(ev.index, ev.text)) is not None:
+                delta = calls.add(ev.index, ev.text) if calls.forced else _parsed_delta(ev)
+                if delta is not None:
                     yield chunk([ChunkChoice(index=ev.index, delta=delta, logprobs=lps)])
                 continue
             role = None if ev.index in started else "assistant"
@@ -220,6 +234,14 @@ async def chat_chunks(hub: StreamHub, job_id: str, model: str,
             yield _stream_end_error(job_id, ev)
             return
     yield DONE
+
+
+def _parsed_delta(ev: TokenEvent) -> Delta:
+    """A chunk of what the worker's parser found: content not part of a call, and call pieces."""
+    return Delta(content=ev.text or None, tool_calls=[
+        ToolCallDelta(index=p.index, id=p.id, type="function" if p.id else None,
+                      function={k: v for k, v in (("name", p.name), ("arguments", p.arguments)) if v is not None})
+        for p in ev.tool_calls or []])
 
 
 class _StreamedCalls:

@@ -12,7 +12,7 @@ which change nothing here (README, "OpenAI SDK"). Tool calling: api/openai_tools
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, field_validator, model_serializer, model_validator
 
@@ -107,6 +107,14 @@ class StreamOptions(BaseModel):
         return v
 
 
+class StructuredOutputs(BaseModel):
+    """vLLM's ``structured_outputs`` extension, the part inferq serves: ``choice`` (the output is
+    exactly one of the strings)."""
+
+    model_config = ConfigDict(extra="forbid")
+    choice: list[Annotated[str, Field(min_length=1, max_length=1024)]] = Field(min_length=1, max_length=64)
+
+
 class _Common(BaseModel):
     """Fields chat and completions share; sampling bounds are the same as ``POST /v1/jobs``."""
 
@@ -131,6 +139,7 @@ class _Common(BaseModel):
     ignore_eos: bool = False
     min_tokens: int | None = Field(default=None, ge=0)
     stop_token_ids: list[int] | None = Field(default=None, max_length=64)
+    structured_outputs: StructuredOutputs | None = None
     # accepted as SDKs send them; they change nothing here
     logit_bias: dict[str, float] | None = Field(default=None, description="Empty only.")
     store: bool | None = None
@@ -154,7 +163,10 @@ class _Common(BaseModel):
         names = ("max_tokens", "temperature", "top_p", "n", "stop", "seed", "presence_penalty",
                  "frequency_penalty", "top_k", "min_p", "repetition_penalty", "ignore_eos", "min_tokens",
                  "stop_token_ids")
-        return {k: getattr(self, k) for k in names if getattr(self, k) is not None}
+        out = {k: getattr(self, k) for k in names if getattr(self, k) is not None}
+        if self.structured_outputs is not None:
+            out["choice"] = self.structured_outputs.choice
+        return out
 
 
 class ChatCompletionRequest(_Common):
@@ -167,7 +179,8 @@ class ChatCompletionRequest(_Common):
                                         "may call; given to the chat template.")
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
         default=None, description="'required' or a named function: the answer is a call (structured "
-        "outputs); 'none': text; 'auto' (the default with tools): not supported yet (400).")
+        "outputs); 'none': text; 'auto' (the default with tools): the worker's tool-call parser "
+        "(INFERQ_TOOL_CALL_PARSER) finds calls in the text (400 when the model's workers have none).")
     parallel_tool_calls: bool | None = Field(default=None, description="false: 'required' makes one call.")
     reasoning_effort: str | None = Field(default=None, max_length=16)
 
@@ -249,7 +262,7 @@ class CompletionLogprobs(BaseModel):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None = Field(description="The text; null when the answer is only tool calls.")
     tool_calls: list[ToolCall] | None = None
 
 

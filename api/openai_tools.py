@@ -5,9 +5,10 @@
 parameters}`` items for ``required``), so any model, a random-weight one included, returns a
 valid call; the gateway turns the constrained text into ``tool_calls``. ``tools`` always reach
 the model's chat template, and so do earlier calls and tool results in ``messages``.
-``"auto"`` (the default when ``tools`` are given) needs a model-specific tool-call parser to find
-calls in free text; inferq has none yet and refuses it with a 400, as vLLM does without
-``--enable-auto-tool-choice``.
+``"auto"`` (the default when ``tools`` are given) leaves the text free: the worker's tool-call
+parser (vLLM's, ``INFERQ_TOOL_CALL_PARSER``; worker/toolcalls.py) finds the calls in it and sends
+them as pieces with the tokens. A model whose workers have no parser refuses it with a 400, as
+vLLM does without ``--enable-auto-tool-choice``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 
 from inferq.api.openai_schemas import ChatCompletionRequest, NamedToolChoice
 from inferq.shared.errors import InvalidRequest
-from inferq.shared.schemas import ToolCall, ToolCallFunction
+from inferq.shared.schemas import ToolCall, ToolCallFunction, ToolCallPiece
 
 EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 
@@ -28,15 +29,15 @@ def forced(req: ChatCompletionRequest) -> bool:
     return bool(req.tools) and (req.tool_choice == "required" or isinstance(req.tool_choice, NamedToolChoice))
 
 
+def parsed(req: ChatCompletionRequest) -> bool:
+    """True when the worker's parser finds the calls in free text (``auto``)."""
+    return bool(req.tools) and req.tool_choice == "auto"
+
+
 def tool_schema(req: ChatCompletionRequest) -> dict[str, Any] | None:
-    """The JSON schema that constrains the output, or None when nothing is forced. Refuses
-    ``auto`` (400 naming ``tool_choice``)."""
-    if not req.tools or req.tool_choice in (None, "none"):
+    """The JSON schema that constrains the output, or None when nothing is forced."""
+    if not forced(req):
         return None
-    if req.tool_choice == "auto":
-        raise InvalidRequest('"auto" tool choice (the default when tools are given) needs a tool-call parser, '
-                             'which inferq does not have yet; use tool_choice "required", a named function, '
-                             'or "none"', param="tool_choice")
     if req.response_format is not None and req.response_format.type != "text":
         raise InvalidRequest("response_format cannot be combined with a forced tool_choice",
                              param="response_format")
@@ -69,6 +70,19 @@ def tool_calls(req: ChatCompletionRequest, text: str) -> list[ToolCall]:
     return [ToolCall(id=call_id(), function=ToolCallFunction(
         name=item["name"], arguments=json.dumps(item["parameters"], ensure_ascii=False)))
         for item in items if isinstance(item, dict) and "name" in item and "parameters" in item]
+
+
+def assembled(pieces: list[ToolCallPiece]) -> list[ToolCall]:
+    """Whole calls from the pieces a parser streamed (by call index: id and name from the first
+    piece, arguments added up)."""
+    calls: dict[int, dict[str, str]] = {}
+    for p in pieces:
+        c = calls.setdefault(p.index, {"id": "", "name": "", "arguments": ""})
+        c["id"] = c["id"] or p.id or ""
+        c["name"] = c["name"] or p.name or ""
+        c["arguments"] += p.arguments or ""
+    return [ToolCall(id=c["id"] or call_id(), function=ToolCallFunction(name=c["name"], arguments=c["arguments"]))
+            for _, c in sorted(calls.items())]
 
 
 def finish_reason(req: ChatCompletionRequest, reason: str | None) -> str | None:

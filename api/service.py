@@ -20,7 +20,7 @@ from starlette.concurrency import run_in_threadpool
 
 from inferq.api.auth import Principal
 from inferq.shared import keys
-from inferq.shared.errors import ContextLengthExceeded, NotFound, RateLimited, Unavailable, job_not_found
+from inferq.shared.errors import ContextLengthExceeded, InvalidRequest, NotFound, RateLimited, Unavailable, job_not_found
 from inferq.shared.schemas import (
     ChoiceView,
     ControlMessage,
@@ -82,7 +82,12 @@ class JobService:
         return model, (workers[0] if workers else None)
 
     def check_context(self, req: JobRequest, info: WorkerInfo) -> None:
-        """Refuse what cannot fit the context window before it is queued (the worker re-checks)."""
+        """Refuse what cannot fit the context window, or what the model's workers cannot parse,
+        before it is queued (the worker re-checks)."""
+        if req.parse_tool_calls and not info.tool_call_parser:
+            raise InvalidRequest('tool_choice "auto" (the default when tools are given) needs a tool-call '
+                                 "parser, and this model's workers have none (INFERQ_TOOL_CALL_PARSER); use "
+                                 'tool_choice "required", a named function, or "none"', param="tool_choice")
         limit = info.max_model_len
         if req.max_tokens is not None and req.max_tokens >= limit:
             raise ContextLengthExceeded(0, req.max_tokens, limit)

@@ -110,6 +110,9 @@ class SamplingOptions(BaseModel):
     logprobs: int | None = Field(default=None, ge=0, le=20, description="Top log-probs per token.")
     json_schema: dict[str, Any] | None = Field(default=None, description="Constrain output to this schema.")
     json_object: bool = Field(default=False, description="Constrain output to any JSON object.")
+    choice: list[Annotated[str, Field(min_length=1, max_length=1024)]] | None = Field(
+        default=None, min_length=1, max_length=64, description="Constrain output to exactly one of these "
+        "strings (vLLM's structured output `choice`).")
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -141,6 +144,9 @@ class JobRequest(SamplingOptions):
     tools: list[dict[str, Any]] | None = Field(default=None, max_length=128, description="Function tools "
                                                "(OpenAI's `tools` items), given to the chat template with "
                                                "`messages`.")
+    parse_tool_calls: bool = Field(default=False, description="Find tool calls in the output with the "
+                                   "worker's tool-call parser (INFERQ_TOOL_CALL_PARSER): OpenAI's "
+                                   "tool_choice 'auto'. Needs `tools` and `messages`.")
     model: str | None = Field(default=None, min_length=1, max_length=256, pattern=MODEL_NAME_PATTERN,
                               description="Letters, digits and . _ - / @ + only.")
     user: str | None = Field(default=None, max_length=256, pattern=NO_CONTROL_CHARS,
@@ -154,6 +160,10 @@ class JobRequest(SamplingOptions):
     def _one_input(self) -> JobRequest:
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("give exactly one of 'prompt' or 'messages'")
+        if self.parse_tool_calls and (not self.tools or self.messages is None):
+            raise ValueError("parse_tool_calls needs 'tools' and 'messages'")
+        if sum(x is not None and x is not False for x in (self.json_schema, self.json_object, self.choice)) > 1:
+            raise ValueError("give at most one of 'json_schema', 'json_object' and 'choice'")
         return self
 
 
@@ -213,6 +223,16 @@ class TokenLogprob(BaseModel):
     top_logprobs: list[TopLogprob] = Field(default_factory=list)
 
 
+class ToolCallPiece(BaseModel):
+    """A streamed piece of a tool call found by the worker's parser: the first piece of a call has
+    its ``id`` and ``name``; the rest add to ``arguments``."""
+
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str | None = None
+
+
 class TokenEvent(BaseModel):
     type: Literal["token"] = "token"
     seq: int
@@ -220,6 +240,8 @@ class TokenEvent(BaseModel):
     text: str
     n_tokens: int = 0
     logprobs: list[TokenLogprob] | None = None
+    tool_calls: list[ToolCallPiece] | None = Field(default=None, description="Tool calls the worker's parser "
+                                                   "found in these tokens (`text` is then what is not a call).")
 
 
 class ChoiceEnd(BaseModel):
@@ -378,6 +400,7 @@ class WorkerInfo(BaseModel):
     max_model_len: int
     max_num_seqs: int
     tokenizer: str | None = None
+    tool_call_parser: str | None = Field(default=None, description="INFERQ_TOOL_CALL_PARSER of the worker.")
     started_at: float
     last_seen: float
     draining: bool = False

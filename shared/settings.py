@@ -108,6 +108,10 @@ class Settings(BaseSettings):
         default=1, ge=1, le=64, description="Worker processes feeding one engine (like vllm serve's "
         "--api-server-count): each a queue consumer with its share of max_num_seqs. Above 1, the token "
         "path of a fast engine runs on that many Python threads instead of one.")
+    tool_call_parser: str | None = Field(
+        default=None, description="vLLM tool-call parser the worker runs on outputs of requests with "
+        "tool_choice 'auto' (as vllm serve --tool-call-parser: pythonic, hermes, llama3_json, mistral, ...); "
+        "unset: 'auto' is refused with a 400.")
     dtype: str = "auto"
     load_format: str = Field(default="auto", description="'dummy' serves random weights (benchmarks).")
     cpu_kv_cache_gib: float = Field(default=1.0, gt=0, description="KV cache size on the CPU build.")

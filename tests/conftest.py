@@ -100,7 +100,7 @@ def otlp() -> Iterator[Receiver]:
 @pytest.fixture(scope="session")
 def stack(redis_server: RedisServer, logdir: Path, otlp: Receiver) -> Iterator[Stack]:
     """Two workers on the default model's queue and one gateway, all real processes, tracing to
-    ``otlp``."""
+    ``otlp``; the workers parse tool calls as vLLM's ``pythonic`` parser does."""
     py = [sys.executable, "-m", "inferq.cli"]
     port = free_port()
     st = Stack(f"http://127.0.0.1:{port}", f"ws://127.0.0.1:{port}", redis_server)
@@ -109,7 +109,7 @@ def stack(redis_server: RedisServer, logdir: Path, otlp: Receiver) -> Iterator[S
             st.metrics_ports[wid] = free_port()
             st.workers[wid] = spawn(f"worker-{wid}", [*py, "worker"], inferq_env(
                 redis_server.url, INFERQ_WORKER_ID=wid, INFERQ_METRICS_PORT=str(st.metrics_ports[wid]),
-                INFERQ_OTEL_ENDPOINT=otlp.endpoint), logdir)
+                INFERQ_OTEL_ENDPOINT=otlp.endpoint, INFERQ_TOOL_CALL_PARSER="pythonic"), logdir)
         st.gateway = spawn("gateway", [*py, "api", "--port", str(port)],
                            inferq_env(redis_server.url, INFERQ_OTEL_ENDPOINT=otlp.endpoint), logdir)
 

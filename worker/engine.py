@@ -1,9 +1,10 @@
 """EngineHost: one vLLM ``AsyncLLM`` per worker process, on a background asyncio loop.
 
-vLLM is imported in three modules of inferq, all in worker/ and always inside functions (importing
+vLLM is imported in four modules of inferq, all in worker/ and always inside functions (importing
 them does not load vLLM): here (the engine, its arguments, the stat logger), worker/group.py (an
-EngineCore shared by several frontend processes) and worker/runner.py (sampling and
-structured-output parameters, ``TokensPrompt``, ``EngineDeadError``).
+EngineCore shared by several frontend processes), worker/runner.py (sampling and
+structured-output parameters, ``TokensPrompt``, ``EngineDeadError``) and worker/toolcalls.py
+(vLLM's tool-call parsers).
 Celery's threads pool hands each job to :meth:`EngineHost.run`, which schedules the job's coroutine
 on the engine's loop; every coroutine shares the one engine, so new requests join the running
 batch at the next step.

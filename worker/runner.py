@@ -21,6 +21,7 @@ import time
 from collections.abc import Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from inferq.shared.errors import ContextLengthExceeded, DeadlineExceeded, EngineError, InferqError, InvalidRequest
@@ -43,6 +44,7 @@ from inferq.shared.redis import redis_retrying
 from inferq.shared.store import JobStore
 from inferq.worker.engine import EngineHost
 from inferq.worker.metrics import JOBS_CLAIMED, JOBS_FINISHED
+from inferq.worker.toolcalls import ToolCallStream, parser_class
 from inferq.worker.writer import EventWriter, FencedOut
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -86,8 +88,10 @@ class JobRunner:
                  default_max_tokens: int, priority_scheduling: bool = False,
                  on_engine_dead: Callable[[str, int], Awaitable[None]] | None = None,
                  hand_back: Callable[[str, int, str], Awaitable[str]] | None = None,
-                 max_attempts: int = 3) -> None:
+                 max_attempts: int = 3, tool_call_parser: str | None = None) -> None:
         self.host = host
+        # vLLM's tool-call parser for tool_choice "auto" (an unknown name fails the worker's start)
+        self.tool_parser = parser_class(tool_call_parser) if tool_call_parser else None
         self.store = store
         self.writer = writer
         self.worker_id = worker_id
@@ -145,6 +149,8 @@ class JobRunner:
             structured = StructuredOutputsParams(json=o.json_schema)
         elif o.json_object:
             structured = StructuredOutputsParams(json_object=True)
+        elif o.choice is not None:
+            structured = StructuredOutputsParams(choice=list(o.choice))
         try:
             return SamplingParams(
                 n=o.n, max_tokens=max_tokens, temperature=o.temperature, top_p=o.top_p,
@@ -221,9 +227,10 @@ class JobRunner:
             ids = await asyncio.to_thread(self.prompt_ids, msg)
             progress.prompt_tokens = len(ids)
             params = self.sampling_params(msg, len(ids))
+            calls = self._tool_calls(msg)
             try:
                 async with asyncio.timeout(left if left != float("inf") else None):
-                    await self._generate(msg.id, job.attempt, ids, params, progress, msg.request.priority)
+                    await self._generate(msg.id, job.attempt, ids, params, progress, msg.request.priority, calls)
             except TimeoutError:
                 raise DeadlineExceeded("the job ran past its deadline and was aborted") from None
             status = JobStatus.succeeded
@@ -288,8 +295,17 @@ class JobRunner:
                 old.task.cancel()
         return True
 
+    def _tool_calls(self, msg: JobMessage) -> Callable[[], ToolCallStream] | None:
+        """For tool_choice "auto": a maker of one parser stream per completion; else None."""
+        if not msg.request.parse_tool_calls:
+            return None
+        if self.tool_parser is None:
+            raise InvalidRequest('tool_choice "auto" needs a tool-call parser, and this worker has none '
+                                 "(INFERQ_TOOL_CALL_PARSER)", param="tool_choice")
+        return partial(ToolCallStream, self.tool_parser, self.host.tokenizer, msg.request)
+
     async def _generate(self, job_id: str, attempt: int, ids: list[int], params: Any, p: Progress,
-                        priority: int) -> None:
+                        priority: int, make_calls: Callable[[], ToolCallStream] | None = None) -> None:
         from vllm.inputs import TokensPrompt
 
         first = True
@@ -299,6 +315,7 @@ class JobRunner:
         while (busy := self._engine_busy.get(job_id)) is not None:
             await busy.wait()
         done = self._engine_busy[job_id] = asyncio.Event()
+        calls: dict[int, ToolCallStream] = {}  # per completion, with make_calls
         try:
             # closing the generator (on any exit) is what aborts the engine request
             async with aclosing(self.host.engine.generate(TokensPrompt(prompt_token_ids=ids), params,
@@ -309,18 +326,33 @@ class JobRunner:
                             raise err
                         raise EventsLost(f"{type(err).__name__}: {err}")
                     for c in out.outputs:
+                        tc = calls.setdefault(c.index, make_calls()) if make_calls is not None else None
                         if c.text or c.token_ids:
                             p.texts[c.index] = p.texts.get(c.index, "") + c.text
                             p.tokens[c.index] = p.tokens.get(c.index, 0) + len(c.token_ids)
-                            merged = params.logprobs is None and self.writer.extend(
-                                job_id, attempt, c.index, c.text, len(c.token_ids))
-                            if not merged:
+                            lps = _logprobs(c, self.host.tokenizer, params.logprobs or 0)
+                            if tc is not None:  # what the parser says is content, and the calls
+                                content, pieces = tc.feed(c.text, list(c.token_ids))
+                                if content or pieces:
+                                    p.seq += 1
+                                    self.writer.emit(job_id, attempt, TokenEvent(
+                                        seq=p.seq, index=c.index, text=content, n_tokens=len(c.token_ids),
+                                        logprobs=lps, tool_calls=pieces or None))
+                            elif not (params.logprobs is None and self.writer.extend(
+                                    job_id, attempt, c.index, c.text, len(c.token_ids))):
                                 p.seq += 1
                                 self.writer.emit(job_id, attempt, TokenEvent(
                                     seq=p.seq, index=c.index, text=c.text, n_tokens=len(c.token_ids),
-                                    logprobs=_logprobs(c, self.host.tokenizer, params.logprobs or 0)))
+                                    logprobs=lps))
                         if c.finish_reason is not None:
-                            p.finish[c.index] = ChoiceEnd(index=c.index, finish_reason=c.finish_reason,
+                            reason = c.finish_reason
+                            if tc is not None and tc.called:  # as vLLM: a parsed call ends the turn
+                                if rest := tc.finish():
+                                    p.seq += 1
+                                    self.writer.emit(job_id, attempt, TokenEvent(
+                                        seq=p.seq, index=c.index, text="", tool_calls=rest))
+                                reason = "tool_calls"
+                            p.finish[c.index] = ChoiceEnd(index=c.index, finish_reason=reason,
                                                           stop_reason=c.stop_reason)
                     if first:
                         first = False

@@ -101,7 +101,7 @@ class WorkerRuntime:
         self.runner = JobRunner(self.host, store, writer, self.id, s.default_max_tokens,
                                 priority_scheduling=s.scheduling_policy == "priority",
                                 on_engine_dead=self._engine_died_under, max_attempts=s.max_attempts,
-                                hand_back=self._hand_back_one)
+                                hand_back=self._hand_back_one, tool_call_parser=s.tool_call_parser)
         self.handback = LocalHandBack(self.runner, store, self.send, self.id, s.max_attempts)
         self._control = asyncio.get_running_loop().create_task(control.listen(self.redis, self.runner))
 
@@ -174,7 +174,8 @@ class WorkerRuntime:
         return WorkerInfo(
             id=self.id, model=self.settings.model_name, host=socket.gethostname(), pid=os.getpid(),
             max_model_len=self.host.max_model_len, max_num_seqs=self.settings.max_num_seqs,
-            tokenizer=self.host.model_path, started_at=self.started_at, last_seen=time.time(),
+            tokenizer=self.host.model_path, tool_call_parser=self.settings.tool_call_parser,
+            started_at=self.started_at, last_seen=time.time(),
             draining=self.draining, stats=stats,
             frontend=fe.index if (fe := self.host.frontend) else 0, frontends=fe.count if fe else 1,
         )

@@ -1,6 +1,8 @@
 """Tool calling through the official openai SDK: a named function and ``required`` return valid
 calls from a random-weight model (structured outputs), streamed and not; a call and its result go
-back into the conversation; ``auto`` is refused with a 400 naming ``tool_choice``."""
+back into the conversation; ``auto`` runs the workers' tool-call parser (vLLM's ``pythonic``, set
+on the session stack): structured outputs make the model write a call, which comes back as
+``tool_calls``, streamed and not, and plain text stays content."""
 
 from __future__ import annotations
 
@@ -79,9 +81,47 @@ def test_a_call_and_its_result_go_back_into_the_conversation(client) -> None:
     assert longer > r2.usage.prompt_tokens  # the call and its result reached the template
 
 
+PYTHONIC = '[weather(unit="f"), noop()]'
+WRITE_CALL = {"structured_outputs": {"choice": [PYTHONIC]}}
+
+
+def test_auto_finds_the_calls_the_model_wrote(client) -> None:
+    r = client.chat.completions.create(model=MODEL, messages=CHAT, tools=[WEATHER, NOOP], max_tokens=40,
+                                       temperature=0, extra_body=WRITE_CALL)  # auto: the default with tools
+    choice = r.choices[0]
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls] == \
+        [("weather", {"unit": "f"}), ("noop", {})]
+    assert all(c.id and c.type == "function" for c in choice.message.tool_calls)
+    assert choice.message.content is None and choice.finish_reason == "tool_calls"
+
+
+def test_auto_streams_the_same_calls(client) -> None:
+    calls: dict[int, dict[str, str]] = {}
+    finish = None
+    for chunk in client.chat.completions.create(model=MODEL, messages=CHAT, tools=[WEATHER, NOOP],
+                                                tool_choice="auto", max_tokens=40, temperature=0, stream=True,
+                                                extra_body=WRITE_CALL):
+        for ch in chunk.choices:
+            for d in ch.delta.tool_calls or []:
+                c = calls.setdefault(d.index, {"name": "", "arguments": "", "id": ""})
+                c["id"] += d.id or ""
+                c["name"] += (d.function.name or "") if d.function else ""
+                c["arguments"] += (d.function.arguments or "") if d.function else ""
+            finish = ch.finish_reason or finish
+    assert [(c["name"], json.loads(c["arguments"])) for _, c in sorted(calls.items())] == \
+        [("weather", {"unit": "f"}), ("noop", {})]
+    assert all(c["id"] for c in calls.values()) and finish == "tool_calls"
+
+
+def test_auto_leaves_text_that_is_no_call_as_content(client) -> None:
+    r = client.chat.completions.create(model=MODEL, messages=CHAT, tools=[WEATHER], tool_choice="auto",
+                                       max_tokens=30, temperature=0, extra_body={"structured_outputs": {
+                                           "choice": ["sunny today"]}})
+    assert r.choices[0].message.content == "sunny today" and not r.choices[0].message.tool_calls
+    assert r.choices[0].finish_reason == "stop"
+
+
 @pytest.mark.parametrize("body", [
-    {"tools": [WEATHER]},  # auto, the default with tools
-    {"tools": [WEATHER], "tool_choice": "auto"},
     {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "other"}}},
     {"tool_choice": "required"},
     {"tools": [{"type": "function", "function": {"name": "bad name!"}}], "tool_choice": "required"},

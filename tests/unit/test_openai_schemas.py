@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -10,8 +11,12 @@ from pydantic import ValidationError
 from inferq.api.errors import to_response
 from inferq.api.openai_compat import chat_job
 from inferq.api.openai_schemas import ChatCompletionRequest, CompletionRequest
-from inferq.shared.schemas import JobMessage
+from inferq.api.service import JobService
+from inferq.shared.errors import InvalidRequest
+from inferq.shared.schemas import JobMessage, JobRequest, WorkerInfo
+from inferq.shared.settings import Settings
 from inferq.worker.runner import JobRunner
+from inferq.worker.toolcalls import parser_class
 
 CHAT = [{"role": "user", "content": "hi"}]
 
@@ -67,3 +72,21 @@ def test_message_name_reaches_the_chat_template() -> None:
                      {"role": "user", "content": "and me"}]]
     with pytest.raises(ValidationError):
         ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "x", "name": ""}]})
+
+
+def test_auto_tool_choice_needs_a_parser_on_the_models_workers() -> None:
+    service = JobService(Settings(), None, None, None)  # type: ignore[arg-type]  (the check needs none)
+    req = JobRequest(messages=[{"role": "user", "content": "hi"}], tools=[{"type": "function", "function": {
+        "name": "f"}}], parse_tool_calls=True)
+    info = WorkerInfo(id="w", model="m", host="h", pid=1, max_model_len=64, max_num_seqs=4,
+                      started_at=time.time(), last_seen=time.time())
+    with pytest.raises(InvalidRequest) as e:
+        service.check_context(req, info)
+    assert e.value.param == "tool_choice"
+    service.check_context(req, info.model_copy(update={"tool_call_parser": "pythonic"}))  # served
+
+
+def test_an_unknown_parser_name_fails_the_worker_start() -> None:
+    assert parser_class("pythonic").__name__
+    with pytest.raises(KeyError):
+        parser_class("no-such-parser")
