@@ -54,6 +54,7 @@ class Payload(NamedTuple):
     data: str
     last: bool = False
     error: InferqError | None = None
+    event: str | None = None  # the SSE event name (the Responses API names each event)
 
 
 DONE = Payload("[DONE]", last=True)

@@ -144,6 +144,11 @@ class JobRequest(SamplingOptions):
     tools: list[dict[str, Any]] | None = Field(default=None, max_length=128, description="Function tools "
                                                "(OpenAI's `tools` items), given to the chat template with "
                                                "`messages`.")
+    instructions: str | None = Field(default=None, max_length=200_000, description="System text put before "
+                                     "`messages` (the Responses API's `instructions`).")
+    metadata: dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]] | None = Field(
+        default=None, max_length=16, description="Your key-value pairs (16, keys of 64 and values of 512 "
+        "characters at most), kept with the job and returned as given.")
     parse_tool_calls: bool = Field(default=False, description="Find tool calls in the output with the "
                                    "worker's tool-call parser (INFERQ_TOOL_CALL_PARSER): OpenAI's "
                                    "tool_choice 'auto'. Needs `tools` and `messages`.")
@@ -160,6 +165,8 @@ class JobRequest(SamplingOptions):
     def _one_input(self) -> JobRequest:
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("give exactly one of 'prompt' or 'messages'")
+        if self.instructions is not None and self.messages is None:
+            raise ValueError("instructions need 'messages'")
         if self.parse_tool_calls and (not self.tools or self.messages is None):
             raise ValueError("parse_tool_calls needs 'tools' and 'messages'")
         if sum(x is not None and x is not False for x in (self.json_schema, self.json_object, self.choice)) > 1:

@@ -131,7 +131,8 @@ class JobRunner:
         req, tok = msg.request, self.host.tokenizer
         with self._tok_lock:
             if req.messages is not None:
-                text = tok.apply_chat_template([m.template_dict() for m in req.messages], tools=req.tools,
+                system = [{"role": "system", "content": req.instructions}] if req.instructions is not None else []
+                text = tok.apply_chat_template([*system, *(m.template_dict() for m in req.messages)], tools=req.tools,
                                                tokenize=False, add_generation_prompt=True)
                 return list(tok.encode(text, add_special_tokens=False))
             return list(tok.encode(req.prompt))

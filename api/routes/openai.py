@@ -101,7 +101,7 @@ def _sse(payloads: AsyncIterator[oc.Payload], service: JobService, job_ids: list
         try:
             async for p in payloads:
                 finished = p.last
-                yield {"data": p.data}
+                yield {"event": p.event, "data": p.data} if p.event else {"data": p.data}
         except Exception as e:  # the gateway failed mid-stream (Redis away): say so, as the last payload
             finished = True
             yield {"data": error_body(typed(e)).model_dump_json()}

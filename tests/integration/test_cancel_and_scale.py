@@ -40,7 +40,8 @@ def skipped_by_a_worker(stack, job_id: str) -> bool:
 def test_cancel_running_job_aborts_it_in_the_engine(stack) -> None:
     with stack.http() as http:
         for _ in range(5):  # on a busy machine a job may finish before its cancel lands: try again
-            job_id = submit(http, prompt="def long():", max_tokens=1900, ignore_eos=True)
+            # logprobs: several times the per-token work, so that the job outlasts a slow poll
+            job_id = submit(http, prompt="def long():", max_tokens=1900, ignore_eos=True, logprobs=20)
             deadline = time.monotonic() + 60
             while http.get(f"/v1/jobs/{job_id}").json()["first_token_at"] is None:  # generating
                 assert time.monotonic() < deadline, "no token within 60 s"
@@ -82,7 +83,8 @@ def test_cancel_queued_job_never_runs(stack) -> None:
 
 async def test_closing_generate_socket_cancels_the_job(stack) -> None:
     async with connect(f"{stack.ws}/v1/generate") as ws:
-        await ws.send(json.dumps({"prompt": "stream", "max_tokens": 1900, "ignore_eos": True}))
+        # logprobs: several times the per-token work, so that the job outlasts a slow close
+        await ws.send(json.dumps({"prompt": "stream", "max_tokens": 1900, "ignore_eos": True, "logprobs": 20}))
         accepted = json.loads(await ws.recv())
         for _ in range(3):
             assert json.loads(await ws.recv())["type"] == "token"

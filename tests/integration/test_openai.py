@@ -120,7 +120,6 @@ def test_json_object_mode(client) -> None:
     ({"max_tokens": 0}, openai.BadRequestError, "max_tokens"),
     ({"n": 100}, openai.BadRequestError, "n"),
     ({"top_logprobs": 50, "logprobs": True}, openai.BadRequestError, "top_logprobs"),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, openai.BadRequestError, "tool_choice"),  # auto
     ({"logit_bias": {"1": 5}}, openai.BadRequestError, "logit_bias"),
     ({"max_tokens": 4000}, openai.BadRequestError, "max_tokens"),
     ({"model": "no-such-model"}, openai.NotFoundError, "model"),

@@ -1,0 +1,106 @@
+"""``/v1/responses`` through the official openai SDK: a response, its stream, a follow-up with
+``previous_response_id``, ``background`` with polling, a stream resumed with ``starting_after``
+(the job's replayable log), cancel, and refusals naming the field."""
+
+from __future__ import annotations
+
+import time
+
+import openai
+import pytest
+
+pytestmark = pytest.mark.integration
+MODEL = "inferq-tiny"
+
+
+@pytest.fixture
+def client(stack) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{stack.base}/v1", api_key="unused", max_retries=0)
+
+
+def test_a_response_with_instructions(client) -> None:
+    r = client.responses.create(model=MODEL, input="Say hi", instructions="Be brief.", max_output_tokens=8,
+                                temperature=0, metadata={"run": "1"})
+    assert r.id.startswith("resp_") and r.object == "response" and r.model == MODEL
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"  # 8 tokens, no EOS
+    assert r.output_text and r.output[0].content[0].type == "output_text"
+    assert r.usage.output_tokens == 8 and r.usage.input_tokens > 0
+    assert r.instructions == "Be brief." and r.metadata == {"run": "1"}
+    again = client.responses.retrieve(r.id)
+    assert again.output_text == r.output_text and again.status == r.status
+    # the instructions reached the model: the same input without them is a shorter prompt
+    bare = client.responses.create(model=MODEL, input="Say hi", max_output_tokens=8, temperature=0)
+    assert bare.usage.input_tokens < r.usage.input_tokens
+
+
+def test_the_stream_adds_up_to_the_response(client) -> None:
+    events = list(client.responses.create(model=MODEL, input="Count", max_output_tokens=12, temperature=0,
+                                          stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added"]
+    assert kinds[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
+                          "response.completed"]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    final = events[-1].response
+    assert text == final.output_text == events[-4].text and final.usage.output_tokens == 12
+    assert client.responses.retrieve(final.id).output_text == text
+
+
+def test_previous_response_id_continues_the_conversation(client) -> None:
+    first = client.responses.create(model=MODEL, input="My name is Ada.", max_output_tokens=6, temperature=0)
+    second = client.responses.create(model=MODEL, input="What is my name?", previous_response_id=first.id,
+                                     max_output_tokens=6, temperature=0)
+    alone = client.responses.create(model=MODEL, input="What is my name?", max_output_tokens=6, temperature=0)
+    assert second.previous_response_id == first.id
+    # the first turn and its answer are in the prompt
+    assert second.usage.input_tokens > alone.usage.input_tokens + first.usage.output_tokens
+    with pytest.raises(openai.NotFoundError):
+        client.responses.create(model=MODEL, input="x", previous_response_id="resp_" + "0" * 32)
+
+
+def test_background_then_poll_and_resume_the_stream(client) -> None:
+    r = client.responses.create(model=MODEL, input="Tell a story", max_output_tokens=40, temperature=0,
+                                background=True)
+    assert r.status in ("queued", "in_progress") and r.background is True
+    deadline = time.monotonic() + 120
+    while (got := client.responses.retrieve(r.id)).status in ("queued", "in_progress"):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert got.status == "incomplete" and got.usage.output_tokens == 40
+    whole = list(client.responses.retrieve(r.id, stream=True))
+    assert "".join(e.delta for e in whole if e.type == "response.output_text.delta") == got.output_text
+    cut = whole[6].sequence_number
+    rest = list(client.responses.retrieve(r.id, stream=True, starting_after=cut))
+    assert [e.sequence_number for e in rest] == [e.sequence_number for e in whole[7:]]
+    assert [e.type for e in rest] == [e.type for e in whole[7:]]
+
+
+def test_cancel_a_background_response(client) -> None:
+    r = client.responses.create(model=MODEL, input="Go on", max_output_tokens=1900, background=True)
+    client.responses.cancel(r.id)  # long before 1,900 tokens
+    deadline = time.monotonic() + 60
+    while (got := client.responses.retrieve(r.id)).status in ("queued", "in_progress"):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert got.status == "cancelled"
+
+
+@pytest.mark.parametrize("kwargs, param", [
+    ({"tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tools"),
+    ({"max_output_tokens": 0}, "max_output_tokens"),
+    ({"text": {"format": {"type": "json_object"}}}, "text"),
+    ({"extra_body": {"unknown_field": 1}}, "unknown_field"),
+])
+def test_what_is_not_served_is_a_400_naming_it(client, kwargs, param) -> None:
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(model=MODEL, input="x", **kwargs)
+    assert param in (e.value.body or {}).get("param", "") + str(e.value.body), e.value.body
+
+
+def test_an_unknown_response_is_404(client) -> None:
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve("resp_" + "f" * 32)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve("not-a-response")
