@@ -18,7 +18,7 @@ import pytest
 import yaml
 from openai import OpenAI
 
-from tests.conftest import Stack, free_port, inferq_env, spawn, wait_for
+from tests.conftest import Stack, free_port, http_ok, inferq_env, spawn, wait_for
 from tests.helpers import submit, wait_status, ws_events
 
 pytestmark = pytest.mark.integration
@@ -49,7 +49,7 @@ def gateway2(stack: Stack, logdir: Path) -> Iterator[str]:
     svc = spawn("gateway-2proc", [sys.executable, "-m", "inferq.cli", "api", "--port", str(port), "--workers", "2"], env, logdir)
     base = f"http://127.0.0.1:{port}"
     try:
-        wait_for(lambda: _ok(f"{base}/readyz"), 60, "the two-process gateway", [svc])
+        wait_for(lambda: http_ok(f"{base}/readyz"), 60, "the two-process gateway", [svc])
         yield base
     finally:
         svc.stop()
@@ -76,18 +76,11 @@ scrape_configs:
                 {}, logdir)
     prom = Prometheus(f"http://127.0.0.1:{port}")
     try:
-        wait_for(lambda: _ok(f"{prom.base}/-/ready"), 60, "prometheus", [svc])
+        wait_for(lambda: http_ok(f"{prom.base}/-/ready"), 60, "prometheus", [svc])
         wait_for(lambda: prom.targets_up() == 1 + len(stack.metrics_ports), 60, "every target scraped", [svc])
         yield prom
     finally:
         svc.stop()
-
-
-def _ok(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 QUERIES = {
