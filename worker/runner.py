@@ -327,7 +327,9 @@ class JobRunner:
                             raise err
                         raise EventsLost(f"{type(err).__name__}: {err}")
                     for c in out.outputs:
-                        tc = calls.setdefault(c.index, make_calls()) if make_calls is not None else None
+                        tc = calls.get(c.index)
+                        if tc is None and make_calls is not None:  # one parser stream per completion
+                            tc = calls[c.index] = make_calls()
                         if c.text or c.token_ids:
                             p.texts[c.index] = p.texts.get(c.index, "") + c.text
                             p.tokens[c.index] = p.tokens.get(c.index, 0) + len(c.token_ids)
