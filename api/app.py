@@ -15,7 +15,7 @@ from inferq.api.auth import KeyRing
 from inferq.api.deps import Caller
 from inferq.api.limits import BodyLimit
 from inferq.api.metrics import RequestMetrics, process_exit
-from inferq.api.routes import health, jobs, metrics, openai, responses, stream, tokenize
+from inferq.api.routes import console, health, jobs, metrics, openai, responses, stream, tokenize
 from inferq.api.service import JobService
 from inferq.api.streams import StreamHub
 from inferq.shared import logs, tracing
@@ -59,7 +59,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             return app.openapi()
 
     errors.install(app)
-    for module in (jobs, stream, openai, responses, health, tokenize, metrics):
+    for module in (jobs, stream, openai, responses, health, tokenize, metrics, console):
         app.include_router(module.router)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     if settings.origins:  # browser pages on these origins may call the API (keys go in headers)
