@@ -164,13 +164,18 @@ class Admission:
 
     async def _admit(self, caller: Principal, reqs: list[JobRequest], ids: list[str]) -> list[JobRecord]:
         await self.check_rate(caller.subject)
-        await self.reserve(caller.subject, ids)
+        return await self.queue(caller.subject, caller.key_id, reqs, ids)
+
+    async def queue(self, subject: str, owner: str | None, reqs: list[JobRequest], ids: list[str]) -> list[JobRecord]:
+        """Take ``subject``'s slots for ``ids`` and queue the jobs, all or none (no rate check: a
+        batch's lines are queued this way, its creation was the request that counted)."""
+        await self.reserve(subject, ids)
         records: list[JobRecord] = []
         try:
             for req, job_id in zip(reqs, ids):
-                records.append(await self.service.submit(req, owner=caller.key_id, job_id=job_id))
+                records.append(await self.service.submit(req, owner=owner, job_id=job_id))
         except BaseException:
-            await asyncio.shield(self._undo(caller.subject, records, ids[len(records):]))
+            await asyncio.shield(self._undo(subject, records, ids[len(records):]))
             raise
         return records
 

@@ -9,6 +9,8 @@ from starlette.requests import HTTPConnection
 
 from inferq.api.admission import Admission
 from inferq.api.auth import KeyRing, Principal
+from inferq.api.batches.files import FileStore
+from inferq.api.batches.service import BatchService
 from inferq.api.service import JobService
 from inferq.api.streams import StreamHub
 from inferq.shared.errors import Unauthenticated
@@ -47,4 +49,16 @@ Admit = Annotated[Admission, Depends(get_admission)]
 Caller = Annotated[Principal, Depends(get_caller)]
 WsCaller = Annotated[Principal | Unauthenticated, Depends(get_ws_caller)]
 Hub = Annotated[StreamHub, Depends(get_hub)]
-__all__ = ["Service", "Hub", "Request", "Admit", "Caller", "WsCaller", "Principal"]
+
+
+def get_files(conn: HTTPConnection) -> FileStore:
+    return conn.app.state.files
+
+
+def get_batches(conn: HTTPConnection) -> BatchService:
+    return conn.app.state.batches
+
+
+Files = Annotated[FileStore, Depends(get_files)]
+Batches = Annotated[BatchService, Depends(get_batches)]
+__all__ = ["Service", "Hub", "Request", "Admit", "Caller", "WsCaller", "Principal", "Files", "Batches"]

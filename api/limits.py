@@ -13,16 +13,19 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 
 class BodyLimit:
-    def __init__(self, app: Callable[..., Awaitable[None]], max_bytes: int) -> None:
+    def __init__(self, app: Callable[..., Awaitable[None]], max_bytes: int,
+                 routes: dict[str, int] | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.routes = routes or {}  # exact paths with a limit of their own (file uploads)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        limit = self.routes.get(scope.get("path", ""), self.max_bytes)
         declared = dict(scope.get("headers") or []).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            return await to_response(BodyTooLarge(self.max_bytes))(scope, receive, send)
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            return await to_response(BodyTooLarge(limit))(scope, receive, send)
         seen = 0
         started = False
 
@@ -31,8 +34,8 @@ class BodyLimit:
             msg = await receive()
             if msg["type"] == "http.request":
                 seen += len(msg.get("body", b""))
-                if seen > self.max_bytes:
-                    raise PassThrough(BodyTooLarge(self.max_bytes))
+                if seen > limit:
+                    raise PassThrough(BodyTooLarge(limit))
             return msg
 
         async def tracking_send(msg: dict[str, Any]) -> None:

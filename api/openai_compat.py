@@ -36,6 +36,7 @@ from inferq.api.streams import StreamHub
 from inferq.shared.errors import InferqError, Unavailable, error_from
 from inferq.shared.request_limits import check_json
 from inferq.shared.schemas import (
+    DoneEvent,
     ErrorEvent,
     JobRequest,
     RestartEvent,
@@ -136,20 +137,31 @@ class Collected:
         c.calls.extend(ev.tool_calls or [])
 
 
-async def collect(hub: StreamHub, job_id: str, n: int) -> Collected:
-    out = Collected(choices={i: Choice() for i in range(n)})
-    async for ev in hub.events(job_id, merge=True):
+class Collector:
+    """Folds one job's events into what it produced; an ``error`` event raises its error."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.out = Collected(choices={i: Choice() for i in range(n)})
+
+    def feed(self, ev: TokenEvent | DoneEvent | ErrorEvent | RestartEvent) -> None:
         if ev.type == "token":
-            out.add(ev)
+            self.out.add(ev)
         elif ev.type == "restart":  # a lost attempt: start over
-            out = Collected(choices={i: Choice() for i in range(n)})
+            self.out = Collected(choices={i: Choice() for i in range(self.n)})
         elif ev.type == "done":
             for end in ev.choices:
-                out.choices.setdefault(end.index, Choice()).finish_reason = end.finish_reason
-            out.usage = ev.usage
+                self.out.choices.setdefault(end.index, Choice()).finish_reason = end.finish_reason
+            self.out.usage = ev.usage
         else:
             raise error_from(ev.error)
-    return out
+
+
+async def collect(hub: StreamHub, job_id: str, n: int) -> Collected:
+    c = Collector(n)
+    async for ev in hub.events(job_id, merge=True):
+        c.feed(ev)
+    return c.out
 
 
 def chat_response(job_id: str, model: str, req: ChatCompletionRequest, got: Collected) -> ChatCompletion:

@@ -23,6 +23,17 @@ unacked, unacked_index          hash,zset kombu's delivered-but-unacked messages
 inferq:rate:{subject}           zset      submission times of the last minute (sliding window; TTL)
 inferq:active:{subject}         zset      the subject's unfinished job ids -> submit time (TTL)
 inferq:idem:{subject}:{hash}    string    an Idempotency-Key's request fingerprint and job ids (TTL)
+inferq:file:{id}                hash      a file's metadata (``meta``) and owner; ``content`` when the
+                                          contents live in Redis (else INFERQ_FILES_DIR/{id})
+inferq:files:{owner}            zset      the owner's file ids -> created_at (listing)
+inferq:batch:{id}               hash      a batch: ``record`` (api.batches.schemas.BatchRecord JSON),
+                                          ``cancel`` (time a cancel was asked)
+inferq:batch:{id}:lines         list      the validated request lines, until the batch ends
+inferq:batch:{id}:running       hash      line index -> ids of its unfinished jobs (JSON list)
+inferq:batch:{id}:results       hash      line index -> its output or error line
+inferq:batch:{id}:lease         string    the gateway advancing the batch (TTL: batch_lease_s)
+inferq:batches:{owner}          zset      the owner's batch ids -> created_at (listing)
+inferq:batches:active           set       batches not yet ended: what gateways advance
 ==============================  ========  ==========================================================
 """
 
@@ -123,3 +134,39 @@ def stat(kind: str, *labels: str) -> str:
     """A field of :data:`STATS`: ``end|model|status|code``, ``requeue|model|reason``,
     ``reaped|model`` or ``submitted|model`` (the Lua scripts in shared/store.py build the same)."""
     return STAT_SEP.join((kind, *labels))
+
+
+#: set: the batches not yet ended; every gateway's runner looks here for work.
+BATCHES_ACTIVE = f"{PREFIX}:batches:active"
+#: File and batch ids: a prefix and 24 hex digits (96 random bits), as OpenAI's are prefixed.
+FILE_ID_PATTERN = r"file-[0-9a-f]{24}"
+BATCH_ID_PATTERN = r"batch_[0-9a-f]{24}"
+
+
+def _owner(owner: str | None) -> str:
+    return owner or "-"  # "-": auth is off (every caller is the same owner)
+
+
+def file(file_id: str) -> str:
+    """A file's metadata, owner and (without INFERQ_FILES_DIR) contents."""
+    return f"{PREFIX}:file:{file_id}"
+
+
+def files(owner: str | None) -> str:
+    """The owner's file ids, scored by creation time."""
+    return f"{PREFIX}:files:{_owner(owner)}"
+
+
+def batch(batch_id: str) -> str:
+    """A batch's record and cancel request."""
+    return f"{PREFIX}:batch:{batch_id}"
+
+
+def batch_part(batch_id: str, part: str) -> str:
+    """One of a batch's working keys: ``lines``, ``running``, ``results`` or ``lease``."""
+    return f"{PREFIX}:batch:{batch_id}:{part}"
+
+
+def batches(owner: str | None) -> str:
+    """The owner's batch ids, scored by creation time."""
+    return f"{PREFIX}:batches:{_owner(owner)}"

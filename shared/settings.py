@@ -98,6 +98,20 @@ class Settings(BaseSettings):
     max_concurrent_jobs_per_key: int = Field(default=0, ge=0, description="Unfinished jobs per key; 0: off.")
     idempotency_ttl_s: int = Field(default=24 * 3600, ge=1, description="How long an Idempotency-Key holds.")
 
+    # --- files and batches (the Batch API; api/batches) ---------------------------------------
+    files_dir: Path | None = Field(
+        default=None, description="Folder (shared by every gateway) that uploaded and batch output files "
+        "are kept in; unset: file contents live in Redis, each at most max_file_bytes.")
+    max_file_bytes: int = Field(default=64 << 20, ge=1024, description="Largest file upload (POST /v1/files).")
+    max_batch_lines: int = Field(default=50_000, ge=1, description="Most requests in one batch's input file.")
+    batch_priority: int = Field(default=9, ge=0, le=9, description="Priority of a batch's jobs (0 runs "
+                                "first): above the default 5, interactive requests go first.")
+    batch_window: int = Field(default=256, ge=1, description="Most unfinished jobs one batch has queued "
+                              "or running at once; its next lines are queued as they finish.")
+    batch_poll_s: float = Field(default=0.5, gt=0, description="How often a gateway advances its batches.")
+    batch_lease_s: float = Field(default=15.0, gt=0, description="How long a gateway holds a batch it "
+                                 "advances without renewing; another gateway takes it over after that.")
+
     # --- worker / engine ----------------------------------------------------------------------
     max_model_len: int | None = None
     gpu_memory_utilization: float = Field(default=0.90, gt=0, le=1)

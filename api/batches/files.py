@@ -1,0 +1,127 @@
+"""Uploaded and batch output files: metadata in Redis; contents in Redis or in a folder.
+
+Every file's metadata and owner sit in the hash ``keys.file(id)``, and its id in the owner's
+listing. Its contents (UTF-8 text: JSONL) are the hash's ``content`` field, or, with
+``INFERQ_FILES_DIR``, the file ``{files_dir}/{id}.jsonl``: a folder every gateway mounts (a
+shared volume), which keeps large files out of Redis' memory. Files do not expire (as OpenAI's
+do not, by default): ``DELETE /v1/files/{id}`` removes one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import time
+from pathlib import Path
+
+from redis.asyncio import Redis
+from starlette.concurrency import run_in_threadpool
+
+from inferq.api.auth import Principal
+from inferq.api.batches.schemas import FileList, FileObject, FilePurpose
+from inferq.shared import keys
+from inferq.shared.errors import InvalidRequest, NotFound
+from inferq.shared.settings import Settings
+
+
+def new_file_id() -> str:
+    return "file-" + secrets.token_hex(12)
+
+
+def file_not_found(file_id: str) -> NotFound:
+    return NotFound(f"no file {file_id[:80]!r}", param="file_id", code="file_not_found")
+
+
+class FileStore:
+    def __init__(self, settings: Settings, redis: Redis) -> None:
+        self.redis = redis
+        self.max_bytes = settings.max_file_bytes
+        self.dir = settings.files_dir
+        if self.dir is not None:
+            self.dir.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, file_id: str) -> Path:
+        assert self.dir is not None
+        return self.dir / f"{file_id}.jsonl"
+
+    async def create(self, owner: str | None, purpose: FilePurpose, filename: str, data: bytes) -> FileObject:
+        """Keep ``data`` as a new file of ``owner``'s; 400 when it is too large or not UTF-8."""
+        if len(data) > self.max_bytes:
+            raise InvalidRequest(f"the file has {len(data)} bytes; at most {self.max_bytes} "
+                                 "(INFERQ_MAX_FILE_BYTES)", param="file", code="file_too_large")
+        try:
+            text = data.decode()
+        except UnicodeDecodeError as e:
+            raise InvalidRequest(f"the file is not UTF-8 text (byte {e.start}); a batch input file is "
+                                 "JSONL", param="file", code="invalid_file_format") from None
+        meta = FileObject(id=new_file_id(), bytes=len(data), created_at=int(time.time()),
+                          filename=filename[:255] or "file.jsonl", purpose=purpose)
+        fields = {"meta": meta.model_dump_json(), "owner": json.dumps(owner)}
+        if self.dir is None:
+            fields["content"] = text
+        else:
+            await run_in_threadpool(_write_atomically, self._path(meta.id), data)
+        async with self.redis.pipeline(transaction=True) as p:
+            p.hset(keys.file(meta.id), mapping=fields)
+            p.zadd(keys.files(owner), {meta.id: time.time()})
+            await p.execute()
+        return meta
+
+    async def get(self, file_id: str, caller: Principal) -> FileObject:
+        """The file's metadata, if ``caller`` may see it; another key's file is "not found" too."""
+        meta, owner = await self.redis.hmget(keys.file(file_id), ["meta", "owner"])
+        if meta is None or not caller.may_see(json.loads(owner)):
+            raise file_not_found(file_id)
+        return FileObject.model_validate_json(meta)
+
+    async def content(self, file_id: str, caller: Principal) -> str:
+        await self.get(file_id, caller)
+        return await self.read(file_id)
+
+    async def read(self, file_id: str) -> str:
+        """The contents, whoever owns the file (for the runner: it checked ownership at create)."""
+        if self.dir is None:
+            text = await self.redis.hget(keys.file(file_id), "content")
+            if text is None:
+                raise file_not_found(file_id)
+            return str(text)
+        try:
+            return (await run_in_threadpool(self._path(file_id).read_bytes)).decode()
+        except FileNotFoundError:
+            raise file_not_found(file_id) from None
+
+    async def delete(self, file_id: str, caller: Principal) -> None:
+        await self.get(file_id, caller)
+        owner = json.loads(await self.redis.hget(keys.file(file_id), "owner") or "null")
+        async with self.redis.pipeline(transaction=True) as p:
+            p.delete(keys.file(file_id))
+            p.zrem(keys.files(owner), file_id)
+            await p.execute()
+        if self.dir is not None:
+            await run_in_threadpool(self._path(file_id).unlink, True)
+
+    async def list(self, caller: Principal, purpose: str | None, limit: int, after: str | None) -> FileList:
+        """The caller's files, newest first; ``after``: continue after that file id."""
+        ids = await self.redis.zrevrange(keys.files(caller.key_id), 0, -1)
+        if after is not None:
+            ids = ids[ids.index(after) + 1:] if after in ids else []
+        out: list[FileObject] = []
+        for chunk in (ids[i:i + 100] for i in range(0, len(ids), 100)):
+            async with self.redis.pipeline(transaction=False) as p:
+                for i in chunk:
+                    p.hget(keys.file(i), "meta")
+                metas = await p.execute()
+            found = [FileObject.model_validate_json(m) for m in metas if m]
+            out += [f for f in found if purpose is None or f.purpose == purpose]
+            if len(out) > limit:
+                break
+        page = out[:limit]
+        return FileList(data=page, has_more=len(out) > limit,
+                        first_id=page[0].id if page else None, last_id=page[-1].id if page else None)
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    tmp = path.with_suffix(f".{secrets.token_hex(4)}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
