@@ -106,7 +106,7 @@ def prepare(raw: str, settings: Settings) -> Prepared:
     else:
         completion = CompletionRequest.model_validate(body)
         jobs = oc.completion_jobs(completion)
-    jobs = [j.model_copy(update={"priority": max(j.priority, settings.batch_priority)}) for j in jobs]
+    jobs = [j.model_copy(update={"priority": settings.batch_priority}) for j in jobs]
     for j in jobs:
         check_limits(j, settings)
     return Prepared(line, chat, completion, jobs)

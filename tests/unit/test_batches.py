@@ -1,0 +1,161 @@
+"""The Batch API's parts on a real Redis, with no engine: the input file's format check, a line's
+conversion, the file store (folder mode), and the runner's state machine (window, expiry, cancel)
+over jobs that stay queued because no worker runs here."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import redis.asyncio
+from pydantic import ValidationError
+
+from inferq.api.admission import Admission
+from inferq.api.auth import Principal
+from inferq.api.batches import lines
+from inferq.api.batches.files import FileStore
+from inferq.api.batches.runner import BatchRunner
+from inferq.api.batches.schemas import BatchCreate, OutputLine
+from inferq.api.batches.service import BatchService
+from inferq.api.service import JobService
+from inferq.shared import keys
+from inferq.shared.celery_app import make_celery
+from inferq.shared.errors import InvalidRequest, NotFound
+from inferq.shared.settings import Settings
+from inferq.shared.store import JobStore
+
+CHAT = "/v1/chat/completions"
+ALICE = Principal(key_id="alice", name=None, ip="1.2.3.4")
+BOB = Principal(key_id="bob", name=None, ip="1.2.3.5")
+
+
+def line(i: int, url: str = CHAT, **body: object) -> str:
+    if url == CHAT:
+        body = {"messages": [{"role": "user", "content": f"q{i}"}], **body}
+    else:
+        body = {"prompt": f"q{i}", **body}
+    return json.dumps({"custom_id": f"c{i}", "method": "POST", "url": url, "body": body})
+
+
+def test_check_file_keeps_good_lines_and_skips_blank_ones() -> None:
+    good, errors = lines.check_file(f"{line(1)}\n\n{line(2)}\r\n", CHAT, 10)
+    assert errors == [] and [json.loads(g)["custom_id"] for g in good] == ["c1", "c2"]
+
+
+@pytest.mark.parametrize("bad,code", [
+    ("[1, 2]", "invalid_json_line"),
+    (json.dumps({"custom_id": "x", "method": "POST", "url": "/v1/embeddings", "body": {}}), "invalid_url"),
+    (json.dumps({"custom_id": "x", "method": "POST", "url": CHAT, "body": []}), "invalid_body"),
+    (json.dumps({"custom_id": "", "method": "POST", "url": CHAT, "body": {}}), "invalid_custom_id"),
+    (json.dumps({"custom_id": "x", "method": "POST", "url": CHAT, "body": {}, "extra": 1}), "invalid_request"),
+])
+def test_check_file_names_each_format_error_and_its_line(bad: str, code: str) -> None:
+    good, errors = lines.check_file(f"{line(1)}\n{bad}\n", CHAT, 10)
+    assert good == [] and [(e.code, e.line) for e in errors] == [(code, 2)]
+
+
+def test_check_file_limits_lines_and_refuses_an_empty_file() -> None:
+    _, errors = lines.check_file("\n".join(line(i) for i in range(4)), CHAT, 3)
+    assert [(e.code, e.line) for e in errors] == [("too_many_lines", 4)] and "3" in errors[0].message
+    assert [e.code for e in lines.check_file("\n \n", CHAT, 3)[1]] == ["empty_file"]
+
+
+def test_prepare_converts_as_the_endpoint_does_and_refuses_as_it_would() -> None:
+    s = Settings(batch_priority=8, max_tokens_limit=100)
+    chat = lines.prepare(line(1, stream=True, max_tokens=5), s)  # stream: answered whole anyway
+    assert [(j.max_tokens, j.priority) for j in chat.jobs] == [(5, 8)] and chat.chat is not None
+    texts = lines.prepare(line(2, url="/v1/completions", prompt=["a", "b"], n=2), s)
+    assert [j.prompt for j in texts.jobs] == ["a", "b"] and texts.n == 2
+    assert all(j.priority == 8 for j in texts.jobs)
+    with pytest.raises(InvalidRequest, match="max_tokens"):
+        lines.prepare(line(3, max_tokens=1000), s)
+    with pytest.raises(ValidationError):
+        lines.prepare(line(4, temperature="hot"), s)
+    out = lines.refused("c4", InvalidRequest("max_tokens: too many", param="max_tokens"))
+    assert out.response is not None and out.response.status_code == 400
+    assert out.response.body["error"]["param"] == "max_tokens"
+
+
+async def test_file_store_in_a_folder(r: redis.asyncio.Redis, tmp_path: Path) -> None:
+    files = FileStore(Settings(files_dir=tmp_path / "files", max_file_bytes=2048), r)
+    f = await files.create("alice", "batch", "in.jsonl", b'{"a": 1}\n')
+    assert (tmp_path / "files" / f"{f.id}.jsonl").read_bytes() == b'{"a": 1}\n'
+    assert await r.hget(keys.file(f.id), "content") is None  # the contents are not in Redis
+    assert await files.content(f.id, ALICE) == '{"a": 1}\n'
+    assert [x.id for x in (await files.list(ALICE, None, 10, None)).data] == [f.id]
+    assert (await files.list(BOB, None, 10, None)).data == []
+    with pytest.raises(NotFound):
+        await files.get(f.id, BOB)  # another key's file does not exist for it
+    with pytest.raises(InvalidRequest, match="at most 2048"):
+        await files.create("alice", "batch", "big.jsonl", b"x" * 2049)
+    await files.delete(f.id, ALICE)
+    assert not (tmp_path / "files" / f"{f.id}.jsonl").exists()
+    with pytest.raises(NotFound):
+        await files.content(f.id, ALICE)
+
+
+async def make_runner(r: redis.asyncio.Redis, **settings: object) -> tuple[BatchRunner, BatchService, Settings]:
+    s = Settings(**settings)  # redis_url: the module's server, where the Celery messages go
+    store = JobStore(r, 600)
+    service = JobService(s, r, store, make_celery(s))
+    files = FileStore(s, r)
+    runner = BatchRunner(s, r, Admission(s, r, service), files)
+    return runner, BatchService(r, files, runner.me, 30), s
+
+
+async def create(batches: BatchService, n: int, who: Principal = ALICE) -> str:
+    text = "\n".join(line(i, max_tokens=4) for i in range(n)) + "\n"
+    f = await batches.files.create(who.key_id, "batch", "in.jsonl", text.encode())
+    b = await batches.create(BatchCreate(input_file_id=f.id, endpoint=CHAT, completion_window="24h"), who)
+    return b.id
+
+
+async def test_runner_keeps_the_window_then_expires_the_batch(r: redis.asyncio.Redis, own_redis: str) -> None:
+    runner, batches, _ = await make_runner(r, redis_url=own_redis, batch_window=3)
+    bid = await create(batches, 5)
+    await runner.advance(bid)
+    b = await batches.get(bid, ALICE)
+    assert b.status == "in_progress" and b.request_counts.total == 5
+    running = await r.hgetall(keys.batch_part(bid, "running"))
+    assert sorted(running) == ["0", "1", "2"], "no more than batch_window lines unfinished"
+    job = json.loads(running["0"])["jobs"][0]
+    assert json.loads(await r.hget(keys.job(job), "request"))["priority"] == 9
+    with pytest.raises(NotFound):
+        await batches.get(bid, BOB)
+
+    rec = json.loads(await r.hget(keys.batch(bid), "record"))
+    rec["batch"]["expires_at"] = int(time.time()) - 1  # the completion window is over
+    await r.hset(keys.batch(bid), "record", json.dumps(rec))
+    await runner.advance(bid)
+    b = await batches.get(bid, ALICE)
+    assert b.status == "expired" and b.expired_at and b.output_file_id is None
+    assert (b.request_counts.completed, b.request_counts.failed) == (0, 5)
+    errs = [OutputLine.model_validate_json(x) for x in (await batches.files.read(b.error_file_id)).splitlines()]
+    assert [(e.custom_id, e.error.code) for e in errs if e.error] == [(f"c{i}", "batch_expired") for i in range(5)]
+    assert json.loads(await r.hget(keys.job(job), "status")) == "cancelled", "its queued jobs never run"
+    assert not await r.sismember(keys.BATCHES_ACTIVE, bid)
+    assert not await r.exists(keys.batch_part(bid, "lines"), keys.batch_part(bid, "running"))
+
+
+async def test_cancel_while_validating_and_after(r: redis.asyncio.Redis, own_redis: str) -> None:
+    runner, batches, _ = await make_runner(r, redis_url=own_redis)
+    early = await create(batches, 2)
+    assert (await batches.cancel(early, ALICE)).status == "cancelling"
+    await runner.advance(early)
+    b = await batches.get(early, ALICE)
+    assert b.status == "cancelled" and b.request_counts.total == 0
+    with pytest.raises(InvalidRequest, match="cancelled"):
+        await batches.cancel(early, ALICE)
+
+    later = await create(batches, 4)
+    await runner.advance(later)
+    await batches.cancel(later, ALICE)
+    await runner.advance(later)
+    b = await batches.get(later, ALICE)
+    assert b.status == "cancelled" and (b.request_counts.completed, b.request_counts.failed) == (0, 4)
+    listed = await batches.list(ALICE, 1, None)
+    assert [x.id for x in listed.data] == [later] and listed.has_more
+    assert [x.id for x in (await batches.list(ALICE, 5, later)).data] == [early]
+    assert (await batches.list(BOB, 5, None)).data == []
