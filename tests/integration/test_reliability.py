@@ -215,3 +215,38 @@ def test_chaos_short(fleet) -> None:
 # One event loop in a thread for the websocket followers, so that tests can block meanwhile.
 LOOP = asyncio.new_event_loop()
 __import__("threading").Thread(target=LOOP.run_forever, daemon=True).start()
+
+
+@pytest.mark.faults
+def test_a_batch_survives_a_worker_kill_a_gateway_restart_and_a_redis_restart(fleet) -> None:
+    """Every line of a batch is answered exactly once through all three faults in a row."""
+    ensure_two_workers(fleet)
+    rows = [{"custom_id": f"r{i}", "method": "POST", "url": "/v1/completions",
+             "body": {"prompt": f"line {i}", "max_tokens": 200, "ignore_eos": True}} for i in range(80)]
+    body = "".join(json.dumps(r) + "\n" for r in rows).encode()
+    with fleet.http() as http:
+        up = http.post("/v1/files", files={"file": ("in.jsonl", body)}, data={"purpose": "batch"}).json()
+        batch = http.post("/v1/batches", json={"input_file_id": up["id"], "endpoint": "/v1/completions",
+                                               "completion_window": "24h"}).json()
+
+        def counts() -> dict:
+            return http.get(f"/v1/batches/{batch['id']}").json()["request_counts"]
+
+        wait_for(lambda: counts()["total"] == 80, 60, "the batch in progress")
+        fleet.kill_worker(fleet.live()[0], signal.SIGKILL)
+        fleet.start_worker(wait=False)
+        assert fleet.gateway is not None
+        fleet.gateway.stop(signal.SIGKILL)
+        fleet.start_gateway()
+        fleet.restart_redis()
+        wait_for(lambda: http_ok(f"{fleet.base}/readyz"), 120, "the fleet back after the Redis restart")
+
+        def ended() -> bool:
+            return http.get(f"/v1/batches/{batch['id']}").json()["status"] in ("completed", "failed", "cancelled")
+
+        wait_for(ended, 600, "the batch to end")
+        done = http.get(f"/v1/batches/{batch['id']}").json()
+        assert done["status"] == "completed" and done["request_counts"] == {"total": 80, "completed": 80, "failed": 0}
+        out = [json.loads(x) for x in http.get(f"/v1/files/{done['output_file_id']}/content").text.splitlines()]
+    assert sorted(x["custom_id"] for x in out) == sorted(f"r{i}" for i in range(80))
+    assert all(x["response"]["body"]["usage"]["completion_tokens"] == 200 for x in out)
