@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import time
 from pathlib import Path
@@ -23,6 +24,9 @@ from inferq.api.batches.schemas import FileList, FileObject, FilePurpose
 from inferq.shared import keys
 from inferq.shared.errors import InvalidRequest, NotFound
 from inferq.shared.settings import Settings
+
+
+_FILE_ID = re.compile(keys.FILE_ID_PATTERN)
 
 
 def new_file_id() -> str:
@@ -70,7 +74,8 @@ class FileStore:
 
     async def get(self, file_id: str, caller: Principal) -> FileObject:
         """The file's metadata, if ``caller`` may see it; another key's file is "not found" too."""
-        meta, owner = await self.redis.hmget(keys.file(file_id), ["meta", "owner"])
+        meta, owner = (await self.redis.hmget(keys.file(file_id), ["meta", "owner"])
+                       if _FILE_ID.fullmatch(file_id) else (None, None))
         if meta is None or not caller.may_see(json.loads(owner)):
             raise file_not_found(file_id)
         return FileObject.model_validate_json(meta)

@@ -96,13 +96,18 @@ class BatchRunner:
     async def _loop(self) -> None:
         while True:
             try:
-                for batch_id in await self.redis.smembers(keys.BATCHES_ACTIVE):
+                active = await self.redis.smembers(keys.BATCHES_ACTIVE)
+            except Exception:  # Redis away: try again next poll
+                log.warning("batch runner: cannot read the active batches", exc_info=True)
+                active = set()
+            for batch_id in active:
+                try:
                     if await self._hold(batch_id):
                         await self.advance(batch_id)
-            except LeaseLost:
-                pass
-            except Exception:  # Redis away, or a bug: log it, and try again next poll
-                log.warning("batch runner: a step failed", exc_info=True)
+                except LeaseLost:
+                    continue
+                except Exception:  # Redis away, or a bug: log it, and try again next poll
+                    log.warning("batch %s: a step failed", batch_id, exc_info=True)
             await asyncio.sleep(self.settings.batch_poll_s)
 
     async def _hold(self, batch_id: str) -> bool:
@@ -237,10 +242,15 @@ class BatchRunner:
             try:
                 prep = lines.prepare(raw, self.settings)
                 ids = [new_job_id() for _ in prep.jobs]
+                self._check_fits(ids)
+            except Exception as e:  # what the endpoint would answer instead of running the request
+                await self._answer(bid, index, lines.refused(lines.custom_id_of(raw), e), running=False)
+                continue
+            try:
                 records = await self.admission.queue(rec.subject, rec.owner, prep.jobs, ids)
             except (RateLimited, Unavailable):  # the queue or the key's job slots are full: next poll
                 return
-            except Exception as e:  # what the endpoint would answer instead of running the request
+            except Exception as e:  # refused at submission (an unknown model, a prompt over the context)
                 await self._answer(bid, index, lines.refused(lines.custom_id_of(raw), e), running=False)
                 continue
             entry = json.dumps({"jobs": ids, "model": records[0].model})
@@ -248,6 +258,13 @@ class BatchRunner:
                 p.hset(keys.batch_part(bid, "running"), str(index), entry)
                 p.hset(keys.batch(bid), "next", index + 1)
                 await p.execute()
+
+    def _check_fits(self, ids: list[str]) -> None:
+        """A line with more prompts than its key may have unfinished jobs would wait forever."""
+        limit = self.settings.max_concurrent_jobs_per_key
+        if limit and len(ids) > limit:
+            raise RateLimited(f"this request needs {len(ids)} jobs and its key may have at most {limit} "
+                              "unfinished (INFERQ_MAX_CONCURRENT_JOBS_PER_KEY)", code="too_many_jobs")
 
     async def _finish(self, rec: BatchRecord, nxt: int) -> None:
         """Write the output and error files and end the batch."""

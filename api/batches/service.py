@@ -10,6 +10,7 @@ runner). What a client sees is the record with those fields folded in.
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import time
 
@@ -22,6 +23,7 @@ from inferq.shared import keys
 from inferq.shared.errors import InvalidRequest, NotFound
 
 COMPLETION_WINDOW_S = 24 * 3600
+_BATCH_ID = re.compile(keys.BATCH_ID_PATTERN)
 
 
 def new_batch_id() -> str:
@@ -68,7 +70,7 @@ class BatchService:
         return b
 
     async def _fields(self, batch_id: str, caller: Principal) -> dict[str, str]:
-        fields = await self.redis.hgetall(keys.batch(batch_id)) if batch_id.startswith("batch_") else {}
+        fields = await self.redis.hgetall(keys.batch(batch_id)) if _BATCH_ID.fullmatch(batch_id) else {}
         if not fields or not caller.may_see(json.loads(fields["record"]).get("owner")):
             raise batch_not_found(batch_id)
         return fields

@@ -159,3 +159,19 @@ async def test_cancel_while_validating_and_after(r: redis.asyncio.Redis, own_red
     assert [x.id for x in listed.data] == [later] and listed.has_more
     assert [x.id for x in (await batches.list(ALICE, 5, later)).data] == [early]
     assert (await batches.list(BOB, 5, None)).data == []
+
+
+async def test_a_line_that_can_never_fit_its_keys_limit_is_answered_not_waited_on(
+        r: redis.asyncio.Redis, own_redis: str) -> None:
+    runner, batches, _ = await make_runner(r, redis_url=own_redis, max_concurrent_jobs_per_key=1)
+    text = line(0, url="/v1/completions", prompt=["a", "b"]) + "\n" + line(1, url="/v1/completions") + "\n"
+    f = await batches.files.create("alice", "batch", "in.jsonl", text.encode())
+    b = await batches.create(BatchCreate(input_file_id=f.id, endpoint="/v1/completions", completion_window="24h"),
+                             ALICE)
+    await runner.advance(b.id)
+    got = OutputLine.model_validate_json(await r.hget(keys.batch_part(b.id, "results"), "0"))
+    assert got.response is not None and got.response.status_code == 429
+    assert got.response.body["error"]["code"] == "too_many_jobs"
+    assert list(await r.hgetall(keys.batch_part(b.id, "running"))) == ["1"], "the next line runs"
+    with pytest.raises(NotFound):
+        await batches.get(b.id + ":results", ALICE)  # not a batch id: never reaches another key
