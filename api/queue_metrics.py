@@ -39,7 +39,7 @@ return false
 """
 
 
-_ARITY = {"submitted": 1, "end": 3, "requeue": 2, "reaped": 1}  # labels of each kind of keys.stat()
+_ARITY = {"submitted": 1, "end": 3, "requeue": 2, "reaped": 1, "batch_line": 1}  # labels of each kind of keys.stat()
 
 
 @dataclass
@@ -52,13 +52,15 @@ class QueueSnapshot:
     workers: dict[tuple[str, str], int] = field(default_factory=dict)  # (model, live|draining) -> n
     running: dict[str, int] = field(default_factory=dict)  # model -> jobs its live workers hold
     stats: dict[str, int] = field(default_factory=dict)  # inferq:stats
+    batches: int = 0  # batches not yet ended
 
 
 async def snapshot(redis: Redis, default_model: str, ttl_s: float, window_s: float) -> QueueSnapshot:
     """Read the queues of the default model and of every model served within ``window_s``."""
     now = time.time()
     models = {default_model, *await redis.zrangebyscore(keys.MODELS, now - window_s, "+inf")}
-    snap = QueueSnapshot(now, stats={k: int(v) for k, v in (await redis.hgetall(keys.STATS)).items()})
+    snap = QueueSnapshot(now, stats={k: int(v) for k, v in (await redis.hgetall(keys.STATS)).items()},
+                         batches=await redis.scard(keys.BATCHES_ACTIVE))
     for model in sorted(models):
         lists = keys.queue_lists(model)
         async with redis.pipeline(transaction=False) as p:
@@ -113,6 +115,7 @@ class QueueCollector(Collector):
         for (model, state), n in s.workers.items():
             workers.add_metric([model, state], n)
         yield workers
+        yield GaugeMetricFamily("inferq_batches_active", "Batches (the Batch API) not yet ended.", value=s.batches)
         yield from self._counters()
 
     def _counters(self) -> Iterator[Metric]:
@@ -127,6 +130,8 @@ class QueueCollector(Collector):
                                            labels=["model", "reason"]),
             "reaped": CounterMetricFamily("inferq_workers_reaped", "Workers found dead (no heartbeat for "
                                           "INFERQ_WORKER_TTL_S) and removed by a reaper.", labels=["model"]),
+            "batch_line": CounterMetricFamily("inferq_batch_lines", "Batch requests answered, by outcome "
+                                              "(ok: output file; error: error file).", labels=["outcome"]),
         }
         expired = CounterMetricFamily("inferq_job_deadline_expiries", "Jobs that failed at their deadline "
                                       "(inferq_jobs_finished_total with code deadline_exceeded).", labels=["model"])

@@ -132,7 +132,7 @@ def idempotency(subject: str, key_hash: str) -> str:
 
 def stat(kind: str, *labels: str) -> str:
     """A field of :data:`STATS`: ``end|model|status|code``, ``requeue|model|reason``,
-    ``reaped|model`` or ``submitted|model`` (the Lua scripts in shared/store.py build the same)."""
+    ``reaped|model``, ``submitted|model`` or ``batch_line|outcome`` (the Lua scripts in shared/store.py build the same)."""
     return STAT_SEP.join((kind, *labels))
 
 

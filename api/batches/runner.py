@@ -193,6 +193,7 @@ class BatchRunner:
             else:
                 p.hset(keys.batch(batch_id), "next", index + 1)
             p.hincrby(keys.batch(batch_id), "ok" if ok else "err", 1)
+            p.hincrby(keys.STATS, keys.stat("batch_line", "ok" if ok else "error"), 1)
             await p.execute()
 
     async def _collect(self, rec: BatchRecord) -> None:

@@ -19,6 +19,7 @@ from inferq.api.batches.files import FileStore
 from inferq.api.batches.runner import BatchRunner
 from inferq.api.batches.schemas import BatchCreate, OutputLine
 from inferq.api.batches.service import BatchService
+from inferq.api.queue_metrics import exposition, snapshot
 from inferq.api.service import JobService
 from inferq.shared import keys
 from inferq.shared.celery_app import make_celery
@@ -136,6 +137,9 @@ async def test_runner_keeps_the_window_then_expires_the_batch(r: redis.asyncio.R
     assert [(e.custom_id, e.error.code) for e in errs if e.error] == [(f"c{i}", "batch_expired") for i in range(5)]
     assert json.loads(await r.hget(keys.job(job), "status")) == "cancelled", "its queued jobs never run"
     assert not await r.sismember(keys.BATCHES_ACTIVE, bid)
+    assert await r.hget(keys.STATS, keys.stat("batch_line", "error")) == "5"
+    metrics = exposition(await snapshot(r, "inferq-tiny", 10, 60)).decode()
+    assert 'inferq_batch_lines_total{outcome="error"} 5.0' in metrics and "inferq_batches_active 0.0" in metrics
     assert not await r.exists(keys.batch_part(bid, "lines"), keys.batch_part(bid, "running"))
 
 
