@@ -30,10 +30,12 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP) system-packages
 
-# Debian packages: redis-server (make run, the tests), prometheus (the metrics test scrapes with it)
+# Debian packages: redis-server (make run, the tests), prometheus (the metrics test scrapes with it),
+# chromium and chromium-driver (the browser console's tests drive a headless Chromium)
 system-packages:
 	@missing=; command -v redis-server >/dev/null || missing="redis-server"; \
 	command -v prometheus >/dev/null || missing="$$missing prometheus"; \
+	command -v chromedriver >/dev/null || missing="$$missing chromium chromium-driver"; \
 	test -z "$$missing" || { echo "installing$$missing (Debian packages)"; \
 	  (apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing) >/dev/null; }
 

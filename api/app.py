@@ -12,10 +12,13 @@ from starlette.middleware.cors import CORSMiddleware
 from inferq.api import errors
 from inferq.api.admission import Admission
 from inferq.api.auth import KeyRing
+from inferq.api.batches.files import FileStore
+from inferq.api.batches.runner import BatchRunner
+from inferq.api.batches.service import BatchService
 from inferq.api.deps import Caller
 from inferq.api.limits import BodyLimit
 from inferq.api.metrics import RequestMetrics, process_exit
-from inferq.api.routes import console, health, jobs, metrics, openai, responses, stream, tokenize
+from inferq.api.routes import batches, console, files, health, jobs, metrics, openai, responses, stream, tokenize
 from inferq.api.service import JobService
 from inferq.api.streams import StreamHub
 from inferq.shared import logs, tracing
@@ -41,9 +44,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.service = JobService(settings, redis, store, make_celery(settings))
         app.state.admission = Admission(settings, redis, app.state.service)
         app.state.hub = hub
+        app.state.files = FileStore(settings, redis)
+        runner = BatchRunner(settings, redis, app.state.admission, app.state.files)
+        app.state.batches = BatchService(redis, app.state.files, runner.me, settings.batch_lease_s)
+        runner.start()
         try:
             yield
         finally:
+            await runner.stop()
             await hub.stop()
             await redis.aclose()
             process_exit()
@@ -59,9 +67,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             return app.openapi()
 
     errors.install(app)
-    for module in (jobs, stream, openai, responses, health, tokenize, metrics, console):
+    for module in (jobs, stream, openai, responses, health, tokenize, metrics, files, batches, console):
         app.include_router(module.router)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    # uploads may be larger: up to a file's limit, plus room for the multipart framing
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes,
+                       routes={"/v1/files": settings.max_file_bytes + (64 << 10)})
     if settings.origins:  # browser pages on these origins may call the API (keys go in headers)
         app.add_middleware(CORSMiddleware, allow_origins=settings.origins, allow_methods=["*"],
                            allow_headers=["*"], expose_headers=["Retry-After", "Location"])

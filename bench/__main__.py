@@ -1,6 +1,6 @@
 """``python -m bench run --config FILE [--out DIR] [--base-url URL]``, ``python -m bench report`` and
 ``python -m bench gateway`` (the gateway alone, see bench/gateway.py), ``python -m bench worker``
-(the worker alone, see bench/worker.py)."""
+(the worker alone, see bench/worker.py), ``python -m bench console-shot`` (docs/img/console.png)."""
 
 from __future__ import annotations
 
@@ -65,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("gateway", help="gateway alone: streamed tokens/s of one gateway process", add_help=False)
     sub.add_parser("worker", help="worker alone: CPU per streamed token of one worker process", add_help=False)
     sub.add_parser("dashboard", help="draw the Grafana dashboard's panels from a Prometheus", add_help=False)
+    sub.add_parser("console-shot", help="screenshot the browser console of a running gateway", add_help=False)
     if argv is None:
         argv = sys.argv[1:]
     if argv[:1] == ["gateway"]:  # its own argument parser
@@ -79,6 +80,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench.dashboard import main as dashboard_main
 
         return dashboard_main(argv[1:])
+    if argv[:1] == ["console-shot"]:
+        from bench.console_shot import main as console_shot_main
+
+        return console_shot_main(argv[1:])
     a = p.parse_args(argv)
     try:
         return int(a.func(a))
