@@ -10,6 +10,7 @@ log call needs no ``extra=``; an explicit ``extra={"job_id": ...}`` wins over it
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -35,6 +36,28 @@ class JobFields(logging.Filter):
             if getattr(record, k, None) is None:
                 setattr(record, k, v)
         return True
+
+
+class RedactKeys(logging.Filter):
+    """Hides the value of ``api_key=`` in a line's arguments: a WebSocket client (the browser
+    console) may send its key in the query string, which uvicorn's access lines would print."""
+
+    _KEY = re.compile(r"(api_key=)[^&\s\"']*")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple) and any(isinstance(a, str) and "api_key=" in a for a in record.args):
+            record.args = tuple(self._KEY.sub(r"\1***", a) if isinstance(a, str) else a for a in record.args)
+        if isinstance(record.msg, str) and "api_key=" in record.msg:
+            record.msg = self._KEY.sub(r"\1***", record.msg)
+        return True
+
+
+def redact_keys() -> None:
+    """Install :class:`RedactKeys` on the loggers that print request paths (uvicorn's)."""
+    for name in ("uvicorn.access", "uvicorn.error"):
+        log = logging.getLogger(name)
+        if not any(isinstance(f, RedactKeys) for f in log.filters):
+            log.addFilter(RedactKeys())
 
 
 @contextmanager
@@ -66,6 +89,7 @@ def setup(settings: Settings, component: str, prefix: str = "") -> None:
     (a host that set up logging, a test runner, keeps its own). Later calls only update the
     process fields."""
     set_process_fields(component=component, model=settings.model_name)
+    redact_keys()
     root = logging.getLogger()
     if root.handlers:
         return

@@ -118,3 +118,26 @@ def test_json_lines_carry_the_job_model_and_worker(capsys: object) -> None:
 def test_log_format_is_a_setting() -> None:
     assert Settings(log_format="json").log_format == "json"
     assert Settings().log_format == "plain"
+
+
+def test_api_keys_in_query_strings_never_reach_the_log() -> None:
+    """uvicorn prints request paths; a socket's ?api_key= must come out hidden."""
+    import io
+
+    from inferq.shared.logs import redact_keys
+
+    redact_keys()
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    for name in ("uvicorn.error", "uvicorn.access"):
+        logging.getLogger(name).addHandler(handler)
+    try:
+        logging.getLogger("uvicorn.error").warning('%s - "WebSocket %s" [accepted]', "127.0.0.1:5",
+                                                   "/v1/generate?api_key=sk-secret-1&x=1")
+        logging.getLogger("uvicorn.access").warning('%s - "%s %s HTTP/%s" %d', "1.2.3.4:5", "GET",
+                                                    "/v1/queue?api_key=sk-secret-2", "1.1", 200)
+    finally:
+        for name in ("uvicorn.error", "uvicorn.access"):
+            logging.getLogger(name).removeHandler(handler)
+    text = out.getvalue()
+    assert "sk-secret" not in text and text.count("api_key=***") == 2 and "&x=1" in text
