@@ -137,7 +137,8 @@ def response(rec: JobRecord, text: str | None = None, status: str | None = None)
         usage = {"input_tokens": u.prompt_tokens, "input_tokens_details": {"cached_tokens": 0},
                  "output_tokens": u.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
                  "total_tokens": u.total_tokens}
-    item_status = "completed" if status in ("completed", "incomplete") else "in_progress" if not done else status
+    # a message item is completed, incomplete (cut short: max_output_tokens, failed, cancelled) or in progress
+    item_status = "completed" if status == "completed" else "incomplete" if done else "in_progress"
     output = [] if status == "queued" else [{
         "type": "message", "id": f"msg_{hexid}", "status": item_status, "role": "assistant",
         "content": [{"type": "output_text", "text": text, "annotations": []}]}]
@@ -197,10 +198,10 @@ async def stream_events(hub: StreamHub, rec: JobRecord, after: int = -1,
                           logprobs=[]),
                       nxt("response.content_part.done", item_id=item, output_index=0, content_index=0, part=part),
                       nxt("response.output_item.done", output_index=0, item={
-                          "type": "message", "id": item, "status": "completed", "role": "assistant",
-                          "content": [part]}),
-                      _last(nxt("response.completed" if final["status"] in ("completed", "incomplete") else
-                                f"response.{final['status']}", response=final))):
+                          "type": "message", "id": item, "role": "assistant", "content": [part],
+                          "status": "completed" if final["status"] == "completed" else "incomplete"}),
+                      # response.completed, response.incomplete (max_output_tokens) or response.cancelled
+                      _last(nxt(f"response.{final['status']}", response=final))):
                 if p is not None:
                     yield p
             return

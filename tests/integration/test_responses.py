@@ -39,8 +39,10 @@ def test_the_stream_adds_up_to_the_response(client) -> None:
     kinds = [e.type for e in events]
     assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
                          "response.content_part.added"]
+    # 12 tokens and no EOS: cut at max_output_tokens, which OpenAI streams as response.incomplete
     assert kinds[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
-                          "response.completed"]
+                          "response.incomplete"]
+    assert events[-2].item.status == "incomplete" and events[-1].response.status == "incomplete"
     assert [e.sequence_number for e in events] == list(range(len(events)))
     text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     final = events[-1].response
