@@ -125,5 +125,9 @@ async def generate(ws: WebSocket, hub: Hub, service: Service, admission: Admit, 
         rec = (await admission.submit(principal, [req])).records[0]
     except Exception as e:  # invalid, refused, or Redis away
         return await _fail(ws, typed(e))
-    await ws.send_text(AcceptedMessage(id=rec.id, model=rec.model).model_dump_json())
+    try:
+        await ws.send_text(AcceptedMessage(id=rec.id, model=rec.model).model_dump_json())
+    except Exception:  # the client left while its job was being queued: it cannot be told, so cancel
+        await service.cancel(rec.id)
+        return
     await _follow(ws, hub, rec.id, 0, on_disconnect=lambda: service.cancel(rec.id))
