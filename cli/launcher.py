@@ -61,7 +61,8 @@ def up(settings: Settings, host: str | None = None, port: int | None = None) -> 
                           f"  curl -s {base}/v1/jobs/<id>\n"
                           f"  inferq stream <id>          (tokens over WebSocket)\n"
                           f"  inferq generate 'Hello'     (submit + stream on one socket)\n"
-                          f"API docs: {base}/docs   Ctrl-C stops everything.", flush=True)
+                          f"Browser console: {base}/console   API docs: {base}/docs   Ctrl-C stops everything.",
+                          flush=True)
                 time.sleep(0.5)
         except KeyboardInterrupt:
             print("\nstopping...", flush=True)
