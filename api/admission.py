@@ -166,10 +166,12 @@ class Admission:
         await self.check_rate(caller.subject)
         return await self.queue(caller.subject, caller.key_id, reqs, ids)
 
-    async def queue(self, subject: str, owner: str | None, reqs: list[JobRequest], ids: list[str]) -> list[JobRecord]:
+    async def queue(self, subject: str, owner: str | None, reqs: list[JobRequest], ids: list[str],
+                    limit: int | None = None) -> list[JobRecord]:
         """Take ``subject``'s slots for ``ids`` and queue the jobs, all or none (no rate check: a
-        batch's lines are queued this way, its creation was the request that counted)."""
-        await self.reserve(subject, ids)
+        batch's lines are queued this way, its creation was the request that counted; ``limit``:
+        fewer slots than the key has, so that its interactive requests keep some)."""
+        await self.reserve(subject, ids, limit)
         records: list[JobRecord] = []
         try:
             for req, job_id in zip(reqs, ids):
@@ -199,9 +201,9 @@ class Admission:
             raise RateLimited(f"rate limit reached: {limit} requests per minute; retry later",
                               code="rate_limit_exceeded", retry_after=max(1.0, float(wait)))
 
-    async def reserve(self, subject: str, job_ids: list[str]) -> None:
+    async def reserve(self, subject: str, job_ids: list[str], limit: int | None = None) -> None:
         """Take one unfinished-job slot per id for ``subject``; 429 when they do not fit."""
-        limit = self.settings.max_concurrent_jobs_per_key
+        limit = self.settings.max_concurrent_jobs_per_key if limit is None else limit
         if not limit:
             return
         n = await self._reserve(keys=[keys.active_jobs(subject)],

@@ -49,9 +49,11 @@ class FileStore:
         assert self.dir is not None
         return self.dir / f"{file_id}.jsonl"
 
-    async def create(self, owner: str | None, purpose: FilePurpose, filename: str, data: bytes) -> FileObject:
-        """Keep ``data`` as a new file of ``owner``'s; 400 when it is too large or not UTF-8."""
-        if len(data) > self.max_bytes:
+    async def create(self, owner: str | None, purpose: FilePurpose, filename: str, data: bytes,
+                     limited: bool = True) -> FileObject:
+        """Keep ``data`` as a new file of ``owner``'s; 400 when it is too large (an upload:
+        ``limited``) or not UTF-8. A batch's output is written whatever its size."""
+        if limited and len(data) > self.max_bytes:
             raise InvalidRequest(f"the file has {len(data)} bytes; at most {self.max_bytes} "
                                  "(INFERQ_MAX_FILE_BYTES)", param="file", code="file_too_large")
         try:
@@ -106,9 +108,10 @@ class FileStore:
         if self.dir is not None:
             await run_in_threadpool(self._path(file_id).unlink, True)
 
-    async def list(self, caller: Principal, purpose: str | None, limit: int, after: str | None) -> FileList:
-        """The caller's files, newest first; ``after``: continue after that file id."""
-        ids = await self.redis.zrevrange(keys.files(caller.key_id), 0, -1)
+    async def list(self, caller: Principal, purpose: str | None, limit: int, after: str | None,
+                   newest_first: bool = True) -> FileList:
+        """The caller's files, newest first (or oldest); ``after``: continue after that file id."""
+        ids = await (self.redis.zrevrange if newest_first else self.redis.zrange)(keys.files(caller.key_id), 0, -1)
         if after is not None:
             ids = ids[ids.index(after) + 1:] if after in ids else []
         out: list[FileObject] = []

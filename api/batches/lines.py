@@ -36,7 +36,10 @@ def check_file(text: str, endpoint: BatchEndpoint, max_lines: int) -> tuple[list
     good: list[str] = []
     errors: list[BatchError] = []
     seen: set[str] = set()
-    for n, raw in enumerate(text.splitlines(), 1):
+    # JSONL lines end at "\n" (str.splitlines would also cut at U+2028 and others, which JSON
+    # strings may hold unescaped); a BOM and "\r\n" endings are accepted
+    for n, raw in enumerate(text.removeprefix("\ufeff").split("\n"), 1):
+        raw = raw.removesuffix("\r")
         if not raw.strip():
             continue
         if len(good) + len(errors) >= max_lines:
@@ -56,7 +59,7 @@ def check_file(text: str, endpoint: BatchEndpoint, max_lines: int) -> tuple[list
 def _check_line(raw: str, endpoint: BatchEndpoint, seen: set[str]) -> str | BatchError:
     try:
         obj = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested too deeply to parse
         return BatchError(code="invalid_json_line", message="this line is not valid JSON")
     if not isinstance(obj, dict):
         return BatchError(code="invalid_json_line", message="this line is not a JSON object")
@@ -75,8 +78,12 @@ def _check_line(raw: str, endpoint: BatchEndpoint, seen: set[str]) -> str | Batc
     if line.custom_id in seen:
         return BatchError(code="duplicate_custom_id", param="custom_id",
                           message=f"custom_id {line.custom_id[:100]!r} is used by an earlier line")
+    try:
+        compact = line.model_dump_json()
+    except ValueError as e:  # e.g. a lone surrogate escape ("\ud800") cannot be written as UTF-8
+        return BatchError(code="invalid_request", message=f"this line cannot be stored as UTF-8 JSON: {e}"[:300])
     seen.add(line.custom_id)
-    return line.model_dump_json()
+    return compact
 
 
 @dataclass

@@ -18,9 +18,15 @@ that gateway goes away another takes over where Redis says the batch is. A step 
    (or ``cancelled``, ``expired``: lines that never ran get a ``batch_cancelled``/``batch_expired``
    error line).
 
-Everything a step needs is in Redis, so a gateway restart loses nothing. A gateway that dies right
-after queueing a line's jobs but before recording them leaves those jobs to run unrecorded; the
-line is queued again by the next runner (its result is written once).
+Everything a step needs is in Redis, so a gateway restart loses nothing. Every write that changes
+a batch is a script that first checks the lease is still the runner's, so a runner that stalled
+past its lease cannot touch the batch another gateway now advances; a line's answer is stored
+once (``HSETNX``) and counted with it. A line's jobs run ``timeout`` = what is left of the
+completion window, not the interactive default. A batch leaves a quarter of its key's job slots
+and of its model's queue depth to interactive requests. A gateway that stops lets its step
+finish and gives its leases up; one that dies right after queueing a line's jobs but before
+recording them leaves those jobs to run unrecorded, and the line is queued again by the next
+runner (answered once, computed twice).
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ import socket
 import time
 
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 from starlette.concurrency import run_in_threadpool
 
 from inferq.api.admission import Admission
@@ -49,16 +56,56 @@ from inferq.shared.settings import Settings
 
 log = logging.getLogger(__name__)
 
-# KEYS[1]=lease. ARGV[1]=holder, ARGV[2]=ms. 1: held by ARGV[1] (taken or renewed), 0: someone else's.
+# Every write that changes a batch's state is one of these scripts, and each first checks that
+# the lease is still this runner's (KEYS[1] = the lease, ARGV[1] = the holder): a runner that lost
+# its batch (stalled past the lease) can no longer change it, whatever it was in the middle of.
+_HELD = "if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end\n"
+# 1: held by ARGV[1] (taken or renewed), 0: someone else's. ARGV[2]=ms.
 _LEASE = """
 local v = redis.call('GET', KEYS[1])
 if not v then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end
 if v == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1 end
 return 0
 """
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
+_RELEASE = _HELD + "return redis.call('DEL', KEYS[1])"
+# KEYS: lease, batch. ARGV: holder, record JSON.
+_SAVE = _HELD + "redis.call('HSET', KEYS[2], 'record', ARGV[2]) return 1"
+# KEYS: lease, batch, lines, staged lines. ARGV: holder, record JSON. The lines, written to the
+# staged key first, become the batch's (none: an empty batch).
+_VALIDATED = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then redis.call('DEL', KEYS[4]) return -1 end
+redis.call('DEL', KEYS[3])
+if redis.call('EXISTS', KEYS[4]) == 1 then redis.call('RENAME', KEYS[4], KEYS[3]) end
+redis.call('HSET', KEYS[2], 'record', ARGV[2], 'next', 0)
+return 1
+"""
+# KEYS: lease, running, batch. ARGV: holder, line index, entry JSON. The line's jobs are queued.
+_RUN = _HELD + """
+redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
+if tonumber(redis.call('HGET', KEYS[3], 'next') or '0') <= tonumber(ARGV[2]) then
+  redis.call('HSET', KEYS[3], 'next', tonumber(ARGV[2]) + 1)
+end
+return 1
+"""
+# KEYS: lease, results, running, batch, stats. ARGV: holder, line index, output line, counter
+# (ok|err), stats field. Stores the line's answer once (0: it had one): counted once, however
+# often a runner gets here.
+_ANSWER = _HELD + """
+redis.call('HDEL', KEYS[3], ARGV[2])
+if tonumber(redis.call('HGET', KEYS[4], 'next') or '0') <= tonumber(ARGV[2]) then
+  redis.call('HSET', KEYS[4], 'next', tonumber(ARGV[2]) + 1)
+end
+if redis.call('HSETNX', KEYS[2], ARGV[2], ARGV[3]) == 0 then return 0 end
+redis.call('HINCRBY', KEYS[4], ARGV[4], 1)
+redis.call('HINCRBY', KEYS[5], ARGV[5], 1)
+return 1
+"""
+# KEYS: lease, batch, lines, running, results, active set. ARGV: holder, record JSON, batch id.
+_END = _HELD + """
+redis.call('HSET', KEYS[2], 'record', ARGV[2])
+redis.call('DEL', KEYS[3], KEYS[4], KEYS[5], KEYS[1])
+redis.call('SREM', KEYS[6], ARGV[3])
+return 1
 """
 _MESSAGES = {"cancelled": "the batch was cancelled before this request finished",
              "expired": "the batch's completion window ended before this request finished"}
@@ -77,35 +124,42 @@ class BatchRunner:
         self.files = files
         self.me = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"  # the lease's holder
         self._lease = redis.register_script(_LEASE)
-        self._release = redis.register_script(_RELEASE)
+        self._scripts = {name: redis.register_script(src) for name, src in (
+            ("release", _RELEASE), ("save", _SAVE), ("validated", _VALIDATED), ("run", _RUN),
+            ("answer", _ANSWER), ("end", _END))}
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
         self._held: set[str] = set()
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._loop())
 
-    async def stop(self) -> None:
+    async def stop(self, grace_s: float = 10.0) -> None:
+        """Let the step in progress end (at most ``grace_s``), then give the leases up so that
+        another gateway takes these batches over at once."""
+        self._stopping = True
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        for batch_id in self._held:  # let another gateway take over now rather than after the lease
+            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(self._task, grace_s)
+        for batch_id in self._held:
             with contextlib.suppress(Exception):
-                await self._release(keys=[keys.batch_part(batch_id, "lease")], args=[self.me])
+                await self._fenced("release", batch_id)
 
     async def _loop(self) -> None:
-        while True:
+        while not self._stopping:
             try:
                 active = await self.redis.smembers(keys.BATCHES_ACTIVE)
             except Exception:  # Redis away: try again next poll
                 log.warning("batch runner: cannot read the active batches", exc_info=True)
                 active = set()
             for batch_id in active:
+                if self._stopping:
+                    return
                 try:
                     if await self._hold(batch_id):
-                        await self.advance(batch_id)
+                        await self._step(batch_id)
                 except LeaseLost:
-                    continue
+                    self._held.discard(batch_id)
                 except Exception:  # Redis away, or a bug: log it, and try again next poll
                     log.warning("batch %s: a step failed", batch_id, exc_info=True)
             await asyncio.sleep(self.settings.batch_poll_s)
@@ -116,28 +170,50 @@ class BatchRunner:
         (self._held.add if held else self._held.discard)(batch_id)
         return held
 
-    async def _renew(self, batch_id: str) -> None:
-        if not await self._hold(batch_id):
-            raise LeaseLost(batch_id)
+    async def _step(self, batch_id: str) -> None:
+        """One step, with the lease renewed while it runs (a long step keeps its batch)."""
 
-    async def _save(self, rec: BatchRecord, **fields: object) -> None:
-        await self.redis.hset(keys.batch(rec.batch.id), mapping={"record": rec.model_dump_json(), **fields})
+        async def keep() -> None:
+            while True:
+                await asyncio.sleep(self.settings.batch_lease_s / 3)
+                with contextlib.suppress(Exception):
+                    if not await self._hold(batch_id):
+                        return  # lost: the step's writes are refused from now on
+
+        keeper = asyncio.get_running_loop().create_task(keep())
+        try:
+            await self.advance(batch_id)
+        finally:
+            keeper.cancel()
+
+    async def _fenced(self, name: str, batch_id: str, *keys_: str, args: tuple[object, ...] = ()) -> int:
+        """Run a write script; LeaseLost when the batch is no longer this runner's."""
+        got = int(await self._scripts[name](keys=[keys.batch_part(batch_id, "lease"), *keys_], args=[self.me, *args]))
+        if got < 0:
+            raise LeaseLost(batch_id)
+        return got
+
+    async def _save(self, rec: BatchRecord) -> None:
+        await self._fenced("save", rec.batch.id, keys.batch(rec.batch.id), args=(rec.model_dump_json(),))
 
     async def advance(self, batch_id: str) -> None:
-        """One step of the batch (the module's docstring)."""
+        """One step of the batch (the module's docstring); the caller holds its lease."""
         fields = await self.redis.hgetall(keys.batch(batch_id))
         if not fields or BatchRecord.model_validate_json(fields["record"]).batch.status in ENDED:
             await self.redis.srem(keys.BATCHES_ACTIVE, batch_id)
             return
         rec = BatchRecord.model_validate_json(fields["record"])
-        b, asked = rec.batch, fields.get("cancel")
+        b, asked, now = rec.batch, fields.get("cancel"), time.time()
         if b.status == "validating":
-            if asked:
-                b.status, b.cancelling_at, b.cancelled_at = "cancelled", int(float(asked)), int(time.time())
+            if asked or now >= b.expires_at:
+                if asked:
+                    b.status, b.cancelling_at, b.cancelled_at = "cancelled", int(float(asked)), int(now)
+                else:
+                    b.status, b.expired_at = "expired", int(now)
                 return await self._end(rec)
             if not await self._validate(rec):
                 return
-        if rec.ending is None and (asked or time.time() >= b.expires_at):
+        if rec.ending is None and (asked or now >= b.expires_at):
             rec.ending = "cancelled" if asked else "expired"
             if asked:
                 b.status, b.cancelling_at = "cancelling", int(float(asked))
@@ -160,19 +236,26 @@ class BatchRunner:
         except NotFound:
             good, errors = [], [BatchError(code="file_not_found", param="input_file_id",
                                            message=f"the input file {b.input_file_id} was deleted")]
+        except RedisError:
+            raise
+        except Exception as e:  # never retried forever: a file that cannot be read fails its batch
+            log.exception("batch %s: validation failed", b.id)
+            good, errors = [], [BatchError(code="invalid_file", message=f"the file could not be read: {e}"[:300])]
         now = int(time.time())
         if errors:
             b.status, b.failed_at, b.errors = "failed", now, BatchErrors(data=errors)
             await self._end(rec)
             return False
         b.status, b.in_progress_at, b.request_counts.total = "in_progress", now, len(good)
-        key = keys.batch_part(b.id, "lines")
-        async with self.redis.pipeline(transaction=True) as p:
-            p.delete(key)
+        staged = keys.batch_part(b.id, f"staged:{self.me}")
+        async with self.redis.pipeline(transaction=False) as p:
+            p.delete(staged)
             for i in range(0, len(good), 1000):
-                p.rpush(key, *good[i:i + 1000])
-            p.hset(keys.batch(b.id), mapping={"record": rec.model_dump_json(), "next": 0})
+                p.rpush(staged, *good[i:i + 1000])
+            p.expire(staged, 3600)
             await p.execute()
+        await self._fenced("validated", b.id, keys.batch(b.id), keys.batch_part(b.id, "lines"), staged,
+                           args=(rec.model_dump_json(),))
         log.info("batch %s: %d requests, in progress", b.id, len(good))
         return True
 
@@ -184,17 +267,17 @@ class BatchRunner:
         rec.aborted = True
         await self._save(rec)
 
-    async def _answer(self, batch_id: str, index: int, out: OutputLine, running: bool) -> None:
+    def _answer_args(self, bid: str, index: int, out: OutputLine) -> tuple[list[str], list[object]]:
         ok = out.response is not None and out.response.status_code == 200
-        async with self.redis.pipeline(transaction=True) as p:
-            p.hset(keys.batch_part(batch_id, "results"), str(index), out.model_dump_json())
-            if running:
-                p.hdel(keys.batch_part(batch_id, "running"), str(index))
-            else:
-                p.hset(keys.batch(batch_id), "next", index + 1)
-            p.hincrby(keys.batch(batch_id), "ok" if ok else "err", 1)
-            p.hincrby(keys.STATS, keys.stat("batch_line", "ok" if ok else "error"), 1)
-            await p.execute()
+        return ([keys.batch_part(bid, "lease"), keys.batch_part(bid, "results"), keys.batch_part(bid, "running"),
+                 keys.batch(bid), keys.STATS],
+                [self.me, index, out.model_dump_json(), "ok" if ok else "err",
+                 keys.stat("batch_line", "ok" if ok else "error")])
+
+    async def _answer(self, bid: str, index: int, out: OutputLine) -> None:
+        k, a = self._answer_args(bid, index, out)
+        if int(await self._scripts["answer"](keys=k, args=a)) < 0:
+            raise LeaseLost(bid)
 
     async def _collect(self, rec: BatchRecord) -> None:
         """Answer the lines whose jobs have all ended."""
@@ -205,14 +288,12 @@ class BatchRunner:
             for j in ids:
                 p.hget(keys.job(j), "status")
             status = {j: json.loads(s) if s else None for j, s in zip(ids, await p.execute())}
-        for n, (index, entry) in enumerate(sorted(running.items())):
+        for index, entry in sorted(running.items()):
             states = [status[j] for j in entry["jobs"]]
             if any(s is not None and s not in TERMINAL_STATUSES for s in states):
                 continue
-            if n % 32 == 31:
-                await self._renew(bid)
             raw = await self.redis.lindex(keys.batch_part(bid, "lines"), index)
-            await self._answer(bid, index, await self._result(rec, raw, entry, states), running=True)
+            await self._answer(bid, index, await self._result(rec, raw, entry, states))
 
     async def _result(self, rec: BatchRecord, raw: str, entry: dict, states: list[str | None]) -> OutputLine:
         custom_id = lines.custom_id_of(raw)
@@ -229,6 +310,13 @@ class BatchRunner:
             return lines.refused(custom_id, e)
         return lines.answered(prep, entry["jobs"], entry["model"], logs)
 
+    def _limits(self) -> tuple[int, int]:
+        """The key's job slots and the model's queue depth a batch may fill: a quarter of each is
+        kept for interactive requests (all of a key's slots when it has fewer than 4)."""
+        per_key = self.settings.max_concurrent_jobs_per_key
+        depth = self.settings.max_queue_depth
+        return per_key - per_key // 4, max(1, depth - depth // 4)
+
     async def _top_up(self, rec: BatchRecord) -> None:
         """Queue lines until ``batch_window`` are unfinished (or the queue, or the key, is full)."""
         bid, total = rec.batch.id, rec.batch.request_counts.total
@@ -236,29 +324,37 @@ class BatchRunner:
         room = self.settings.batch_window - await self.redis.hlen(keys.batch_part(bid, "running"))
         if room <= 0 or nxt >= total:
             return
+        key_slots, max_depth = self._limits()
+        timeout = max(1.0, rec.batch.expires_at - time.time())  # a line may wait as long as its batch
         for n, raw in enumerate(await self.redis.lrange(keys.batch_part(bid, "lines"), nxt, nxt + room - 1)):
-            if n % 32 == 31:
-                await self._renew(bid)
+            if self._stopping:
+                return
             index = nxt + n
             try:
                 prep = lines.prepare(raw, self.settings)
-                ids = [new_job_id() for _ in prep.jobs]
+                jobs = [j.model_copy(update={"timeout": timeout}) for j in prep.jobs]
+                ids = [new_job_id() for _ in jobs]
                 self._check_fits(ids)
             except Exception as e:  # what the endpoint would answer instead of running the request
-                await self._answer(bid, index, lines.refused(lines.custom_id_of(raw), e), running=False)
+                await self._answer(bid, index, lines.refused(lines.custom_id_of(raw), e))
                 continue
+            if await self.store.queue_depth(jobs[0].model or self.settings.model_name) >= max_depth:
+                return  # leave the rest of the queue to interactive requests; next poll
             try:
-                records = await self.admission.queue(rec.subject, rec.owner, prep.jobs, ids)
-            except (RateLimited, Unavailable):  # the queue or the key's job slots are full: next poll
-                return
+                records = await self.admission.queue(rec.subject, rec.owner, jobs, ids, limit=key_slots)
+            except (RateLimited, Unavailable, RedisError):  # the queue or the key is full, or Redis
+                return                                       # away: try again next poll
             except Exception as e:  # refused at submission (an unknown model, a prompt over the context)
-                await self._answer(bid, index, lines.refused(lines.custom_id_of(raw), e), running=False)
+                await self._answer(bid, index, lines.refused(lines.custom_id_of(raw), e))
                 continue
             entry = json.dumps({"jobs": ids, "model": records[0].model})
-            async with self.redis.pipeline(transaction=True) as p:
-                p.hset(keys.batch_part(bid, "running"), str(index), entry)
-                p.hset(keys.batch(bid), "next", index + 1)
-                await p.execute()
+            try:
+                await self._fenced("run", bid, keys.batch_part(bid, "running"), keys.batch(bid), args=(index, entry))
+            except LeaseLost:  # another gateway has the batch and will queue this line itself
+                for job_id in ids:
+                    with contextlib.suppress(InferqError):
+                        await self.admission.service.cancel(job_id)
+                raise
 
     def _check_fits(self, ids: list[str]) -> None:
         """A line with more prompts than its key may have unfinished jobs would wait forever."""
@@ -268,14 +364,21 @@ class BatchRunner:
                               "unfinished (INFERQ_MAX_CONCURRENT_JOBS_PER_KEY)", code="too_many_jobs")
 
     async def _finish(self, rec: BatchRecord, nxt: int) -> None:
-        """Write the output and error files and end the batch."""
+        """Write the output and error files and end the batch. Written files are recorded on the
+        batch, so a step that is interrupted and run again does not write them twice."""
         b, bid = rec.batch, rec.batch.id
-        b.finalizing_at = int(time.time())
-        if rec.ending is not None:  # the lines never queued
-            for n, raw in enumerate(await self.redis.lrange(keys.batch_part(bid, "lines"), nxt, -1)):
-                out = lines.unanswered(lines.custom_id_of(raw), f"batch_{rec.ending}", _MESSAGES[rec.ending])
-                await self._answer(bid, nxt + n, out, running=False)
-        else:
+        b.finalizing_at = b.finalizing_at or int(time.time())
+        if rec.ending is not None:  # the lines never queued, in chunks of one pipeline each
+            rest = await self.redis.lrange(keys.batch_part(bid, "lines"), nxt, -1)
+            for start in range(0, len(rest), 500):
+                async with self.redis.pipeline(transaction=False) as p:
+                    for n, raw in enumerate(rest[start:start + 500]):
+                        out = lines.unanswered(lines.custom_id_of(raw), f"batch_{rec.ending}", _MESSAGES[rec.ending])
+                        k, a = self._answer_args(bid, nxt + start + n, out)
+                        await self._scripts["answer"](keys=k, args=a, client=p)
+                    if any(int(x) < 0 for x in await p.execute()):
+                        raise LeaseLost(bid)
+        elif b.status != "finalizing":
             b.status = "finalizing"
             await self._save(rec)
         results = await self.redis.hgetall(keys.batch_part(bid, "results"))
@@ -285,10 +388,11 @@ class BatchRunner:
             out = OutputLine.model_validate_json(raw)
             (output if out.response is not None and out.response.status_code == 200 else errors).append(raw)
         for part, name, attr in ((output, "output", "output_file_id"), (errors, "error", "error_file_id")):
-            if part:
+            if part and getattr(b, attr) is None:
                 f = await self.files.create(rec.owner, "batch_output", f"{bid}_{name}.jsonl",
-                                            ("\n".join(part) + "\n").encode())
+                                            ("\n".join(part) + "\n").encode(), limited=False)
                 setattr(b, attr, f.id)
+                await self._save(rec)
         now = int(time.time())
         if rec.ending == "cancelled":
             b.status, b.cancelled_at = "cancelled", now
@@ -300,9 +404,7 @@ class BatchRunner:
 
     async def _end(self, rec: BatchRecord) -> None:
         bid = rec.batch.id
-        async with self.redis.pipeline(transaction=True) as p:
-            p.hset(keys.batch(bid), "record", rec.model_dump_json())
-            p.delete(*(keys.batch_part(bid, part) for part in ("lines", "running", "results")))
-            p.srem(keys.BATCHES_ACTIVE, bid)
-            await p.execute()
+        await self._fenced("end", bid, keys.batch(bid), *(keys.batch_part(bid, p) for p in ("lines", "running", "results")),
+                           keys.BATCHES_ACTIVE, args=(rec.model_dump_json(), bid))
+        self._held.discard(bid)
         log.info("batch %s: %s", bid, rec.batch.status)

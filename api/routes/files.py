@@ -28,9 +28,9 @@ async def upload(files: Files, caller: Caller, file: Annotated[UploadFile, File(
 @router.get("", response_model=FileList)
 async def list_files(files: Files, caller: Caller, purpose: str | None = None,
                      limit: Annotated[int, Query(ge=1, le=10_000)] = 10_000, after: str | None = None,
-                     order: Literal["desc"] = "desc") -> FileList:
-    """The caller's files, newest first."""
-    return await files.list(caller, purpose, limit, after)
+                     order: Literal["asc", "desc"] = "desc") -> FileList:
+    """The caller's files, newest first (``order=asc``: oldest first)."""
+    return await files.list(caller, purpose, limit, after, newest_first=order == "desc")
 
 
 @router.get("/{file_id}", response_model=FileObject)

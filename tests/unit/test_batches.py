@@ -16,7 +16,7 @@ from inferq.api.admission import Admission
 from inferq.api.auth import Principal
 from inferq.api.batches import lines
 from inferq.api.batches.files import FileStore
-from inferq.api.batches.runner import BatchRunner
+from inferq.api.batches.runner import BatchRunner, LeaseLost
 from inferq.api.batches.schemas import BatchCreate, OutputLine
 from inferq.api.batches.service import BatchService
 from inferq.api.queue_metrics import exposition, snapshot
@@ -87,6 +87,9 @@ async def test_file_store_in_a_folder(r: redis.asyncio.Redis, tmp_path: Path) ->
     assert await files.content(f.id, ALICE) == '{"a": 1}\n'
     assert [x.id for x in (await files.list(ALICE, None, 10, None)).data] == [f.id]
     assert (await files.list(BOB, None, 10, None)).data == []
+    g = await files.create("alice", "batch", "second.jsonl", b"{}\n")
+    assert [x.id for x in (await files.list(ALICE, None, 10, None, newest_first=False)).data] == [f.id, g.id]
+    assert [x.id for x in (await files.list(ALICE, None, 1, f.id, newest_first=False)).data] == [g.id]
     with pytest.raises(NotFound):
         await files.get(f.id, BOB)  # another key's file does not exist for it
     with pytest.raises(InvalidRequest, match="at most 2048"):
@@ -179,3 +182,23 @@ async def test_a_line_that_can_never_fit_its_keys_limit_is_answered_not_waited_o
     assert list(await r.hgetall(keys.batch_part(b.id, "running"))) == ["1"], "the next line runs"
     with pytest.raises(NotFound):
         await batches.get(b.id + ":results", ALICE)  # not a batch id: never reaches another key
+
+
+async def test_only_the_lease_holder_changes_a_batch_and_a_line_counts_once(
+        r: redis.asyncio.Redis, own_redis: str) -> None:
+    holder, batches, s = await make_runner(r, redis_url=own_redis, batch_window=2)
+    other = BatchRunner(s, r, holder.admission, holder.files)  # another gateway's runner
+    bid = await create(batches, 3)
+    with pytest.raises(LeaseLost):
+        await other.advance(bid)  # it may read, but none of its writes lands
+    assert (await batches.get(bid, ALICE)).status == "validating"
+    assert not await r.exists(keys.batch_part(bid, "lines"))
+    await holder.advance(bid)
+    assert (await batches.get(bid, ALICE)).status == "in_progress"
+    out = lines.unanswered("c0", "cancelled", "test")
+    await holder._answer(bid, 0, out)
+    await holder._answer(bid, 0, out)  # a step run again after an interruption
+    assert (await batches.get(bid, ALICE)).request_counts.failed == 1
+    with pytest.raises(LeaseLost):
+        await other._answer(bid, 1, out)
+    assert await r.hget(keys.batch_part(bid, "results"), "1") is None
