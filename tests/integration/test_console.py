@@ -17,12 +17,11 @@ from typing import Any
 
 import httpx
 import pytest
-from selenium import webdriver
-from selenium.webdriver.chrome.service import Service as ChromeService
 from selenium.webdriver.chrome.webdriver import WebDriver
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
+from bench.console_shot import chromium
 from inferq.shared.schemas import TERMINAL_STATUSES
 from tests.conftest import Service, Stack, free_port, http_ok, inferq_env, spawn, wait_for
 from tests.helpers import submit, wait_status
@@ -40,18 +39,10 @@ IDS = ("api-key", "prompt", "model", "max-tokens", "temperature", "top-p", "prio
 @pytest.fixture(scope="module")
 def browser() -> Iterator[WebDriver]:
     """One headless Chromium for the module (each test loads the page afresh); quit at the end."""
-    chromium, chromedriver = shutil.which("chromium"), shutil.which("chromedriver")
-    assert chromium and chromedriver, "chromium and chromedriver are not installed (make setup installs them)"
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = chromium
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1000"):
-        opts.add_argument(arg)
-    # an explicit driver: Selenium Manager never looks for (or downloads) one
-    driver = webdriver.Chrome(service=ChromeService(executable_path=chromedriver), options=opts)
-    try:
+    assert shutil.which("chromium") and shutil.which("chromedriver"), \
+        "chromium and chromedriver are not installed (make setup installs them)"
+    with chromium(1400, 1000) as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 @dataclass
