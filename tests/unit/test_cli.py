@@ -7,7 +7,7 @@ import pytest
 from inferq.cli.main import main
 
 
-@pytest.mark.parametrize("argv, expect", [(["bench", "--help"], "{run,report,gateway,worker,dashboard}"),
+@pytest.mark.parametrize("argv, expect", [(["bench", "--help"], "{run,report,gateway,worker,dashboard,console-shot}"),
                                           (["bench", "gateway", "--help"], "--tokens-per-event"),
                                           (["bench", "worker", "--help"], "--step-ms")])
 def test_inferq_bench_is_the_harness(argv: list[str], expect: str, capsys: pytest.CaptureFixture[str]) -> None:
