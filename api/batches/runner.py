@@ -45,7 +45,7 @@ from redis.exceptions import RedisError
 from starlette.concurrency import run_in_threadpool
 
 from inferq.api.admission import Admission
-from inferq.api.batches import lines
+from inferq.api.batches import lines, scripts
 from inferq.api.batches.files import FileStore
 from inferq.api.batches.schemas import ENDED, BatchError, BatchErrors, BatchRecord, OutputLine
 from inferq.api.service import new_job_id
@@ -56,57 +56,6 @@ from inferq.shared.settings import Settings
 
 log = logging.getLogger(__name__)
 
-# Every write that changes a batch's state is one of these scripts, and each first checks that
-# the lease is still this runner's (KEYS[1] = the lease, ARGV[1] = the holder): a runner that lost
-# its batch (stalled past the lease) can no longer change it, whatever it was in the middle of.
-_HELD = "if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end\n"
-# 1: held by ARGV[1] (taken or renewed), 0: someone else's. ARGV[2]=ms.
-_LEASE = """
-local v = redis.call('GET', KEYS[1])
-if not v then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end
-if v == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1 end
-return 0
-"""
-_RELEASE = _HELD + "return redis.call('DEL', KEYS[1])"
-# KEYS: lease, batch. ARGV: holder, record JSON.
-_SAVE = _HELD + "redis.call('HSET', KEYS[2], 'record', ARGV[2]) return 1"
-# KEYS: lease, batch, lines, staged lines. ARGV: holder, record JSON. The lines, written to the
-# staged key first, become the batch's (none: an empty batch).
-_VALIDATED = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then redis.call('DEL', KEYS[4]) return -1 end
-redis.call('DEL', KEYS[3])
-if redis.call('EXISTS', KEYS[4]) == 1 then redis.call('RENAME', KEYS[4], KEYS[3]) end
-redis.call('HSET', KEYS[2], 'record', ARGV[2], 'next', 0)
-return 1
-"""
-# KEYS: lease, running, batch. ARGV: holder, line index, entry JSON. The line's jobs are queued.
-_RUN = _HELD + """
-redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
-if tonumber(redis.call('HGET', KEYS[3], 'next') or '0') <= tonumber(ARGV[2]) then
-  redis.call('HSET', KEYS[3], 'next', tonumber(ARGV[2]) + 1)
-end
-return 1
-"""
-# KEYS: lease, results, running, batch, stats. ARGV: holder, line index, output line, counter
-# (ok|err), stats field. Stores the line's answer once (0: it had one): counted once, however
-# often a runner gets here.
-_ANSWER = _HELD + """
-redis.call('HDEL', KEYS[3], ARGV[2])
-if tonumber(redis.call('HGET', KEYS[4], 'next') or '0') <= tonumber(ARGV[2]) then
-  redis.call('HSET', KEYS[4], 'next', tonumber(ARGV[2]) + 1)
-end
-if redis.call('HSETNX', KEYS[2], ARGV[2], ARGV[3]) == 0 then return 0 end
-redis.call('HINCRBY', KEYS[4], ARGV[4], 1)
-redis.call('HINCRBY', KEYS[5], ARGV[5], 1)
-return 1
-"""
-# KEYS: lease, batch, lines, running, results, active set. ARGV: holder, record JSON, batch id.
-_END = _HELD + """
-redis.call('HSET', KEYS[2], 'record', ARGV[2])
-redis.call('DEL', KEYS[3], KEYS[4], KEYS[5], KEYS[1])
-redis.call('SREM', KEYS[6], ARGV[3])
-return 1
-"""
 _MESSAGES = {"cancelled": "the batch was cancelled before this request finished",
              "expired": "the batch's completion window ended before this request finished"}
 
@@ -123,10 +72,10 @@ class BatchRunner:
         self.store = admission.service.store
         self.files = files
         self.me = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"  # the lease's holder
-        self._lease = redis.register_script(_LEASE)
+        self._lease = redis.register_script(scripts.LEASE)
         self._scripts = {name: redis.register_script(src) for name, src in (
-            ("release", _RELEASE), ("save", _SAVE), ("validated", _VALIDATED), ("run", _RUN),
-            ("answer", _ANSWER), ("end", _END))}
+            ("release", scripts.RELEASE), ("save", scripts.SAVE), ("validated", scripts.VALIDATED),
+            ("run", scripts.RUN), ("answer", scripts.ANSWER), ("end", scripts.END))}
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self._held: set[str] = set()
