@@ -2,7 +2,10 @@
 
 The completion id is the job id, so every completion can also be polled and streamed through
 ``/v1/jobs``. Several prompts in one ``/v1/completions`` request become one job each; choice
-``i`` of prompt ``p`` is OpenAI's choice ``p * n + i``.
+``i`` of prompt ``p`` is OpenAI's choice ``p * n + i``. A prompt of token ids goes to the worker
+as ids; an echoed prompt comes back from the worker as the start of each choice's text. The
+prompt's log-probs come in an event of their own: a response has them, a stream never does (as
+vLLM's server, which streams none).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from inferq.shared.schemas import (
     DoneEvent,
     ErrorEvent,
     JobRequest,
+    PromptLogprobs,
     RestartEvent,
     TokenEvent,
     TokenLogprob,
@@ -83,7 +87,9 @@ def chat_job(req: ChatCompletionRequest) -> JobRequest:
     if req.tools:
         fields["tools"] = [t.model_dump(exclude_none=True) for t in req.tools]
         fields["parse_tool_calls"] = tools.parsed(req)
-    return JobRequest(messages=[m.to_chat() for m in req.messages], model=req.model, user=req.user, **fields)
+    return JobRequest(messages=[m.to_chat() for m in req.messages], model=req.model, user=req.user,
+                      add_generation_prompt=req.add_generation_prompt,
+                      continue_final_message=req.continue_final_message, **fields)
 
 
 #: ``max_tokens`` of a text completion that sets none: 16, as OpenAI's and vLLM's completions API.
@@ -91,11 +97,11 @@ COMPLETION_MAX_TOKENS = 16
 
 
 def completion_jobs(req: CompletionRequest) -> list[JobRequest]:
-    prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
-    fields = {"max_tokens": COMPLETION_MAX_TOKENS, **req.sampling_fields()}
+    fields = {"max_tokens": COMPLETION_MAX_TOKENS, **req.sampling_fields(), "echo": req.echo}
     if req.logprobs is not None:
         fields["logprobs"] = req.logprobs
-    return [JobRequest(prompt=p, model=req.model, user=req.user, **fields) for p in prompts]
+    return [JobRequest(**({"prompt": p} if isinstance(p, str) else {"prompt_token_ids": p}),
+                       model=req.model, user=req.user, **fields) for p in req.prompts()]
 
 
 def add_usage(a: Usage, b: Usage) -> Usage:
@@ -129,8 +135,12 @@ class Collected:
 
     choices: dict[int, Choice] = field(default_factory=dict)
     usage: Usage = field(default_factory=Usage)
+    prompt_logprobs: PromptLogprobs | None = None
 
     def add(self, ev: TokenEvent) -> None:
+        if ev.prompt_logprobs is not None:  # an event of their own
+            self.prompt_logprobs = ev.prompt_logprobs
+            return
         c = self.choices.setdefault(ev.index, Choice())
         c.text += ev.text
         c.logprobs.extend(ev.logprobs or [])
@@ -175,7 +185,7 @@ def chat_response(job_id: str, model: str, req: ChatCompletionRequest, got: Coll
         return AssistantMessage(content=c.text)
 
     return ChatCompletion(
-        id=job_id, created=int(time.time()), model=model, usage=got.usage,
+        id=job_id, created=int(time.time()), model=model, usage=got.usage, prompt_logprobs=got.prompt_logprobs,
         choices=[ChatChoice(index=i, message=message(c), finish_reason=tools.finish_reason(req, c.finish_reason),
                             logprobs=_chat_logprobs(c.logprobs, k) if req.logprobs else None)
                  for i, c in sorted(got.choices.items())],
@@ -189,8 +199,10 @@ def _completion_logprobs(c: Choice, k: int) -> CompletionLogprobs:
         pos += len(lp.token)
     return CompletionLogprobs(
         tokens=[lp.token for lp in c.logprobs], token_logprobs=[lp.logprob for lp in c.logprobs],
-        # the k most likely tokens and, as vLLM gives it, the sampled one (so logprobs: 0 has it alone)
-        top_logprobs=[{t.token: t.logprob for t in lp.top_logprobs[:k]} | {lp.token: lp.logprob}
+        # the k most likely tokens and, as vLLM gives it, the sampled one (so logprobs: 0 has it alone);
+        # none for an echoed prompt's first token
+        top_logprobs=[None if lp.logprob is None else
+                      {t.token: t.logprob for t in lp.top_logprobs[:k]} | {lp.token: lp.logprob}
                       for lp in c.logprobs],
         text_offset=offsets,
     )
@@ -202,7 +214,7 @@ def completion_response(job_id: str, model: str, req: CompletionRequest, parts: 
         for i, c in sorted(got.choices.items()):
             choices.append(TextChoice(index=p * req.n + i, text=c.text, finish_reason=c.finish_reason,
                                       logprobs=_completion_logprobs(c, req.logprobs or 0)
-                                      if req.logprobs is not None else None))
+                                      if req.logprobs is not None else None, prompt_logprobs=got.prompt_logprobs))
         usage = add_usage(usage, got.usage)
     return TextCompletion(id=job_id, created=int(time.time()), model=model, choices=choices, usage=usage)
 
@@ -221,6 +233,8 @@ async def chat_chunks(hub: StreamHub, job_id: str, model: str,
     calls = _StreamedCalls(req)
     async for ev in hub.events(job_id, merge=True, kind="sse"):
         if ev.type == "restart" and not started:  # nothing sent yet: the next attempt just streams
+            continue
+        if ev.type == "token" and ev.prompt_logprobs is not None:  # never streamed
             continue
         if ev.type == "token":
             lps = _chat_logprobs(ev.logprobs, k) if req.logprobs else None
@@ -312,6 +326,8 @@ async def completion_chunks(hub: StreamHub, job_ids: list[str], model: str,
         sent = False  # any of this job's text: a restart after it cannot be taken back
         async for ev in hub.events(job_id, merge=True, kind="sse"):
             if ev.type == "restart" and not sent:  # nothing of it sent yet: the next attempt just streams
+                continue
+            if ev.type == "token" and ev.prompt_logprobs is not None:  # never streamed
                 continue
             if ev.type == "token":
                 sent = True

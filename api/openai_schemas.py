@@ -2,22 +2,36 @@
 
 Requests forbid unknown fields: a parameter inferq does not implement is refused with a 400
 naming it, never silently ignored; so is a known one set to a value inferq cannot honour
-(``tool_choice: "auto"``, a non-empty ``logit_bias``, ``echo: true``, ``best_of`` above ``n``,
-``stream_options.continuous_usage_stats: true``). What SDKs and frameworks send as a matter of
-course is accepted with the meaning vLLM gives it: ``null`` for any field (its default), empty
-``logit_bias``, ``echo: false``, ``best_of: 1``, and the
-bookkeeping fields ``store``, ``metadata``, ``service_tier`` and ``reasoning_effort``,
-which change nothing here (README, "OpenAI SDK"). Tool calling: api/openai_tools.py.
+(``best_of`` above ``n``: every completion generated is returned; ``stream_options.
+continuous_usage_stats: true``: usage is sent once, at the end; ``max_tokens: 0``, which vLLM
+takes with ``echo`` to return the prompt alone: a job generates at least one token). What SDKs and
+frameworks send as a matter of course is accepted with the meaning vLLM gives it: ``null`` for
+any field (its default), ``best_of`` up to ``n``, and the bookkeeping fields ``store``,
+``metadata``, ``service_tier`` and ``reasoning_effort``, which change nothing here (README,
+"OpenAI SDK"). Tool calling: api/openai_tools.py.
+
+vLLM's request extras are served as ``vllm serve`` serves them: a completions ``prompt`` of token
+ids (or a list of such prompts), ``echo`` (with ``logprobs``, the prompt's tokens come first, the
+first with null log-probs), ``logit_bias`` (clamped to [-100, 100]), ``prompt_logprobs`` (not
+streamed, except 0), and on chat ``add_generation_prompt`` and ``continue_final_message`` (not
+both).
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, field_validator, model_serializer, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, ValidationError,
+                      ValidationInfo, ValidatorFunctionWrapHandler, field_validator, model_serializer,
+                      model_validator)
 
 from inferq.shared.keys import MODEL_NAME_PATTERN
-from inferq.shared.schemas import NO_CONTROL_CHARS, ChatMessage, ToolCall, Usage
+from inferq.shared.schemas import NO_CONTROL_CHARS, ChatMessage, PromptLogprobs, ToolCall, Usage
+
+#: A token id, as a completions ``prompt`` may be given.
+TokenId = Annotated[int, Field(ge=0)]
+#: Prompts in one completions request, as OpenAI and vLLM allow (strings, or lists of token ids).
+MAX_PROMPTS = 64
 
 
 class TextPart(BaseModel):
@@ -115,6 +129,15 @@ class StructuredOutputs(BaseModel):
     choice: list[Annotated[str, Field(min_length=1, max_length=1024)]] = Field(min_length=1, max_length=64)
 
 
+def _is_int(key: str) -> bool:
+    """Whether ``key`` reads as an integer, as vLLM reads ``logit_bias`` keys (``int(key)``)."""
+    try:
+        int(key)
+    except ValueError:
+        return False
+    return True
+
+
 class _Common(BaseModel):
     """Fields chat and completions share; sampling bounds are the same as ``POST /v1/jobs``."""
 
@@ -140,8 +163,12 @@ class _Common(BaseModel):
     min_tokens: int | None = Field(default=None, ge=0)
     stop_token_ids: list[int] | None = Field(default=None, max_length=64)
     structured_outputs: StructuredOutputs | None = None
+    prompt_logprobs: int | None = Field(default=None, ge=0, le=20, description="The prompt's log-probs, "
+                                        "with this many alternatives per token; not with `stream` (but 0).")
+    logit_bias: dict[str, Annotated[float, Field(allow_inf_nan=False)]] | None = Field(
+        default=None, description="Token id (a string) -> a bias added to its logit; clamped to [-100, 100], "
+        "as vLLM does.")
     # accepted as SDKs send them; they change nothing here
-    logit_bias: dict[str, float] | None = Field(default=None, description="Empty only.")
     store: bool | None = None
     metadata: dict[str, str] | None = Field(default=None, max_length=16)
     service_tier: str | None = Field(default=None, max_length=32)
@@ -154,18 +181,28 @@ class _Common(BaseModel):
 
     @field_validator("logit_bias")
     @classmethod
-    def _no_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
-        if v:
-            raise ValueError("not supported: only an empty logit_bias is accepted")
+    def _token_id_keys(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        bad = [k for k in v or () if not _is_int(k)]
+        if bad:
+            raise ValueError(f"keys must be token ids (integers as strings), not {bad[:5]}")
+        return v
+
+    @field_validator("prompt_logprobs")
+    @classmethod
+    def _not_streamed(cls, v: int | None, info: ValidationInfo) -> int | None:
+        if v and info.data.get("stream"):
+            raise ValueError("not available when stream is true")
         return v
 
     def sampling_fields(self) -> dict[str, Any]:
         names = ("max_tokens", "temperature", "top_p", "n", "stop", "seed", "presence_penalty",
                  "frequency_penalty", "top_k", "min_p", "repetition_penalty", "ignore_eos", "min_tokens",
-                 "stop_token_ids")
+                 "stop_token_ids", "prompt_logprobs")
         out = {k: getattr(self, k) for k in names if getattr(self, k) is not None}
         if self.structured_outputs is not None:
             out["choice"] = self.structured_outputs.choice
+        if self.logit_bias:
+            out["logit_bias"] = {int(k): b for k, b in self.logit_bias.items()}
         return out
 
 
@@ -183,6 +220,19 @@ class ChatCompletionRequest(_Common):
         "(INFERQ_TOOL_CALL_PARSER) finds calls in the text (400 when the model's workers have none).")
     parallel_tool_calls: bool | None = Field(default=None, description="false: 'required' makes one call.")
     reasoning_effort: str | None = Field(default=None, max_length=16)
+    # vLLM extras: how the chat template renders the messages
+    add_generation_prompt: bool = Field(default=True, description="The template adds the header that "
+                                        "starts the assistant's turn.")
+    continue_final_message: bool = Field(default=False, description="The last message is left open and "
+                                         "the model continues it; needs `add_generation_prompt: false`.")
+
+    @field_validator("continue_final_message")
+    @classmethod
+    def _not_both(cls, v: bool, info: ValidationInfo) -> bool:
+        """As vLLM (its check, or the chat template's with the default ``add_generation_prompt``)."""
+        if v and info.data.get("add_generation_prompt", True):
+            raise ValueError("cannot set both continue_final_message and add_generation_prompt to true")
+        return v
 
     @model_validator(mode="after")
     def _top_logprobs_needs_logprobs(self) -> ChatCompletionRequest:
@@ -205,9 +255,11 @@ class ChatCompletionRequest(_Common):
 
 
 class CompletionRequest(_Common):
-    prompt: str | list[str]
+    prompt: str | list[str] | list[TokenId] | list[list[TokenId]] = Field(
+        description="A prompt (text, or token ids), or a list of prompts: one job each.")
     logprobs: int | None = Field(default=None, ge=0, le=20)
-    echo: Literal[False] | None = Field(default=None, description="false only: the prompt is not echoed.")
+    echo: bool = Field(default=False, description="Each choice's text starts with its prompt (a prompt "
+                       "of token ids decoded); with `logprobs`, so do its log-probs.")
     best_of: int | None = Field(default=None, ge=1, description="At most n: every completion generated is "
                                 "returned.")
 
@@ -217,12 +269,26 @@ class CompletionRequest(_Common):
             raise ValueError("best_of above n is not supported: every completion generated is returned")
         return self
 
-    @field_validator("prompt")
+    @field_validator("prompt", mode="wrap")
     @classmethod
-    def _non_empty(cls, v: str | list[str]) -> str | list[str]:
-        if isinstance(v, list) and not 1 <= len(v) <= 64:
-            raise ValueError("a list of prompts must hold 1 to 64 strings")
+    def _prompt(cls, v: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        """One message for whatever is wrong, naming ``prompt`` (not one line per kind of prompt)."""
+        try:
+            v = handler(v)
+        except ValidationError:
+            raise ValueError("must be a string, a list of strings, a list of token ids (integers from 0) "
+                             "or a list of such lists") from None
+        if isinstance(v, list) and not (v and isinstance(v[0], int)):
+            if not 1 <= len(v) <= MAX_PROMPTS:
+                raise ValueError(f"a list of prompts must hold 1 to {MAX_PROMPTS} prompts")
+            if any(len(p) == 0 for p in v):
+                raise ValueError("a prompt cannot be empty")
         return v
+
+    def prompts(self) -> list[str | list[int]]:
+        """Each prompt, text or token ids: one job each."""
+        p = self.prompt
+        return [p] if isinstance(p, str) or (p and isinstance(p[0], int)) else list(p)  # type: ignore[arg-type]
 
 
 class ModelCard(BaseModel):
@@ -255,8 +321,8 @@ class ChatLogprobs(BaseModel):
 
 class CompletionLogprobs(BaseModel):
     tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]]
+    token_logprobs: list[float | None] = Field(description="null for an echoed prompt's first token.")
+    top_logprobs: list[dict[str, float] | None]
     text_offset: list[int]
 
 
@@ -280,6 +346,9 @@ class ChatCompletion(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Usage
+    prompt_logprobs: PromptLogprobs | None = Field(default=None, description="With `prompt_logprobs`: per "
+                                                   "prompt token (the first: null), token id -> "
+                                                   "{logprob, rank, decoded_token}, as vLLM returns them.")
 
 
 class ToolCallDelta(BaseModel):
@@ -331,6 +400,9 @@ class TextChoice(_NullsKept):
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
+    prompt_logprobs: PromptLogprobs | None = Field(default=None, description="With `prompt_logprobs` (or "
+                                                   "`echo` and `logprobs`): its prompt's, as on a chat "
+                                                   "completion.")
 
 
 class TextCompletion(BaseModel):

@@ -33,6 +33,7 @@ from inferq.shared.schemas import (
     WorkerInfo,
 )
 from inferq.shared import tracing
+from inferq.shared.request_limits import check_token_ids
 from inferq.shared.settings import Settings
 from inferq.shared.store import JobStore
 from inferq.shared.celery_app import send_job
@@ -91,11 +92,15 @@ class JobService:
         limit = info.max_model_len
         if req.max_tokens is not None and req.max_tokens >= limit:
             raise ContextLengthExceeded(0, req.max_tokens, limit)
-        tok = _tokenizer(info.tokenizer) if info.tokenizer and req.prompt is not None else None
-        if tok is not None and req.prompt is not None:
+        n: int | None = None
+        if req.prompt_token_ids is not None:  # counted as they are: no tokenizer needed
+            if info.vocab_size:
+                check_token_ids(req.prompt_token_ids, info.vocab_size)
+            n = len(req.prompt_token_ids)
+        elif req.prompt is not None and info.tokenizer and (tok := _tokenizer(info.tokenizer)) is not None:
             n = len(tok.encode(req.prompt).ids)
-            if n + (req.max_tokens or 1) > limit:
-                raise ContextLengthExceeded(n, req.max_tokens or 1, limit)
+        if n is not None and n + (req.max_tokens or 1) > limit:
+            raise ContextLengthExceeded(n, req.max_tokens or 1, limit)
 
     async def submit(self, req: JobRequest, *, owner: str | None = None, job_id: str | None = None) -> JobRecord:
         model, info = await self.resolve_model(req.model)

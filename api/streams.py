@@ -50,9 +50,9 @@ class Frame(NamedTuple):
 
     @property
     def plain_token(self) -> bool:
-        """A token event without logprobs or tool calls: the hot path, rebuilt from JSON without validation
-        (a worker wrote it through pydantic)."""
-        return self.type == "token" and '"logprobs"' not in self.raw and '"tool_calls"' not in self.raw
+        """A token event without logprobs (the sampled tokens' or the prompt's) or tool calls: the hot
+        path, rebuilt from JSON without validation (a worker wrote it through pydantic)."""
+        return self.type == "token" and 'logprobs"' not in self.raw and '"tool_calls"' not in self.raw
 
     def event(self) -> Event:
         """The parsed event."""

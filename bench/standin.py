@@ -30,6 +30,7 @@ class Step:
 
     outputs: list[Out]
     finished: bool = False
+    prompt_logprobs: list[Any] | None = None
 
 
 class ScriptedTokenizer:
@@ -51,6 +52,7 @@ class LoopHost:
         self.engine = engine
         self.tokenizer = ScriptedTokenizer()
         self.max_model_len = max_model_len
+        self.vocab_size = 0  # unknown: prompts of token ids are not checked against it
         self.model_path = "scripted"
         self.frontend = None  # a lone worker, not a frontend of an engine group
         self.stats = EngineStats()

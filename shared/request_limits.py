@@ -27,6 +27,9 @@ def check_limits(req: JobRequest, settings: Settings) -> None:
         _refuse("n", f"must be <= {s.max_n}")
     if req.prompt is not None and len(req.prompt) > s.max_prompt_chars:
         _refuse("prompt", f"is {len(req.prompt)} characters; the limit is {s.max_prompt_chars}")
+    if req.prompt_token_ids is not None and len(req.prompt_token_ids) > s.max_prompt_chars:
+        # a token is at least one character: the ids may not say more than the text could
+        _refuse("prompt", f"is {len(req.prompt_token_ids)} token ids; the limit is {s.max_prompt_chars}")
     if req.messages is not None and (chars := sum(len(m.content) for m in req.messages)) > s.max_prompt_chars:
         _refuse("messages", f"hold {chars} characters; the limit is {s.max_prompt_chars}")
     if req.timeout is not None and req.timeout > s.max_timeout_s:
@@ -38,6 +41,13 @@ def check_limits(req: JobRequest, settings: Settings) -> None:
         check_json(req.tools, "tools", s)
     if req.json_schema is not None:
         check_json(req.json_schema, "json_schema", s)
+
+
+def check_token_ids(ids: list[int], vocab_size: int) -> None:
+    """A prompt of token ids, each in a vocabulary of ``vocab_size`` tokens, else 400 naming
+    ``prompt`` (as OpenAI's API calls the prompt whatever form it takes)."""
+    if (bad := max(ids)) >= vocab_size:
+        _refuse("prompt", f"token id {bad} is out of vocabulary (the model has {vocab_size} tokens)")
 
 
 def _texts(req: JobRequest) -> Iterator[tuple[str, str]]:

@@ -113,6 +113,11 @@ class SamplingOptions(BaseModel):
     choice: list[Annotated[str, Field(min_length=1, max_length=1024)]] | None = Field(
         default=None, min_length=1, max_length=64, description="Constrain output to exactly one of these "
         "strings (vLLM's structured output `choice`).")
+    logit_bias: dict[int, Annotated[float, Field(allow_inf_nan=False)]] | None = Field(
+        default=None, description="Token id -> a bias added to its logit before sampling; clamped to "
+        "[-100, 100], as vLLM does. An id outside the model's vocabulary is refused (400).")
+    prompt_logprobs: int | None = Field(default=None, ge=0, le=20, description="Log-probs of the prompt's "
+                                        "tokens, with this many alternatives each (vLLM's `prompt_logprobs`).")
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -126,6 +131,11 @@ class SamplingOptions(BaseModel):
             raise ValueError("a stop sequence cannot be empty")
         return v
 
+    @field_validator("logit_bias")
+    @classmethod
+    def _clamp_bias(cls, v: dict[int, float] | None) -> dict[int, float] | None:
+        return None if v is None else {k: min(100.0, max(-100.0, b)) for k, b in v.items()}
+
     @model_validator(mode="after")
     def _greedy_n(self) -> SamplingOptions:
         if self.n > 1 and self.temperature == 0:
@@ -134,13 +144,25 @@ class SamplingOptions(BaseModel):
 
 
 class JobRequest(SamplingOptions):
-    """Body of ``POST /v1/jobs``: exactly one of ``prompt`` or ``messages``."""
+    """Body of ``POST /v1/jobs``: exactly one of ``prompt``, ``prompt_token_ids`` or ``messages``."""
 
     prompt: str | None = Field(default=None, min_length=1, description="At most INFERQ_MAX_PROMPT_CHARS "
                                "characters.")
+    prompt_token_ids: list[Annotated[int, Field(ge=0)]] | None = Field(
+        default=None, min_length=1, description="The prompt as token ids, given to the engine as they are "
+        "(no tokenizer, no special tokens added): at most INFERQ_MAX_PROMPT_CHARS ids, each in the model's "
+        "vocabulary (an id outside it, or too many, is refused with a 400 naming `prompt`).")
     messages: list[ChatMessage] | None = Field(default=None, min_length=1, max_length=1024,
                                                description="Contents of at most INFERQ_MAX_PROMPT_CHARS "
                                                "characters in all.")
+    echo: bool = Field(default=False, description="The output starts with the prompt (its text, and its "
+                       "tokens' log-probs when `logprobs` is set), as OpenAI's completions `echo`. Needs "
+                       "`prompt` or `prompt_token_ids`.")
+    add_generation_prompt: bool = Field(default=True, description="With `messages`: the chat template adds "
+                                        "the header that starts the assistant's turn.")
+    continue_final_message: bool = Field(default=False, description="With `messages`: the last message is "
+                                         "left open and the model continues it (needs "
+                                         "`add_generation_prompt: false`).")
     tools: list[dict[str, Any]] | None = Field(default=None, max_length=128, description="Function tools "
                                                "(OpenAI's `tools` items), given to the chat template with "
                                                "`messages`.")
@@ -163,8 +185,14 @@ class JobRequest(SamplingOptions):
 
     @model_validator(mode="after")
     def _one_input(self) -> JobRequest:
-        if (self.prompt is None) == (self.messages is None):
-            raise ValueError("give exactly one of 'prompt' or 'messages'")
+        if sum(x is not None for x in (self.prompt, self.prompt_token_ids, self.messages)) != 1:
+            raise ValueError("give exactly one of 'prompt', 'prompt_token_ids' or 'messages'")
+        if self.echo and self.messages is not None:
+            raise ValueError("echo needs 'prompt' or 'prompt_token_ids'")
+        if (self.continue_final_message or not self.add_generation_prompt) and self.messages is None:
+            raise ValueError("continue_final_message and add_generation_prompt need 'messages'")
+        if self.continue_final_message and self.add_generation_prompt:
+            raise ValueError("cannot set both continue_final_message and add_generation_prompt to true")
         if self.instructions is not None and self.messages is None:
             raise ValueError("instructions need 'messages'")
         if self.parse_tool_calls and (not self.tools or self.messages is None):
@@ -226,8 +254,21 @@ class TopLogprob(BaseModel):
 
 class TokenLogprob(BaseModel):
     token: str
-    logprob: float
+    logprob: float | None = Field(default=None, description="None (left out) for an echoed prompt's first "
+                                  "token, which has none.")
     top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class PromptLogprob(BaseModel):
+    """One token's log-prob at a prompt position, as vLLM's ``Logprob`` (its ``prompt_logprobs``)."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+#: Per prompt position (the first has none: null), token id -> its log-prob; vLLM's shape.
+PromptLogprobs = list[dict[str, PromptLogprob] | None]
 
 
 class ToolCallPiece(BaseModel):
@@ -249,6 +290,9 @@ class TokenEvent(BaseModel):
     logprobs: list[TokenLogprob] | None = None
     tool_calls: list[ToolCallPiece] | None = Field(default=None, description="Tool calls the worker's parser "
                                                    "found in these tokens (`text` is then what is not a call).")
+    prompt_logprobs: PromptLogprobs | None = Field(default=None, description="The prompt's log-probs "
+                                                   "(`prompt_logprobs`), once, in an event of their own "
+                                                   "(empty `text`, before the tokens that follow them).")
 
 
 class ChoiceEnd(BaseModel):
@@ -408,6 +452,8 @@ class WorkerInfo(BaseModel):
     max_num_seqs: int
     tokenizer: str | None = None
     tool_call_parser: str | None = Field(default=None, description="INFERQ_TOOL_CALL_PARSER of the worker.")
+    vocab_size: int | None = Field(default=None, description="The model's token ids are 0 to this, excluded "
+                                   "(a prompt of token ids is checked against it).")
     started_at: float
     last_seen: float
     draining: bool = False

@@ -68,6 +68,7 @@ class EngineHost:
         self.tokenizer: Any = None
         self.model_path = ""
         self.max_model_len = 0
+        self.vocab_size = 0  # token ids from 0 to this (excluded) are the model's
 
     def start(self) -> None:
         """Build the engine (blocks until it is ready to serve)."""
@@ -123,6 +124,9 @@ class EngineHost:
         tokenizer = self.engine.get_tokenizer()
         self.tokenizer = await tokenizer if inspect.isawaitable(tokenizer) else tokenizer  # async in older vLLM
         self.max_model_len = int(self.engine.model_config.max_model_len)
+        # as vLLM bounds prompt ids: the tokenizer's vocabulary or the model's, whichever is larger
+        self.vocab_size = max(int(self.tokenizer.max_token_id) + 1,
+                              int(self.engine.model_config.get_vocab_size()))
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run ``coro`` on the engine loop from another thread and wait for its result."""

@@ -1,10 +1,11 @@
 """JobRunner: runs one job on the shared engine and turns its outputs into stream events.
 
 Life of a job on a worker: claim it (queued -> running; a cancelled or taken job is skipped),
-tokenize and check it against the context window, stream the engine's DELTA outputs as ``token``
-events, and, whatever happens, write the terminal state and the final ``done``/``error`` event in
-``finally``. Cancellation is one mechanism: cancelling the job's asyncio task, which makes vLLM's
-``generate`` abort the request in the engine and free its KV blocks.
+tokenize and check it against the context window (token ids given as the prompt: against the
+vocabulary), stream the engine's DELTA outputs as ``token`` events (with what the job gives back
+of its prompt: worker/prompt.py), and, whatever happens, write the terminal state and the final
+``done``/``error`` event in ``finally``. Cancellation is one mechanism: cancelling the job's asyncio
+task, which makes vLLM's ``generate`` abort the request in the engine and free its KV blocks.
 
 Ownership is per attempt: the claim makes this run attempt N of the job, and everything it does
 afterwards (events, the end, the writer's state) is keyed by (job, N). A worker runs at most one
@@ -34,16 +35,16 @@ from inferq.shared.schemas import (
     JobMessage,
     JobStatus,
     TokenEvent,
-    TokenLogprob,
-    TopLogprob,
     Usage,
 )
 from inferq.shared import tracing
 from inferq.shared.logs import job_context
 from inferq.shared.redis import redis_retrying
+from inferq.shared.request_limits import check_token_ids
 from inferq.shared.store import JobStore
 from inferq.worker.engine import EngineHost
 from inferq.worker.metrics import JOBS_CLAIMED, JOBS_FINISHED
+from inferq.worker.prompt import PromptReturn, sampled_logprobs
 from inferq.worker.toolcalls import ToolCallStream, parser_class
 from inferq.worker.writer import EventWriter, FencedOut
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -129,13 +130,39 @@ class JobRunner:
     # --- preparing a job (runs in a thread: tokenization is CPU work) -------------------------
     def prompt_ids(self, msg: JobMessage) -> list[int]:
         req, tok = msg.request, self.host.tokenizer
+        if req.prompt_token_ids is not None:
+            return self._checked_ids(req.prompt_token_ids)
         with self._tok_lock:
             if req.messages is not None:
                 system = [{"role": "system", "content": req.instructions}] if req.instructions is not None else []
-                text = tok.apply_chat_template([*system, *(m.template_dict() for m in req.messages)], tools=req.tools,
-                                               tokenize=False, add_generation_prompt=True)
+                # only when set: a tokenizer without the argument renders every other request
+                cont = {"continue_final_message": True} if req.continue_final_message else {}
+                try:
+                    text = tok.apply_chat_template([*system, *(m.template_dict() for m in req.messages)],
+                                                   tools=req.tools, tokenize=False,
+                                                   add_generation_prompt=req.add_generation_prompt, **cont)
+                except Exception as e:  # the template raised (raise_exception) or refused the options
+                    raise InvalidRequest(f"the model's chat template refused these messages: {e}",
+                                         param="messages") from e
                 return list(tok.encode(text, add_special_tokens=False))
             return list(tok.encode(req.prompt))
+
+    def _checked_ids(self, ids: list[int]) -> list[int]:
+        """A prompt given as token ids, each in the model's vocabulary (vLLM refuses others too,
+        without naming the field)."""
+        if self.host.vocab_size:  # 0: unknown (the engine still checks, naming no field)
+            check_token_ids(ids, self.host.vocab_size)
+        return list(ids)
+
+    def echo_text(self, msg: JobMessage, ids: list[int]) -> str | None:
+        """With ``echo``, the prompt's text: as given, or its token ids decoded (as vLLM does)."""
+        req = msg.request
+        if not req.echo:
+            return None
+        if req.prompt is not None:
+            return req.prompt
+        with self._tok_lock:
+            return str(self.host.tokenizer.decode(ids))
 
     def sampling_params(self, msg: JobMessage, prompt_tokens: int) -> Any:
         from vllm import SamplingParams
@@ -152,6 +179,9 @@ class JobRunner:
             structured = StructuredOutputsParams(json_object=True)
         elif o.choice is not None:
             structured = StructuredOutputsParams(choice=list(o.choice))
+        prompt_logprobs = o.prompt_logprobs
+        if prompt_logprobs is None and o.echo:  # an echo with logprobs has the prompt's (as vLLM)
+            prompt_logprobs = o.logprobs
         try:
             return SamplingParams(
                 n=o.n, max_tokens=max_tokens, temperature=o.temperature, top_p=o.top_p,
@@ -159,7 +189,8 @@ class JobRunner:
                 presence_penalty=o.presence_penalty, frequency_penalty=o.frequency_penalty,
                 repetition_penalty=o.repetition_penalty, ignore_eos=o.ignore_eos,
                 min_tokens=o.min_tokens, stop_token_ids=o.stop_token_ids or None,
-                logprobs=o.logprobs, structured_outputs=structured,
+                logprobs=o.logprobs, structured_outputs=structured, logit_bias=o.logit_bias or None,
+                prompt_logprobs=prompt_logprobs,
                 output_kind=RequestOutputKind.DELTA,
             )
         except Exception as e:
@@ -229,9 +260,12 @@ class JobRunner:
             progress.prompt_tokens = len(ids)
             params = self.sampling_params(msg, len(ids))
             calls = self._tool_calls(msg)
+            echo = await asyncio.to_thread(self.echo_text, msg, ids) if msg.request.echo else None
+            prompt = PromptReturn(ids, echo, msg.request.logprobs, self.host.tokenizer)
             try:
                 async with asyncio.timeout(left if left != float("inf") else None):
-                    await self._generate(msg.id, job.attempt, ids, params, progress, msg.request.priority, calls)
+                    await self._generate(msg.id, job.attempt, ids, params, progress, msg.request.priority, prompt,
+                                         calls)
             except TimeoutError:
                 raise DeadlineExceeded("the job ran past its deadline and was aborted") from None
             status = JobStatus.succeeded
@@ -306,7 +340,8 @@ class JobRunner:
         return partial(ToolCallStream, self.tool_parser, self.host.tokenizer, msg.request)
 
     async def _generate(self, job_id: str, attempt: int, ids: list[int], params: Any, p: Progress,
-                        priority: int, make_calls: Callable[[], ToolCallStream] | None = None) -> None:
+                        priority: int, prompt: PromptReturn,
+                        make_calls: Callable[[], ToolCallStream] | None = None) -> None:
         from vllm.inputs import TokensPrompt
 
         first = True
@@ -326,14 +361,21 @@ class JobRunner:
                         if isinstance(err, FencedOut):
                             raise err
                         raise EventsLost(f"{type(err).__name__}: {err}")
+                    if (plp := prompt.take(out)) is not None:  # in an event of their own, once
+                        p.seq += 1
+                        self.writer.emit(job_id, attempt, TokenEvent(seq=p.seq, text="", prompt_logprobs=plp))
                     for c in out.outputs:
                         tc = calls.get(c.index)
                         if tc is None and make_calls is not None:  # one parser stream per completion
                             tc = calls[c.index] = make_calls()
                         if c.text or c.token_ids:
-                            p.texts[c.index] = p.texts.get(c.index, "") + c.text
+                            text = c.text
+                            lps = sampled_logprobs(c, self.host.tokenizer, params.logprobs or 0)
+                            if (echoed := prompt.echo(c.index)) is not None:  # the prompt first
+                                text = echoed[0] + text
+                                lps = None if echoed[1] is None else [*echoed[1], *(lps or [])]
+                            p.texts[c.index] = p.texts.get(c.index, "") + text
                             p.tokens[c.index] = p.tokens.get(c.index, 0) + len(c.token_ids)
-                            lps = _logprobs(c, self.host.tokenizer, params.logprobs or 0)
                             if tc is not None:  # what the parser says is content, and the calls
                                 content, pieces = tc.feed(c.text, list(c.token_ids))
                                 if content or pieces:
@@ -342,10 +384,10 @@ class JobRunner:
                                         seq=p.seq, index=c.index, text=content, n_tokens=len(c.token_ids),
                                         logprobs=lps, tool_calls=pieces or None))
                             elif not (params.logprobs is None and self.writer.extend(
-                                    job_id, attempt, c.index, c.text, len(c.token_ids))):
+                                    job_id, attempt, c.index, text, len(c.token_ids))):
                                 p.seq += 1
                                 self.writer.emit(job_id, attempt, TokenEvent(
-                                    seq=p.seq, index=c.index, text=c.text, n_tokens=len(c.token_ids),
+                                    seq=p.seq, index=c.index, text=text, n_tokens=len(c.token_ids),
                                     logprobs=lps))
                         if c.finish_reason is not None:
                             reason = c.finish_reason
@@ -465,28 +507,6 @@ class JobRunner:
         if written is not None:
             self.host.stats.jobs_finished += 1
         return written
-
-
-def _logprobs(c: Any, tokenizer: Any, k: int) -> list[TokenLogprob] | None:
-    """The sampled tokens' log-probs with the ``k`` most likely alternatives each."""
-    if not c.logprobs:
-        return None
-    out = []
-    for tid, entry in zip(c.token_ids, c.logprobs):
-        chosen = entry.get(tid)
-        top = sorted(entry.items(), key=lambda kv: kv[1].rank or 0)[:k]
-        out.append(TokenLogprob(
-            token=_tok(chosen, tid, tokenizer),
-            logprob=float(chosen.logprob) if chosen else float("-inf"),
-            top_logprobs=[TopLogprob(token=_tok(lp, t, tokenizer), logprob=float(lp.logprob)) for t, lp in top],
-        ))
-    return out
-
-
-def _tok(lp: Any, tid: int, tokenizer: Any) -> str:
-    if lp is not None and lp.decoded_token is not None:
-        return str(lp.decoded_token)
-    return str(tokenizer.decode([tid]))
 
 
 def _engine_dead(e: BaseException) -> bool:

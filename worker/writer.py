@@ -74,7 +74,8 @@ class EventWriter:
         ev = self._open.get((job_id, attempt))
         # only while a round trip is in flight: an event merely waiting for the writer task to be
         # scheduled must go out as it is, or a busy loop would hold a whole job's tokens back
-        if not self._sending or ev is None or ev.index != index or ev.logprobs is not None:
+        if not self._sending or ev is None or ev.index != index or ev.logprobs is not None \
+                or ev.prompt_logprobs is not None:
             return False
         ev.text += text
         ev.n_tokens += n_tokens

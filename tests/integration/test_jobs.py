@@ -35,6 +35,17 @@ def test_chat_messages_use_the_chat_template(stack) -> None:
     assert view["usage"]["prompt_tokens"] > 6
 
 
+def test_a_prompt_of_token_ids_goes_to_the_engine_as_given(stack) -> None:
+    with stack.http() as http:
+        ids = http.post("/tokenize", json={"prompt": "def f(x):"}).json()["tokens"]
+        text = wait_status(http, submit(http, prompt="def f(x):", max_tokens=6, temperature=0))["text"]
+        view = wait_status(http, submit(http, prompt_token_ids=ids, max_tokens=6, temperature=0))
+        refused = http.post("/v1/jobs", json={"prompt_token_ids": [1, 10**6]})
+    assert view["status"] == "succeeded" and view["text"] == text, view
+    assert view["usage"]["prompt_tokens"] == len(ids)
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "prompt"
+
+
 def test_greedy_decoding_is_deterministic_across_workers(stack) -> None:
     with stack.http() as http:
         ids = [submit(http, prompt="import os\n", max_tokens=16, temperature=0, ignore_eos=True) for _ in range(4)]

@@ -120,7 +120,9 @@ def test_json_object_mode(client) -> None:
     ({"max_tokens": 0}, openai.BadRequestError, "max_tokens"),
     ({"n": 100}, openai.BadRequestError, "n"),
     ({"top_logprobs": 50, "logprobs": True}, openai.BadRequestError, "top_logprobs"),
-    ({"logit_bias": {"1": 5}}, openai.BadRequestError, "logit_bias"),
+    ({"logit_bias": {"one": 5}}, openai.BadRequestError, "logit_bias"),
+    ({"extra_body": {"continue_final_message": True}}, openai.BadRequestError, "continue_final_message"),
+    ({"stream": True, "extra_body": {"prompt_logprobs": 1}}, openai.BadRequestError, "prompt_logprobs"),
     ({"max_tokens": 4000}, openai.BadRequestError, "max_tokens"),
     ({"model": "no-such-model"}, openai.NotFoundError, "model"),
     ({"stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}},
@@ -149,10 +151,83 @@ def test_message_name_travels_with_the_job(client, stack) -> None:
     assert json.loads(stack.redis.client().hget(keys.job(r.id), "request"))["messages"] == messages
 
 
-def test_completion_prompt_of_token_ids_is_rejected(client) -> None:
+def tokenized(stack, **body) -> dict:
+    with stack.http() as http:
+        return http.post("/tokenize", json={"model": MODEL, **body}).json()
+
+
+def test_completion_prompts_of_token_ids(client, stack) -> None:
+    """Token ids are the prompt as the engine sees it: the same greedy text as the string they
+    encode, one job per list, and as many prompt tokens as ids."""
+    ids = tokenized(stack, prompt="def f(x):")["tokens"]
+    kw = dict(model=MODEL, max_tokens=6, temperature=0, extra_body={"ignore_eos": True})
+    text = client.completions.create(prompt="def f(x):", **kw).choices[0].text
+    one = client.completions.create(prompt=ids, **kw)
+    assert one.choices[0].text == text and one.usage.prompt_tokens == len(ids)
+    r = client.completions.create(prompt=[ids, ids[:2]], **kw)
+    assert [c.index for c in r.choices] == [0, 1] and r.choices[0].text == text
+    assert r.usage.prompt_tokens == len(ids) + 2 and r.usage.completion_tokens == 12
+    streamed = client.completions.create(prompt=[ids], stream=True, **kw)
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == text
+
+
+@pytest.mark.parametrize("prompt", [[[1, 2], [3, 10**6]], [5, -1]])
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_bad_token_id_is_a_400_naming_prompt(client, prompt, stream) -> None:
     with pytest.raises(openai.BadRequestError) as e:
-        client.completions.create(model=MODEL, prompt=[1, 2, 3], max_tokens=3)
-    assert e.value.body["param"].startswith("prompt")
+        client.completions.create(model=MODEL, prompt=prompt, max_tokens=3, stream=stream)
+    assert e.value.body["param"] == "prompt", e.value.body
+
+
+def test_echo_puts_the_prompt_and_its_logprobs_first(client, stack) -> None:
+    kw = dict(model=MODEL, prompt="def f(x):", max_tokens=4, temperature=0, extra_body={"ignore_eos": True})
+    plain = client.completions.create(**kw).choices[0].text
+    r = client.completions.create(echo=True, logprobs=1, **kw)
+    c, n = r.choices[0], len(tokenized(stack, prompt="def f(x):")["tokens"])
+    assert c.text == "def f(x):" + plain and r.usage.prompt_tokens == n and r.usage.completion_tokens == 4
+    lp = c.logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == n + 4
+    assert "".join(lp.tokens) == c.text and lp.text_offset[n] == len("def f(x):")
+    # the prompt's first token has no log-prob (nothing comes before it); every other token has one
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert all(x is not None and x <= 0 for x in lp.token_logprobs[1:])
+    streamed = client.completions.create(echo=True, stream=True, **kw)
+    assert "".join(ch.choices[0].text for ch in streamed if ch.choices) == c.text
+
+
+def test_logit_bias_steers_sampling(client, stack) -> None:
+    with stack.http() as http:
+        token = http.post("/detokenize", json={"model": MODEL, "tokens": [306]}).json()["prompt"]
+    r = client.completions.create(model=MODEL, prompt="def f(x):", max_tokens=4, temperature=0,
+                                  logit_bias={"306": 100}, extra_body={"ignore_eos": True})
+    assert r.choices[0].text == token * 4
+    with pytest.raises(openai.BadRequestError) as e:  # the engine's own check
+        client.completions.create(model=MODEL, prompt="x", max_tokens=2, logit_bias={"99999": 1})
+    assert e.value.body["param"] == "logit_bias"
+
+
+def test_prompt_logprobs_as_vllm_returns_them(client, stack) -> None:
+    ids = tokenized(stack, prompt="def f(x):")["tokens"]
+    r = client.completions.create(model=MODEL, prompt=ids, max_tokens=2, extra_body={"prompt_logprobs": 2})
+    plp = r.choices[0].model_extra["prompt_logprobs"]
+    assert len(plp) == len(ids) == r.usage.prompt_tokens and plp[0] is None
+    for tid, pos in zip(ids[1:], plp[1:]):  # the prompt's token at each position, and the 2 most likely
+        assert str(tid) in pos and 2 <= len(pos) <= 3, pos
+        assert all(v["logprob"] <= 0 and v["rank"] >= 1 and isinstance(v["decoded_token"], str)
+                   for v in pos.values())
+    chat = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=2,
+                                          extra_body={"prompt_logprobs": 0})
+    plp = chat.model_extra["prompt_logprobs"]
+    assert len(plp) == chat.usage.prompt_tokens and all(len(pos) == 1 for pos in plp[1:])
+
+
+def test_continue_final_message_leaves_the_last_turn_open(client, stack) -> None:
+    messages = [*CHAT, {"role": "assistant", "content": "Hello"}]
+    closed = tokenized(stack, messages=messages, add_generation_prompt=False)["count"]
+    r = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2, extra_body={
+        "continue_final_message": True, "add_generation_prompt": False})
+    assert r.choices[0].message.content is not None
+    assert r.usage.prompt_tokens < closed  # the assistant's turn was not closed: the model continues it
 
 
 async def test_async_client_chat_and_stream(aclient) -> None:

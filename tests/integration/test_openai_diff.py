@@ -36,6 +36,9 @@ NAMED = {"tool_choice": {"type": "function", "function": {"name": "weather"}}}
 # tool_choice auto on a random-weight model: structured outputs make it write a pythonic call,
 # which both servers' parsers (pythonic) must find
 CALL = {"tool_choice": "auto", "structured_outputs": {"choice": ['[weather(unit="c"), noop()]']}}
+IDS = [1882, 306, 77, 91, 338]  # "The sky is"
+BIAS = {"logit_bias": {"306": 100, "91": 40, "77": -100}}  # greedy: the first wins every step
+CONTINUED = [*CHAT, {"role": "assistant", "content": "Hello the"}]
 
 # name -> (path, body). Streams end in "stream": true.
 CASES: dict[str, tuple[str, dict[str, Any]]] = {
@@ -90,6 +93,54 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "chat tool_choice not in tools": ("/v1/chat/completions", {"messages": CHAT, "tools": TOOLS, **T,
                                                                "tool_choice": {"type": "function", "function": {"name": "x"}}}),
     "chat tool_choice without tools": ("/v1/chat/completions", {"messages": CHAT, "tool_choice": "required", **G}),
+    # vLLM's prompt extras: token ids, echo, logit_bias, prompt_logprobs, chat template options
+    "completion token ids": ("/v1/completions", {"prompt": IDS, **G}),
+    "completion token ids stream": ("/v1/completions", {"prompt": IDS, "stream": True,
+                                                        "stream_options": {"include_usage": True}, **G}),
+    "completion token id lists": ("/v1/completions", {"prompt": [IDS[:2], IDS[2:]], **G}),
+    "completion token id lists stream": ("/v1/completions", {"prompt": [IDS[:2], IDS[2:]], "stream": True, **G}),
+    "completion token id lists logprobs": ("/v1/completions", {"prompt": [IDS[:2], IDS], "logprobs": 1, **G}),
+    "completion token id out of vocab": ("/v1/completions", {"prompt": [1, 99999], **G}),
+    "completion token id out of vocab stream": ("/v1/completions", {"prompt": [[1], [99999]], "stream": True, **G}),
+    "completion token id negative": ("/v1/completions", {"prompt": [1, -1], **G}),
+    "completion token ids over the context": ("/v1/completions", {"prompt": [5] * 3000, "max_tokens": 4}),
+    "completion echo": ("/v1/completions", {"prompt": "The sky is", "echo": True, **G}),
+    "completion echo stream": ("/v1/completions", {"prompt": "The sky is", "echo": True, "stream": True, **G}),
+    "completion echo token ids": ("/v1/completions", {"prompt": IDS, "echo": True, **G}),
+    "completion echo logprobs": ("/v1/completions", {"prompt": "The sky is", "echo": True, "logprobs": 2, **G}),
+    "completion echo logprobs stream": ("/v1/completions", {"prompt": "The sky is", "echo": True, "logprobs": 1,
+                                                            "stream": True, **G}),
+    "completion echo n=2": ("/v1/completions", {"prompt": ["The sky is", "Grass"], "echo": True, "n": 2,
+                                                "temperature": 1.0, "max_tokens": 3}),
+    "completion logit_bias": ("/v1/completions", {"prompt": "The sky is", **BIAS, **G}),
+    "chat logit_bias": ("/v1/chat/completions", {"messages": CHAT, **BIAS, **G}),
+    "chat logit_bias stream": ("/v1/chat/completions", {"messages": CHAT, **BIAS, "stream": True, **G}),
+    "chat logit_bias out of range": ("/v1/chat/completions", {"messages": CHAT, "logit_bias": {"306": 500}, **G}),
+    "chat logit_bias out of vocab": ("/v1/chat/completions", {"messages": CHAT, "logit_bias": {"99999": 5}, **G}),
+    "chat logit_bias out of vocab stream": ("/v1/chat/completions", {"messages": CHAT, "logit_bias": {"-1": 5},
+                                                                     "stream": True, **G}),
+    "chat logit_bias not a token id": ("/v1/chat/completions", {"messages": CHAT, "logit_bias": {"x": 5}, **G}),
+    "completion prompt_logprobs": ("/v1/completions", {"prompt": "The sky is", "prompt_logprobs": 2, **G}),
+    "completion prompt_logprobs token ids": ("/v1/completions", {"prompt": IDS, "prompt_logprobs": 0, **G}),
+    "completion prompt_logprobs 0 stream": ("/v1/completions", {"prompt": "The sky is", "prompt_logprobs": 0,
+                                                                "stream": True, **G}),
+    "completion prompt_logprobs stream": ("/v1/completions", {"prompt": "The sky is", "prompt_logprobs": 1,
+                                                              "stream": True, **G}),
+    "completion prompt_logprobs over 20": ("/v1/completions", {"prompt": "The sky is", "prompt_logprobs": 21, **G}),
+    "chat prompt_logprobs": ("/v1/chat/completions", {"messages": CHAT, "prompt_logprobs": 1, **G}),
+    "chat prompt_logprobs stream": ("/v1/chat/completions", {"messages": CHAT, "prompt_logprobs": 1,
+                                                             "stream": True, **G}),
+    "chat continue_final_message": ("/v1/chat/completions", {"messages": CONTINUED, "continue_final_message": True,
+                                                             "add_generation_prompt": False, **G}),
+    "chat continue_final_message stream": ("/v1/chat/completions", {"messages": CONTINUED, "stream": True,
+                                                                    "continue_final_message": True,
+                                                                    "add_generation_prompt": False, **G}),
+    "chat add_generation_prompt false": ("/v1/chat/completions", {"messages": CHAT, "add_generation_prompt": False,
+                                                                  **G}),
+    "chat continue_final_message and add_generation_prompt": ("/v1/chat/completions", {
+        "messages": CONTINUED, "continue_final_message": True, "add_generation_prompt": True, **G}),
+    "chat continue_final_message alone": ("/v1/chat/completions", {"messages": CONTINUED,
+                                                                   "continue_final_message": True, **G}),
     "tokenize": ("/tokenize", {"prompt": "The sky is blue"}),
     "tokenize no special tokens": ("/tokenize", {"prompt": "The sky is blue", "add_special_tokens": False}),
     "tokenize messages": ("/tokenize", {"messages": CHAT}),
@@ -108,12 +159,25 @@ NULL_MATTERS = ("finish_reason", "logprobs")
 
 _ROOT = "the model's path on the worker's disk is not shown to clients"
 _PERMISSION = "a legacy OpenAI object that OpenAI itself no longer sends"
+_REFUSED_FIRST = ("refused before the stream starts (400 and the error body, as a request vLLM's renderer "
+                  "refuses), where vLLM's engine refuses it after its stream started (200, then an error "
+                  "payload): the same error, told as an HTTP error")
+_ECHO_IDS = ("vLLM's streamed echo also sends the prompt's token ids in the first chunk (code it shares with "
+             "`return_token_ids`, which inferq does not serve); inferq sends what echo asks for: the text "
+             "and, with logprobs, the log-probs")
 # (case, path) -> why inferq differs on purpose.
 INTENDED: dict[tuple[str, str], str] = {
     ("models", "shape .data[0].root"): _ROOT,
     **{("models", f"shape .data[0].permission{p}"): _PERMISSION for p in (
         "", "[0]", "[0].allow_create_engine", "[0].allow_fine_tuning", "[0].allow_logprobs", "[0].allow_sampling",
         "[0].allow_search_indices", "[0].allow_view", "[0].is_blocking", "[0].object", "[0].organization")},
+    # a token id out of the vocabulary is refused before the first token (the prompt's by the gateway,
+    # logit_bias's by the engine): a stream's response, held until then, is that error
+    **{(case, key): _REFUSED_FIRST for case in ("completion token id out of vocab stream",
+                                                "chat logit_bias out of vocab stream")
+       for key in ("status", "error", "done", "first chunk", "finish_reasons", "text", "usage chunk")},
+    **{(case, f"first chunk .choices[0].prompt_token_ids{i}"): _ECHO_IDS
+       for case in ("completion echo stream", "completion echo logprobs stream") for i in ("", "[0]", "[1]", "[2]")},
 }
 
 # (case, path) -> not matched yet (the record of what is left to do).

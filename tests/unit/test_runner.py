@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import pytest
 
@@ -41,6 +42,7 @@ class ScriptedHost:
     tokenizer: ScriptedTokenizer = field(default_factory=ScriptedTokenizer)
     max_model_len: int = 64
     stats: EngineStats = field(default_factory=EngineStats)
+    vocab_size: int = 0
 
 
 @pytest.fixture
@@ -83,6 +85,22 @@ async def test_events_are_numbered_and_the_end_is_recorded(rig) -> None:
     rec = await store.get(msg.id)
     assert rec.status is JobStatus.succeeded and rec.choices[0].text == "t0 t1 t2 t3 t4 "
     assert rec.finish_reason == "length" and rec.first_token_at is not None and not runner.active
+
+
+async def test_the_prompts_logprobs_come_once_in_an_event_of_their_own_then_the_echoed_text(rig) -> None:
+    store, writer = rig
+    lp = SimpleNamespace(logprob=-0.5, rank=1, decoded_token="b")
+    steps = script(2)
+    steps[0].prompt_logprobs = [None, {2: lp}]  # the engine's first output, at the end of prefill
+    steps[1].prompt_logprobs = []  # DELTA outputs have them once
+    runner = JobRunner(ScriptedHost(ScriptedEngine(steps), vocab_size=10), store, writer, "w", default_max_tokens=8)
+    msg = await queued(store, prompt_token_ids=[1, 2], echo=True, prompt_logprobs=0, max_tokens=2)
+    assert await runner.run(msg) is JobStatus.succeeded
+    log = await store.read_log(msg.id)
+    assert log[0].text == "" and log[0].prompt_logprobs[1]["2"].logprob == -0.5 and log[0].n_tokens == 0
+    assert all(e.prompt_logprobs is None for e in log[1:-1])
+    assert "".join(e.text for e in log[1:-1]) == "?t0 t1 "  # the ids decoded ("?"), then the output
+    assert log[-1].usage.prompt_tokens == 2 and log[-1].usage.completion_tokens == 2
 
 
 async def test_context_overflow_fails_the_job_without_touching_the_engine(rig) -> None:
