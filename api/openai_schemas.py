@@ -19,6 +19,8 @@ both).
 
 from __future__ import annotations
 
+import json
+
 from typing import Annotated, Any, Literal
 
 from pydantic import (BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, ValidationError,
@@ -26,7 +28,7 @@ from pydantic import (BaseModel, ConfigDict, Field, SerializerFunctionWrapHandle
                       model_validator)
 
 from inferq.shared.keys import MODEL_NAME_PATTERN
-from inferq.shared.schemas import NO_CONTROL_CHARS, ChatMessage, PromptLogprobs, ToolCall, Usage
+from inferq.shared.schemas import NO_CONTROL_CHARS, STRUCTURE_MAX_CHARS, ChatMessage, PromptLogprobs, ToolCall, Usage
 
 #: A token id, as a completions ``prompt`` may be given.
 TokenId = Annotated[int, Field(ge=0)]
@@ -122,11 +124,39 @@ class StreamOptions(BaseModel):
 
 
 class StructuredOutputs(BaseModel):
-    """vLLM's ``structured_outputs`` extension, the part inferq serves: ``choice`` (the output is
-    exactly one of the strings)."""
+    """vLLM's ``structured_outputs`` extension: exactly one of ``choice`` (the output is one of the
+    strings), ``regex``, ``grammar`` (as vLLM's structured-output backend reads it: EBNF/GBNF for
+    xgrammar) or ``json`` (a JSON schema, as an object or a string). vLLM's other knobs
+    (``json_object``: use ``response_format``; ``structural_tag``, ``whitespace_pattern``, backend
+    options) are refused by name."""
 
-    model_config = ConfigDict(extra="forbid")
-    choice: list[Annotated[str, Field(min_length=1, max_length=1024)]] = Field(min_length=1, max_length=64)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    choice: list[Annotated[str, Field(min_length=1, max_length=1024)]] | None = Field(
+        default=None, min_length=1, max_length=64)
+    regex: str | None = Field(default=None, min_length=1, max_length=STRUCTURE_MAX_CHARS)
+    grammar: str | None = Field(default=None, min_length=1, max_length=STRUCTURE_MAX_CHARS)
+    json_: dict[str, Any] | str | None = Field(default=None, alias="json")
+
+    @model_validator(mode="after")
+    def _one(self) -> StructuredOutputs:
+        given = [k for k in ("choice", "regex", "grammar", "json_") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError("give exactly one of choice, regex, grammar and json")
+        if isinstance(self.json_, str):
+            try:
+                schema = json.loads(self.json_)
+            except ValueError:
+                raise ValueError("json: a string here must hold a JSON schema") from None
+            if not isinstance(schema, dict):
+                raise ValueError("json: the schema must be a JSON object")
+            self.json_ = schema
+        return self
+
+    def job_fields(self) -> dict[str, Any]:
+        """The job request's field for the constraint given."""
+        if self.json_ is not None:
+            return {"json_schema": self.json_}
+        return {k: v for k in ("choice", "regex", "grammar") if (v := getattr(self, k)) is not None}
 
 
 def _is_int(key: str) -> bool:
@@ -200,7 +230,7 @@ class _Common(BaseModel):
                  "stop_token_ids", "prompt_logprobs")
         out = {k: getattr(self, k) for k in names if getattr(self, k) is not None}
         if self.structured_outputs is not None:
-            out["choice"] = self.structured_outputs.choice
+            out.update(self.structured_outputs.job_fields())
         if self.logit_bias:
             out["logit_bias"] = {int(k): b for k, b in self.logit_bias.items()}
         return out

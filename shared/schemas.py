@@ -22,6 +22,8 @@ from inferq.shared.keys import MODEL_NAME_PATTERN
 
 #: A free-text identifier (``user``): any characters but control characters.
 NO_CONTROL_CHARS = r"^[^\x00-\x1f\x7f]*$"
+#: Longest structured-output ``regex`` or ``grammar`` (characters).
+STRUCTURE_MAX_CHARS = 16_384
 
 
 class JobStatus(str, Enum):
@@ -113,6 +115,12 @@ class SamplingOptions(BaseModel):
     choice: list[Annotated[str, Field(min_length=1, max_length=1024)]] | None = Field(
         default=None, min_length=1, max_length=64, description="Constrain output to exactly one of these "
         "strings (vLLM's structured output `choice`).")
+    regex: str | None = Field(default=None, min_length=1, max_length=STRUCTURE_MAX_CHARS,
+                              description="Constrain output to match this regular expression (vLLM's "
+                              "structured output `regex`).")
+    grammar: str | None = Field(default=None, min_length=1, max_length=STRUCTURE_MAX_CHARS,
+                                description="Constrain output to this grammar (vLLM's structured output "
+                                "`grammar`: EBNF/GBNF with the xgrammar backend).")
     logit_bias: dict[int, Annotated[float, Field(allow_inf_nan=False)]] | None = Field(
         default=None, description="Token id -> a bias added to its logit before sampling; clamped to "
         "[-100, 100], as vLLM does. An id outside the model's vocabulary is refused (400).")
@@ -197,8 +205,9 @@ class JobRequest(SamplingOptions):
             raise ValueError("instructions need 'messages'")
         if self.parse_tool_calls and (not self.tools or self.messages is None):
             raise ValueError("parse_tool_calls needs 'tools' and 'messages'")
-        if sum(x is not None and x is not False for x in (self.json_schema, self.json_object, self.choice)) > 1:
-            raise ValueError("give at most one of 'json_schema', 'json_object' and 'choice'")
+        if sum(x is not None and x is not False
+               for x in (self.json_schema, self.json_object, self.choice, self.regex, self.grammar)) > 1:
+            raise ValueError("give at most one of 'json_schema', 'json_object', 'choice', 'regex' and 'grammar'")
         return self
 
 

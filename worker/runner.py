@@ -179,6 +179,10 @@ class JobRunner:
             structured = StructuredOutputsParams(json_object=True)
         elif o.choice is not None:
             structured = StructuredOutputsParams(choice=list(o.choice))
+        elif o.regex is not None:
+            structured = StructuredOutputsParams(regex=o.regex)
+        elif o.grammar is not None:
+            structured = StructuredOutputsParams(grammar=o.grammar)
         prompt_logprobs = o.prompt_logprobs
         if prompt_logprobs is None and o.echo:  # an echo with logprobs has the prompt's (as vLLM)
             prompt_logprobs = o.logprobs

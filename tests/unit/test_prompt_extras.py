@@ -243,3 +243,38 @@ def test_an_echoed_first_token_without_logprobs_survives_the_event_log() -> None
 
     ev = TokenEvent(seq=1, text="ab", logprobs=[TokenLogprob(token="a"), TokenLogprob(token="b", logprob=-1.0)])
     assert parse_event(ev.model_dump_json(exclude_none=True)) == ev
+
+
+@pytest.mark.parametrize("given, fields", [
+    ({"regex": "a+"}, {"regex": "a+"}),
+    ({"grammar": 'root ::= "x"'}, {"grammar": 'root ::= "x"'}),
+    ({"json": {"type": "object"}}, {"json_schema": {"type": "object"}}),
+    ({"json": '{"type": "integer"}'}, {"json_schema": {"type": "integer"}}),
+    ({"choice": ["a", "b"]}, {"choice": ["a", "b"]}),
+])
+def test_structured_outputs_become_the_jobs_constraint(given: dict, fields: dict) -> None:
+    from inferq.api.openai_compat import completion_jobs
+    from inferq.api.openai_schemas import CompletionRequest
+
+    job = completion_jobs(CompletionRequest.model_validate({"prompt": "x", "structured_outputs": given}))[0]
+    got = {k: getattr(job, k) for k in ("regex", "grammar", "json_schema", "choice") if getattr(job, k) is not None}
+    assert got == fields
+
+
+@pytest.mark.parametrize("given, where", [
+    ({"regex": "a", "choice": ["a"]}, "exactly one"),
+    ({}, "exactly one"),
+    ({"json": "[1"}, "JSON schema"),
+    ({"structural_tag": "x"}, "structural_tag"),
+    ({"regex": "a" * 20_000}, "regex"),
+])
+def test_structured_outputs_refused_naming_the_field(given: dict, where: str) -> None:
+    from pydantic import ValidationError
+
+    from inferq.api.errors import typed
+    from inferq.api.openai_schemas import CompletionRequest
+
+    with pytest.raises(ValidationError) as e:
+        CompletionRequest.model_validate({"prompt": "x", "structured_outputs": given})
+    err = typed(e.value)
+    assert err.status == 400 and (err.param or "").startswith("structured_outputs") and where in err.message
