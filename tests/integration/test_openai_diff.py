@@ -237,7 +237,9 @@ def summary(a: dict[str, Any]) -> dict[str, Any]:
         chunks = a["chunks"]
         out["done"] = a["done"]
         out["first chunk"] = shape(chunks[0]) if chunks else None
-        content = [c for c in chunks if c.get("choices")]
+        # a chunk in the middle: not the first, and not one that ends a choice (with several prompts,
+        # inferq streams them one after another, and where a prompt's end falls depends on load)
+        content = [c for c in chunks if c.get("choices") and not any(ch.get("finish_reason") for ch in c["choices"])]
         out["middle chunk"] = shape(content[1]) if len(content) > 2 else None
         out["finish_reasons"] = sorted({ch["finish_reason"] for c in chunks for ch in c.get("choices", [])
                                         if ch.get("finish_reason")})
