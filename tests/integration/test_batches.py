@@ -59,7 +59,7 @@ def queued_depth(stack) -> int:
 
 
 def test_200_lines_through_the_sdk_while_interactive_requests_go_first(stack, client) -> None:
-    rows = [chat_line(i, max_tokens=48, ignore_eos=True) for i in range(198)]
+    rows = [chat_line(i, max_tokens=96, ignore_eos=True) for i in range(198)]
     rows.insert(7, chat_line(1000, max_tokens=-1))  # refused by the endpoint: 400
     rows.insert(50, chat_line(1001, model="no-such-model"))  # refused by the endpoint: 404
     up = client.files.create(file=("requests.jsonl", jsonl(rows)), purpose="batch")
@@ -71,7 +71,7 @@ def test_200_lines_through_the_sdk_while_interactive_requests_go_first(stack, cl
 
     # Interactive requests, sent while batch lines wait in the queue, go ahead of them.
     deadline = time.monotonic() + 120
-    while queued_depth(stack) < 10:
+    while queued_depth(stack) < 30:
         assert time.monotonic() < deadline, "the batch's lines never waited in the queue"
         time.sleep(0.02)
     interactive: list[str] = []
@@ -99,7 +99,7 @@ def test_200_lines_through_the_sdk_while_interactive_requests_go_first(stack, cl
         assert line["response"]["status_code"] == 200 and line["error"] is None
         body = line["response"]["body"]
         assert body["object"] == "chat.completion" and body["id"] == line["response"]["request_id"]
-        assert body["usage"]["completion_tokens"] == 48 and body["choices"][0]["finish_reason"] == "length"
+        assert body["usage"]["completion_tokens"] == 96 and body["choices"][0]["finish_reason"] == "length"
 
     # The error file holds what the endpoint answers for those bodies, status and error alike.
     assert [e["custom_id"] for e in errs] == ["req-1000", "req-1001"]
@@ -109,14 +109,20 @@ def test_200_lines_through_the_sdk_while_interactive_requests_go_first(stack, cl
             assert e["response"]["status_code"] == direct.status_code and direct.status_code in (400, 404)
             assert e["response"]["body"] == direct.json()
 
-        # Timestamps: each interactive request started before batch lines queued ahead of it.
-        views = {line["custom_id"]: http.get(f"/v1/jobs/{line['response']['request_id']}").json() for line in out}
+        # Timestamps: an interactive request that found batch lines waiting started before them.
+        # (How many lines still wait when it arrives depends on the machine's speed; with 10 or
+        # more waiting, first come first served would start every one of them before it.)
+        views = [http.get(f"/v1/jobs/{line['response']['request_id']}").json() for line in out]
+        tested = 0
         for job_id in interactive:
             me = http.get(f"/v1/jobs/{job_id}").json()
-            overtaken = [v for v in views.values()
-                         if v["created_at"] < me["created_at"] and v["started_at"] > me["started_at"]]
-            assert overtaken, f"{job_id} started after every batch line queued before it"
+            waiting = [v for v in views if v["created_at"] < me["created_at"] < v["started_at"]]
+            if len(waiting) >= 10:
+                tested += 1
+                overtaken = [v for v in waiting if v["started_at"] > me["started_at"]]
+                assert overtaken, f"{job_id} started after all {len(waiting)} batch lines waiting before it"
             assert me["finished_at"] < done.completed_at
+        assert tested, "no interactive request found 10 batch lines waiting: the scenario did not happen"
     assert batch.id in [b.id for b in client.batches.list(limit=100)]
 
 
