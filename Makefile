@@ -46,7 +46,8 @@ test: setup
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -p no:cacheprovider -m "not faults and not heavy"
 
-# The bench harness on its test config and a chaos run (make test keeps a smoke run of each).
+# The bench harness on its test config and a chaos run (make test keeps a smoke run of the bench;
+# the chaos smoke run is with the faults, make test-faults).
 test-heavy: setup
 	$(PY) -m pytest -q -p no:cacheprovider -m heavy
 

@@ -1,5 +1,7 @@
 """Faults against real processes: killed workers, drained workers, a dead engine, a Redis restart,
-overload, deadlines and priorities. A fleet of its own, so that breaking it harms no other test."""
+overload, deadlines and priorities. The faults run on a fleet of their own, so that breaking it
+harms no other test (``make test-faults``); overload, deadlines and priorities run on the session
+stack (``make test``)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import pytest
 import redis
 
 from inferq.shared import keys
-from tests.conftest import free_port, http_ok, spawn, wait_for
+from tests.conftest import free_port, http_ok, inferq_env, spawn, wait_for
 from tests.fleet import PY, Fleet
 from tests.helpers import submit, token_text, wait_status, ws_events
 
@@ -56,11 +58,12 @@ def after_last_restart(events: list[dict]) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def ghost(fleet):
-    """A second gateway whose default model has no worker: its jobs stay queued."""
+def ghost(stack, logdir):
+    """A second gateway on the session's Redis whose default model has no worker: its jobs stay
+    queued."""
     port = free_port()
     svc = spawn("ghost-gateway", [*PY, "api", "--port", str(port)],
-                fleet.env(INFERQ_SERVED_MODEL_NAME="ghost", INFERQ_MAX_QUEUE_DEPTH="3"), fleet.logdir)
+                inferq_env(stack.redis.url, INFERQ_SERVED_MODEL_NAME="ghost", INFERQ_MAX_QUEUE_DEPTH="3"), logdir)
     wait_for(lambda: http_ok(f"http://127.0.0.1:{port}/healthz"), 30, "ghost gateway", [svc])
     yield httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
     svc.stop()
@@ -74,20 +77,20 @@ def test_full_queue_is_429_with_retry_after(ghost) -> None:
         assert ghost.delete(f"/v1/jobs/{r.json()['id']}").json()["status"] == "cancelled"
 
 
-def test_priority_puts_jobs_on_the_priority_lists(ghost, fleet) -> None:
-    r = redis.Redis(port=fleet.redis_port, decode_responses=True)
+def test_priority_puts_jobs_on_the_priority_lists(ghost, stack) -> None:
+    r = stack.redis.client()
     for name in r.keys("inferq.q.ghost*"):
         r.delete(name)
     ids = [ghost.post("/v1/jobs", json={"prompt": "x", "priority": p}).json()["id"] for p in (9, 0, 5)]
     assert (r.llen("inferq.q.ghost"), r.llen("inferq.q.ghost:5"), r.llen("inferq.q.ghost:9")) == (1, 1, 1)
     for job_id in ids:
         ghost.delete(f"/v1/jobs/{job_id}")
-    with fleet.http() as http:  # the engine's priority scheduler takes it too
+    with stack.http() as http:  # the engine's priority scheduler takes it too
         assert wait_status(http, submit(http, prompt="urgent", priority=0, max_tokens=4))["status"] == "succeeded"
 
 
-def test_deadline_queued_never_starts_running_is_aborted(fleet) -> None:
-    with fleet.http() as http:
+def test_deadline_queued_never_starts_running_is_aborted(stack) -> None:
+    with stack.http() as http:
         # a deadline 1 ms after submission has passed by the time any worker takes the job
         late = wait_status(http, submit(http, prompt="late", max_tokens=8, timeout=0.001))
         assert late["status"] == "failed" and late["error"]["code"] == "deadline_exceeded", late
@@ -198,6 +201,7 @@ def chaos(fleet: Fleet, jobs: int, **kw) -> dict:
     return report
 
 
+@pytest.mark.faults
 def test_chaos_smoke(fleet) -> None:
     """A few jobs and one worker killed a second after they were submitted, most likely while it
     runs some (not replaced: the other one takes them over). The Redis restart is left to the heavy
