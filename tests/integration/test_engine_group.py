@@ -133,6 +133,7 @@ def test_sigterm_drains_every_frontend_then_the_group_exits_0(group: Fleet) -> N
     assert attempts(group, jobs) == [1] * SEQS
 
 
+@pytest.mark.faults  # a fault, and half a minute of CI: with the other faults (make test-faults)
 def test_a_group_whose_engine_cannot_start_exits_3(redis_server, tmp_path) -> None:
     """As a lone worker: a supervisor sees the start-up failure, not a hung group."""
     from tests.conftest import inferq_env
