@@ -148,10 +148,10 @@ class BatchRunner:
     async def advance(self, batch_id: str) -> None:
         """One step of the batch (the module's docstring); the caller holds its lease."""
         fields = await self.redis.hgetall(keys.batch(batch_id))
-        if not fields or BatchRecord.model_validate_json(fields["record"]).batch.status in ENDED:
+        rec = BatchRecord.model_validate_json(fields["record"]) if fields else None
+        if rec is None or rec.batch.status in ENDED:
             await self.redis.srem(keys.BATCHES_ACTIVE, batch_id)
             return
-        rec = BatchRecord.model_validate_json(fields["record"])
         b, asked, now = rec.batch, fields.get("cancel"), time.time()
         if b.status == "validating":
             if asked or now >= b.expires_at:
