@@ -138,7 +138,7 @@ async def rest_poll(client: httpx.AsyncClient, index: int, body: dict[str, Any],
             r.ttft = time.perf_counter() - timer.t0
         if view.get("status") in TERMINAL_STATUSES:
             break
-    r.queued = queued_from_view(view)
+    fill_stages(r, view)
     usage = view.get("usage") or {}
     r.out_tokens = int(usage.get("completion_tokens", 0))
     r.prompt_tokens = usage.get("prompt_tokens")
@@ -148,18 +148,27 @@ async def rest_poll(client: httpx.AsyncClient, index: int, body: dict[str, Any],
     return r
 
 
-def queued_from_view(view: dict[str, Any]) -> float | None:
-    started, created = view.get("started_at"), view.get("created_at")
-    return None if started is None or created is None else float(started) - float(created)
+def fill_stages(r: RequestResult, view: dict[str, Any]) -> None:
+    """Where the request's time to first token went, from its job's record (``RequestResult``)."""
+    created, started, first = (view.get(k) for k in ("created_at", "started_at", "first_token_at"))
+    if created is not None and started is not None:
+        r.queued = float(started) - float(created)
+    if r.sent_at and created is not None:
+        r.ingest = float(created) - r.sent_at
+    if started is not None and first is not None:
+        r.to_first_token = float(first) - float(started)
+    if r.sent_at and first is not None and r.ttft is not None:
+        r.delivery = r.sent_at + r.ttft - float(first)
 
 
-async def job_queued(client: httpx.AsyncClient, job_id: str) -> float | None:
-    """Time the job waited in the queue, from its record (``None`` if the id is not a job)."""
-    for jid in dict.fromkeys([job_id, job_id.split("-", 1)[-1]]):
+async def job_stages(client: httpx.AsyncClient, r: RequestResult) -> None:
+    """Fill ``r``'s TTFT stages from its job's record (nothing if the id is not a job's)."""
+    assert r.job_id is not None
+    for jid in dict.fromkeys([r.job_id, r.job_id.split("-", 1)[-1]]):
         resp = await client.get(f"/v1/jobs/{jid}")
         if resp.status_code == 200:
-            return queued_from_view(resp.json())
-    return None
+            fill_stages(r, resp.json())
+            return
 
 
 async def naive_generate(client: httpx.AsyncClient, index: int, body: dict[str, Any],

@@ -17,6 +17,9 @@ from bench import cpu
 from bench.config import Level
 
 
+STAGES = ("ingest", "queued", "to_first_token", "delivery")
+
+
 @dataclass
 class RequestResult:
     index: int
@@ -31,11 +34,19 @@ class RequestResult:
     chunks: int = 0
     job_id: str | None = None
     queued: float | None = None   # inferq: started_at - created_at from GET /v1/jobs/{id}
+    sent_at: float = 0.0          # wall clock when the request was sent (to place the job's times)
+    # inferq, where the TTFT went (from the job's record, same host's clock): sent -> created_at
+    # (ingest: the gateway up to the job's record), created_at -> started_at (queued), started_at ->
+    # first_token_at (to_first_token: the worker's claim, tokenizing and the engine's first step),
+    # first_token_at -> seen by the client (delivery: event log, pub/sub, gateway, socket)
+    ingest: float | None = None
+    to_first_token: float | None = None
+    delivery: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["itl"] = [round(x, 6) for x in self.itl]
-        for k in ("start", "ttft", "e2e", "queued"):
+        for k in ("start", "ttft", "e2e", *STAGES):
             if d[k] is not None:
                 d[k] = round(d[k], 6)
         return d
@@ -47,6 +58,7 @@ class Timer:
     def __init__(self, result: RequestResult) -> None:
         self.r = result
         self.t0 = time.perf_counter()
+        result.sent_at = time.time()
         self.last: float | None = None
 
     def chunk(self, n_tokens: int) -> None:

@@ -8,7 +8,9 @@ from typing import Any
 
 import numpy as np
 
-SUMMARY_KEYS = ("ttft", "itl", "e2e", "queued")
+from bench.load import STAGES
+
+SUMMARY_KEYS = ("ttft", "itl", "e2e", *STAGES)
 
 
 def _pct(values: Sequence[float], q: float) -> float | None:
@@ -33,7 +35,7 @@ def summarize_level(results: Sequence[dict[str, Any]], wall_s: float, streaming:
         "ttft": [r["ttft"] for r in ok if r["ttft"] is not None],
         "e2e": [r["e2e"] for r in ok if r["e2e"] is not None],
         "itl": [x for r in ok for x in r["itl"]] if streaming else [],
-        "queued": [r["queued"] for r in ok if r.get("queued") is not None],
+        **{k: [r[k] for r in ok if r.get(k) is not None] for k in STAGES},
     }
     for key in SUMMARY_KEYS:
         s[f"{key}_p50"] = _pct(samples[key], 50)

@@ -68,6 +68,23 @@ def cpu_table(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+STAGES_HEADER = ("| target | level | TTFT p50 | +TTFT p50 vs in-process | ingest p50 | queued p50 "
+                 "| to first token p50 | delivery p50 |")
+
+
+def stages_table(doc: dict[str, Any]) -> str:
+    """Where an inferq request's time to first token went (medians of each stage; they need not
+    add up to the TTFT's median)."""
+    lines = [STAGES_HEADER, "|" + "---|" * (STAGES_HEADER.count("|") - 1)]
+    for r in doc["summary"]:
+        if r.get("level") == "-" or r.get("to_first_token_p50") is None:
+            continue
+        lines.append(f"| {r['target']} | {r['level']} | {_ms(r['ttft_p50'])} | {_ms(r.get('added_ttft_p50'))} "
+                     f"| {_ms(r.get('ingest_p50'))} | {_ms(r.get('queued_p50'))} "
+                     f"| {_ms(r.get('to_first_token_p50'))} | {_ms(r.get('delivery_p50'))} |")
+    return "\n".join(lines)
+
+
 def _loads(doc: dict[str, Any]) -> str:
     return ", ".join(f"{n} {t['loadavg_1m_before']}" for n, t in doc["targets"].items()
                      if t.get("loadavg_1m_before") is not None) or "not recorded"

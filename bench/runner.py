@@ -107,14 +107,15 @@ def run_inprocess(w: Workload, t: Target, prompts: Prompts, salt: int, model_pat
     return _levels_json(json.loads(res_path.read_text())["levels"], True)
 
 
-async def _fill_queued(base: str, levels: dict[str, dict[str, Any]], headers: dict[str, str]) -> None:
-    """After a level: read each job's record for its queue time (outside the measured window)."""
+async def _fill_stages(base: str, levels: dict[str, dict[str, Any]], headers: dict[str, str]) -> None:
+    """After a level: read each job's record for its queue time and TTFT stages (outside the
+    measured window)."""
     sem = asyncio.Semaphore(32)
     async with clients.http_client(base, headers) as http:
         async def one(r: Any) -> None:
             async with sem:
                 try:
-                    r.queued = await clients.job_queued(http, r.job_id)
+                    await clients.job_stages(http, r)
                 except Exception:
                     r.queued = None
         await asyncio.gather(*(one(r) for lv in levels.values() for run in lv["runs"] for r in run["results"]
@@ -152,7 +153,7 @@ async def run_http_target(w: Workload, t: Target, prompts: Prompts, salt: int, b
 
         levels = await drive(send, warm, plan, w.request_timeout_s, w.seed, _log)
     if t.kind in ("inferq-ws", "inferq-sse"):
-        await _fill_queued(base, levels, headers)
+        await _fill_stages(base, levels, headers)
     return _levels_json(levels, t.kind in STREAMING_KINDS)
 
 
