@@ -172,6 +172,13 @@ def write_report(doc: dict[str, Any], md_path: Path | None, png_dir: Path | None
                "started for the target (load client included); the busiest thread is the one outside "
                "vLLM's EngineCore and GPU workers (gateway, worker, Redis, vllm serve's API server) "
                "that used the most CPU.\n\n" + cpu_table(doc) + "\n")
+    if any(r.get("to_first_token_p50") is not None for r in doc["summary"]):
+        md += ("\nWhere inferq's time to first token went (medians, from each job's record): ingest = "
+               "request sent to the job's record made (connection, HTTP, the gateway's checks); queued "
+               "= record to a worker's claim (writing it, Celery's publish and delivery, the claim); to "
+               "first token = claim to the engine's first output (tokenizing, vLLM's input processing, "
+               "the first step); delivery = that output to the client (event log, pub/sub, gateway, "
+               "socket).\n\n" + stages_table(doc) + "\n")
     if md_path is not None:
         md_path.parent.mkdir(parents=True, exist_ok=True)
         md_path.write_text(md)
