@@ -1,7 +1,8 @@
 """JobService: what the gateway does with a job, independent of the protocol that asked.
 
-Submit = resolve the model, check the request against the model's context window and the
-queue's depth, write the job record, send the Celery task (task id = job id). REST, WebSocket
+Submit = resolve the model (its live workers, read at most once a second), check the request
+against the model's context window, then write the job record and its Celery task (task id = job
+id) in one Redis script that first checks the queue's depth. REST, WebSocket
 and OpenAI routes all go through here.
 """
 
@@ -16,7 +17,6 @@ from typing import Any
 
 from celery import Celery
 from redis.asyncio import Redis
-from starlette.concurrency import run_in_threadpool
 
 from inferq.api.auth import Principal
 from inferq.shared import keys
@@ -36,9 +36,13 @@ from inferq.shared import tracing
 from inferq.shared.request_limits import check_token_ids
 from inferq.shared.settings import Settings
 from inferq.shared.store import JobStore
-from inferq.shared.celery_app import send_job
+from inferq.shared.celery_app import job_message
 
 log = logging.getLogger(__name__)
+
+
+#: How long a gateway goes on trusting that a model it saw served still is (its workers' limits).
+WORKERS_CACHE_S = 1.0
 
 
 def new_job_id() -> str:
@@ -65,6 +69,7 @@ class JobService:
         self.redis = redis
         self.store = store
         self.celery = celery
+        self._served: dict[str, tuple[float, WorkerInfo]] = {}  # model -> (when seen, one live worker)
 
     async def live_workers(self, model: str) -> list[WorkerInfo]:
         ids = await self.redis.zrangebyscore(keys.workers(model), time.time() - self.settings.worker_ttl_s, "+inf")
@@ -75,9 +80,18 @@ class JobService:
         return list(await self.redis.zrangebyscore(keys.MODELS, time.time() - self.settings.worker_ttl_s, "+inf"))
 
     async def resolve_model(self, requested: str | None) -> tuple[str, WorkerInfo | None]:
-        """The model name to queue for, and one live worker's description of it (if any)."""
+        """The model name to queue for, and one live worker's description of it (if any). A model
+        found served is remembered for :data:`WORKERS_CACHE_S` (submissions do not each read the
+        registry); one found unserved is looked up again on the next request."""
         model = requested or self.settings.model_name
+        seen = self._served.get(model)
+        if seen is not None and time.monotonic() - seen[0] < WORKERS_CACHE_S:
+            return model, seen[1]
         workers = await self.live_workers(model)
+        if workers:
+            if len(self._served) > 1024:  # only names workers announced get here; bound it anyway
+                self._served.clear()
+            self._served[model] = (time.monotonic(), workers[0])
         if not workers and model != self.settings.model_name:
             raise NotFound(f"model {model!r} is not served here", param="model", code="model_not_found")
         return model, (workers[0] if workers else None)
@@ -102,29 +116,24 @@ class JobService:
         if n is not None and n + (req.max_tokens or 1) > limit:
             raise ContextLengthExceeded(n, req.max_tokens or 1, limit)
 
-    async def submit(self, req: JobRequest, *, owner: str | None = None, job_id: str | None = None) -> JobRecord:
+    async def submit(self, req: JobRequest, *, owner: str | None = None, job_id: str | None = None,
+                     max_depth: int | None = None) -> JobRecord:
+        """Queue the job: its record and its Celery message are written together, in one Redis
+        script, unless the model's queue holds ``max_depth`` (default ``INFERQ_MAX_QUEUE_DEPTH``)
+        messages already (429 ``queue_full``)."""
         model, info = await self.resolve_model(req.model)
         if info is not None:
             self.check_context(req, info)
-        depth = await self.store.queue_depth(model)
-        if depth >= self.settings.max_queue_depth:
-            raise RateLimited(f"model {model!r} has {depth} jobs queued (limit {self.settings.max_queue_depth}); "
-                              "retry later", code="queue_full", retry_after=1.0)
         record = JobRecord(id=job_id or new_job_id(), model=model, request=req, owner=owner)
         record.deadline = record.created_at + (req.timeout or self.settings.default_timeout_s)
+        limit = self.settings.max_queue_depth if max_depth is None else max_depth
         with tracing.span("inferq.submit", job_id=record.id, model=model, priority=req.priority) as span:
             record.traceparent = span.traceparent
-            await self.store.create(record)
-            msg = record.message()
-            try:
-                await run_in_threadpool(send_job, self.celery, msg)
-            except Exception as e:  # the broker is away: the job must not sit "queued" forever
-                log.error("job %s: could not enqueue: %s", record.id, e)
-                failed = Unavailable(f"could not enqueue the job: {e}", code="enqueue_failed")
-                await self.store.update(record.id, status=JobStatus.failed, finished_at=time.time(),
-                                        error=ErrorInfo.of(failed))
-                raise Unavailable("the queue (Redis) is unavailable; retry shortly", code="enqueue_failed",
-                                  retry_after=1.0) from e
+            queue_list, message = job_message(self.celery, record.message())
+            depth = await self.store.submit(record, queue_list, message, limit)
+        if depth is not None:
+            raise RateLimited(f"model {model!r} has {depth} jobs queued (limit {limit}); retry later",
+                              code="queue_full", retry_after=1.0)
         log.info("job %s queued (model %s, priority %d)", record.id, model, req.priority,
                  extra={"job_id": record.id, "model": model})
         return record

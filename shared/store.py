@@ -238,6 +238,22 @@ count(KEYS[5], KEYS[1], 'end', 'failed', cjson.decode(ARGV[3]).code)
 return 1
 """
 
+# KEYS: job hash, queued zset, stats, the message's list, then every list of the model's queue.
+# ARGV: most messages the queue may hold, ttl, job id, created_at, stats field, the message, then
+# the record's fields and values. The record and its Celery message together, or neither: the
+# queue's depth when it is full, else -1.
+_SUBMIT = """
+local depth = 0
+for i = 5, #KEYS do depth = depth + redis.call('LLEN', KEYS[i]) end
+if depth >= tonumber(ARGV[1]) then return depth end
+redis.call('HSET', KEYS[1], unpack(ARGV, 7))
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+redis.call('ZADD', KEYS[2], ARGV[4], ARGV[3])
+redis.call('HINCRBY', KEYS[3], ARGV[5], 1)
+redis.call('LPUSH', KEYS[4], ARGV[6])
+return -1
+"""
+
 # KEYS: job hash. ARGV: owner as stored (JSON) or '' (anyone may see it). The whole record when
 # the job exists and is that owner's, else nothing: the same work whether the job is missing or
 # another owner's, and a reply of the same size.
@@ -268,6 +284,7 @@ class JobStore:
         self._update = redis.register_script(_UPDATE)
         self._fail_queued = redis.register_script(_FAIL_QUEUED)
         self._get_visible = redis.register_script(_GET_VISIBLE)
+        self._submit = redis.register_script(_SUBMIT)
 
     async def create(self, record: JobRecord) -> None:
         key = keys.job(record.id)
@@ -277,6 +294,17 @@ class JobStore:
             p.zadd(keys.QUEUED, {record.id: record.created_at})
             p.hincrby(keys.STATS, keys.stat("submitted", record.model), 1)
             await p.execute()
+
+    async def submit(self, record: JobRecord, queue_list: str, message: str, max_depth: int) -> int | None:
+        """Write the job's record and put its Celery message on ``queue_list`` in one step, unless
+        the model's queue already holds ``max_depth`` messages: then nothing is written and the
+        depth is returned."""
+        fields = [x for kv in record.to_hash().items() for x in kv]
+        depth = await self._submit(
+            keys=[keys.job(record.id), keys.QUEUED, keys.STATS, queue_list, *keys.queue_lists(record.model)],
+            args=[max_depth, self.ttl_s, record.id, repr(record.created_at), keys.stat("submitted", record.model),
+                  message, *fields])
+        return None if int(depth) < 0 else int(depth)
 
     async def get(self, job_id: str) -> JobRecord | None:
         h = await self.redis.hgetall(keys.job(job_id))

@@ -287,10 +287,9 @@ class BatchRunner:
             except Exception as e:  # what the endpoint would answer instead of running the request
                 await self._answer(bid, index, lines.refused(lines.custom_id_of(raw), e))
                 continue
-            if await self.store.queue_depth(jobs[0].model or self.settings.model_name) >= max_depth:
-                return  # leave the rest of the queue to interactive requests; next poll
-            try:
-                records = await self.admission.queue(rec.subject, rec.owner, jobs, ids, limit=key_slots)
+            try:  # the rest of the key's slots and of the queue are left to interactive requests
+                records = await self.admission.queue(rec.subject, rec.owner, jobs, ids, limit=key_slots,
+                                                     max_depth=max_depth)
             except (RateLimited, Unavailable, RedisError):  # the queue or the key is full, or Redis
                 return                                       # away: try again next poll
             except Exception as e:  # refused at submission (an unknown model, a prompt over the context)

@@ -63,9 +63,11 @@ def run_and_check(config: Path, out: Path, timeout: float, base_url: str | None 
                 whole, busiest = s["cpu_s_per_1k_tokens"], s["busiest_thread_cpu_s_per_1k_tokens"]
                 assert whole is not None and busiest is not None and s["busiest_thread"], (t.name, s)
                 assert 0 <= busiest <= whole, (t.name, busiest, whole)
-    throughput, _, cpu_table = (out / "results.md").read_text().partition("CPU per 1,000 streamed tokens")
+    throughput, _, rest = (out / "results.md").read_text().partition("CPU per 1,000 streamed tokens")
+    cpu_table, _, stages = rest.partition("Where inferq's time to first token went")
     assert throughput.count("| c=") == sum(len(w.levels(t)) for t in w.targets)
     assert cpu_table.count("| c=") == sum(len(w.levels(t)) for t in w.targets if t.kind != "inprocess")
+    assert stages.count("| c=") == sum(len(w.levels(t)) for t in w.targets if t.kind in ("inferq-ws", "inferq-sse"))
     for t in w.targets:  # every inferq path is compared with each reference that ran
         if t.kind.startswith("inferq"):
             for level in w.levels(t):
