@@ -130,7 +130,7 @@ class JobRunner:
             job.task.cancel()
         return True
 
-    # --- preparing a job (runs in a thread: tokenization is CPU work) -------------------------
+    # --- preparing a job (tokenization is CPU work: a long prompt runs in a thread) ----------
     async def _prompt_ids(self, msg: JobMessage) -> list[int]:
         """The prompt's token ids: on the engine loop when that is quick (a short text prompt, the
         tokenizer not busy in a thread), else in a thread so that the loop goes on streaming."""
