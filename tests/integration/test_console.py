@@ -106,9 +106,10 @@ class Console:
             box.click()
         self.driver.find_element(By.ID, "send").click()
 
-    def job_id(self) -> str:
-        """The id the job just sent got (shown once the gateway accepted it)."""
-        return str(self.wait(lambda: self.text("job-id"), "the job's id"))
+    def job_id(self, previous: str | None = None) -> str:
+        """The id the job just sent got (shown once the gateway accepted it), not ``previous``."""
+        return str(self.wait(lambda: self.text("job-id") not in ("", previous) and self.text("job-id"),
+                             "the job's id"))
 
     def listed_status(self, job_id: str) -> str | None:
         """The job's status in the jobs list."""
@@ -181,10 +182,14 @@ def test_send_streams_tokens_while_the_job_runs(stack: Stack, browser: WebDriver
 def test_cancel_ends_the_job_cancelled(stack: Stack, browser: WebDriver) -> None:
     page = Console(browser, stack.base).open()
     with stack.http() as http:
+        job_id = None
         for _ in range(TRIES):
+            # the page takes a new job once the last one's socket closed (send is enabled again)
+            page.wait(lambda: not browser.find_element(By.ID, "send").get_attribute("disabled"), "send enabled")
             page.send("def cancel_me():", LONG)
-            job_id = page.job_id()
-            page.wait(lambda: page.text("output") or page.text("status") in TERMINAL_STATUSES,
+            job_id = page.job_id(previous=job_id)
+            # a token counted (its text may still be empty: an incomplete UTF-8 sequence), or the end
+            page.wait(lambda: int(page.text("tokens") or 0) > 0 or page.text("status") in TERMINAL_STATUSES,
                       "tokens on the page, or the job's end")
             if page.text("status") not in TERMINAL_STATUSES:
                 page.click("cancel")
