@@ -51,9 +51,6 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 log = logging.getLogger(__name__)
-#: Prompts up to this many characters (or token ids) are tokenized on the engine loop (a few
-#: hundred microseconds at most): a hand-off to a thread and back sits on the time to first token.
-INLINE_PROMPT = 1024
 
 
 @dataclass
@@ -130,20 +127,7 @@ class JobRunner:
             job.task.cancel()
         return True
 
-    # --- preparing a job (tokenization is CPU work: a long prompt runs in a thread) ----------
-    async def _prompt_ids(self, msg: JobMessage) -> list[int]:
-        """The prompt's token ids: on the engine loop when that is quick (a short text prompt, the
-        tokenizer not busy in a thread), else in a thread so that the loop goes on streaming."""
-        req = msg.request
-        if req.prompt_token_ids is not None and len(req.prompt_token_ids) <= INLINE_PROMPT:
-            return self._checked_ids(req.prompt_token_ids)
-        if req.prompt is not None and len(req.prompt) <= INLINE_PROMPT and self._tok_lock.acquire(blocking=False):
-            try:
-                return list(self.host.tokenizer.encode(req.prompt))
-            finally:
-                self._tok_lock.release()
-        return await asyncio.to_thread(self.prompt_ids, msg)
-
+    # --- preparing a job (runs in a thread: tokenization is CPU work) -------------------------
     def prompt_ids(self, msg: JobMessage) -> list[int]:
         req, tok = msg.request, self.host.tokenizer
         if req.prompt_token_ids is not None:
@@ -276,7 +260,7 @@ class JobRunner:
                 raise DeadlineExceeded("the job was still queued at its deadline; it never started")
             if job.cancel_requested:
                 raise asyncio.CancelledError
-            ids = await self._prompt_ids(msg)
+            ids = await asyncio.to_thread(self.prompt_ids, msg)
             progress.prompt_tokens = len(ids)
             params = self.sampling_params(msg, len(ids))
             calls = self._tool_calls(msg)
