@@ -239,18 +239,20 @@ return 1
 """
 
 # KEYS: job hash, queued zset, stats, the message's list, then every list of the model's queue.
-# ARGV: most messages the queue may hold, ttl, job id, created_at, stats field, the message, then
-# the record's fields and values. The record and its Celery message together, or neither: the
-# queue's depth when it is full, else -1.
+# ARGV: most messages the queue may hold ('' : no limit), ttl, job id, created_at, stats field,
+# the message ('': none), then the record's fields and values. The record and its Celery message
+# together, or neither: the queue's depth when it is full, else -1.
 _SUBMIT = """
-local depth = 0
-for i = 5, #KEYS do depth = depth + redis.call('LLEN', KEYS[i]) end
-if depth >= tonumber(ARGV[1]) then return depth end
+if ARGV[1] ~= '' then
+  local depth = 0
+  for i = 5, #KEYS do depth = depth + redis.call('LLEN', KEYS[i]) end
+  if depth >= tonumber(ARGV[1]) then return depth end
+end
 redis.call('HSET', KEYS[1], unpack(ARGV, 7))
 redis.call('EXPIRE', KEYS[1], ARGV[2])
 redis.call('ZADD', KEYS[2], ARGV[4], ARGV[3])
 redis.call('HINCRBY', KEYS[3], ARGV[5], 1)
-redis.call('LPUSH', KEYS[4], ARGV[6])
+if ARGV[6] ~= '' then redis.call('LPUSH', KEYS[4], ARGV[6]) end
 return -1
 """
 
@@ -287,23 +289,23 @@ class JobStore:
         self._submit = redis.register_script(_SUBMIT)
 
     async def create(self, record: JobRecord) -> None:
-        key = keys.job(record.id)
-        async with self.redis.pipeline(transaction=True) as p:
-            p.hset(key, mapping=record.to_hash())
-            p.expire(key, self.ttl_s)
-            p.zadd(keys.QUEUED, {record.id: record.created_at})
-            p.hincrby(keys.STATS, keys.stat("submitted", record.model), 1)
-            await p.execute()
+        """Write the job's record alone, without a Celery message (a job some other way sends)."""
+        await self._write(record)
 
     async def submit(self, record: JobRecord, queue_list: str, message: str, max_depth: int) -> int | None:
         """Write the job's record and put its Celery message on ``queue_list`` in one step, unless
         the model's queue already holds ``max_depth`` messages: then nothing is written and the
         depth is returned."""
+        return await self._write(record, queue_list, message, max_depth)
+
+    async def _write(self, record: JobRecord, queue_list: str | None = None, message: str = "",
+                     max_depth: int | None = None) -> int | None:
         fields = [x for kv in record.to_hash().items() for x in kv]
+        lists = keys.queue_lists(record.model)
         depth = await self._submit(
-            keys=[keys.job(record.id), keys.QUEUED, keys.STATS, queue_list, *keys.queue_lists(record.model)],
-            args=[max_depth, self.ttl_s, record.id, repr(record.created_at), keys.stat("submitted", record.model),
-                  message, *fields])
+            keys=[keys.job(record.id), keys.QUEUED, keys.STATS, queue_list or lists[0], *lists],
+            args=["" if max_depth is None else max_depth, self.ttl_s, record.id, repr(record.created_at),
+                  keys.stat("submitted", record.model), message, *fields])
         return None if int(depth) < 0 else int(depth)
 
     async def get(self, job_id: str) -> JobRecord | None:
