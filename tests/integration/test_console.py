@@ -99,6 +99,8 @@ class Console:
         field.send_keys(str(value))
 
     def send(self, prompt: str, max_tokens: int, ignore_eos: bool = True) -> None:
+        # the page takes a new job once the last one's socket closed (send is enabled again)
+        self.wait(lambda: not self.driver.find_element(By.ID, "send").get_attribute("disabled"), "send enabled")
         self.type("prompt", prompt)
         self.type("max-tokens", max_tokens)
         box = self.driver.find_element(By.ID, "ignore-eos")
@@ -153,10 +155,10 @@ def test_queue_endpoint_reports_each_model_by_priority(stack: Stack) -> None:
 def test_send_streams_tokens_while_the_job_runs(stack: Stack, browser: WebDriver) -> None:
     page = Console(browser, stack.base).open()
     with stack.http() as http:
-        partial = ""
+        partial, job_id = "", None
         for _ in range(TRIES):
             page.send("def stream():", LONG)
-            job_id = page.job_id()
+            job_id = page.job_id(previous=job_id)
 
             def shown_or_over() -> bool:
                 nonlocal partial
@@ -184,8 +186,6 @@ def test_cancel_ends_the_job_cancelled(stack: Stack, browser: WebDriver) -> None
     with stack.http() as http:
         job_id = None
         for _ in range(TRIES):
-            # the page takes a new job once the last one's socket closed (send is enabled again)
-            page.wait(lambda: not browser.find_element(By.ID, "send").get_attribute("disabled"), "send enabled")
             page.send("def cancel_me():", LONG)
             job_id = page.job_id(previous=job_id)
             # a token counted (its text may still be empty: an incomplete UTF-8 sequence), or the end
