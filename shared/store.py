@@ -55,15 +55,22 @@ local function last_seq(log)
 end
 """
 
-# KEYS: job hash, log, worker's job set, queued zset. ARGV: worker id (JSON), now, job id.
-# queued -> running, attempt + 1. Returns {status before (JSON), attempt, last seq in the log}.
+# KEYS: job hash, log, worker's job set, queued zset. ARGV: worker id (JSON), now, job id, claim
+# token ('' : none). queued -> running, attempt + 1. Returns {status before (JSON), attempt, last
+# seq in the log}. The same token again (a retry whose first call took the job but whose answer
+# was lost) gets the same answer, not "running": else the job would stay running with nobody on it.
 _CLAIM = _LAST_SEQ + f"""
 local st = redis.call('HGET', KEYS[1], 'status')
 if not st then return nil end
-if st ~= '{_Q("queued")}' then return {{st, 0, 0}} end
+if st ~= '{_Q("queued")}' then
+  if ARGV[4] ~= '' and st == '{_Q("running")}' and redis.call('HGET', KEYS[1], 'claim') == ARGV[4] then
+    return {{'{_Q("queued")}', tonumber(redis.call('HGET', KEYS[1], 'attempt')), last_seq(KEYS[2])}}
+  end
+  return {{st, 0, 0}}
+end
 local attempt = tonumber(redis.call('HGET', KEYS[1], 'attempt') or '0') + 1
 redis.call('HSET', KEYS[1], 'status', '{_Q("running")}', 'worker', ARGV[1], 'started_at', ARGV[2],
-           'attempt', attempt)
+           'attempt', attempt, 'claim', ARGV[4])
 redis.call('SADD', KEYS[3], ARGV[3])
 redis.call('ZREM', KEYS[4], ARGV[3])
 return {{st, attempt, last_seq(KEYS[2])}}
@@ -320,11 +327,12 @@ class JobStore:
         h = dict(zip(flat[::2], flat[1::2]))
         return JobRecord.from_hash(h) if h else None
 
-    async def claim(self, job_id: str, worker_id: str) -> Claim | None:
-        """queued -> running for ``worker_id`` (a new attempt). None: no such job."""
+    async def claim(self, job_id: str, worker_id: str, token: str = "") -> Claim | None:
+        """queued -> running for ``worker_id`` (a new attempt). None: no such job. A call repeated
+        with the same ``token`` after its answer was lost gets the answer the first call had."""
         res = await self._claim(keys=[keys.job(job_id), keys.job_log(job_id), keys.worker_jobs(worker_id),
                                       keys.QUEUED],
-                                args=[_Q(worker_id), str(time.time()), job_id])
+                                args=[_Q(worker_id), str(time.time()), job_id, token])
         if res is None:
             return None
         return Claim(JobStatus(json.loads(res[0])), int(res[1]), int(res[2]))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -234,12 +235,12 @@ class JobRunner:
         hand_back: str | None = None  # set: requeue the job for another attempt instead of ending it
         claimed = fenced = False
         try:
-            claim = None
+            claim, token = None, secrets.token_hex(8)  # a retried claim whose answer was lost is still ours
             self._claiming.setdefault(msg.id, []).append(job)
             try:
                 async for retry in redis_retrying():
                     with retry:
-                        claim = await self.store.claim(msg.id, self.worker_id)
+                        claim = await self.store.claim(msg.id, self.worker_id, token)
             finally:
                 self._claiming[msg.id].remove(job)
                 if not self._claiming[msg.id]:

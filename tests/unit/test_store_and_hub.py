@@ -41,6 +41,19 @@ async def test_claim_then_cancel_flags_the_running_job(store) -> None:
     assert rec.status is JobStatus.running and rec.cancel_requested and rec.worker == "w1"
 
 
+async def test_a_claim_retried_with_its_token_is_still_won(store) -> None:
+    """A claim whose answer was lost (a Redis timeout) and is sent again with the same token gets
+    the job it took; another token, or none, does not."""
+    job = await new_job(store)
+    first = await store.claim(job, "w1", "t1")
+    again = await store.claim(job, "w1", "t1")
+    assert (again.previous, again.attempt) == (first.previous, first.attempt) == (JobStatus.queued, 1)
+    assert (await store.claim(job, "w1", "t2")).previous is JobStatus.running
+    assert (await store.claim(job, "w1")).previous is JobStatus.running
+    rec = await store.get(job)
+    assert rec.status is JobStatus.running and rec.attempt == 1 and rec.worker == "w1"
+
+
 async def test_cancel_before_claim_wins_and_logs_one_event(store) -> None:
     job = await new_job(store)
     assert await store.request_cancel(job) is JobStatus.queued
