@@ -90,7 +90,7 @@ def run_inprocess(w: Workload, t: Target, prompts: Prompts, salt: int, model_pat
     cmd = [sys.executable, "-m", "bench.inprocess", str(spec_path), str(res_path)]
     with open(out / "logs" / f"{t.name}.log", "w") as log:
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
-                             text=True, start_new_session=True)
+                             text=True, process_group=0)  # see cli.procs.Proc
         try:
             assert p.stdout is not None
             for line in p.stdout:

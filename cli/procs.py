@@ -30,14 +30,22 @@ def free_port() -> int:
 
 
 class Proc:
-    """A subprocess in a session of its own, stdout and stderr appended to ``log``."""
+    """A subprocess in a process group of its own (signals reach it and its children, and a
+    terminal's Ctrl-C does not), stdout and stderr appended to ``log``.
+
+    The same session as ours, not one of its own: on Linux with ``sched_autogroup`` every session
+    is a scheduling group of its own, and a vLLM engine's busy-polling processes (the engine core
+    and its CPU worker sched_yield while they wait for each other) then kept every other group
+    off the CPU for seconds at a time (the gateway, Redis and the heartbeats too, a ``nice -20``
+    process included; measured on a 2-core machine). In one group they share the CPU task by task.
+    """
 
     def __init__(self, name: str, cmd: list[str], env: dict[str, str] | None, log: Path,
                  cwd: Path | None = None) -> None:
         self.name, self.log = name, log
         with open(log, "ab") as f:
             self.proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=cwd,
-                                         start_new_session=True)
+                                         process_group=0)
 
     @property
     def pid(self) -> int:

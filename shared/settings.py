@@ -18,7 +18,7 @@ TINY_MODEL_NAME = "inferq-tiny"
 
 
 #: The built-in tiny model's version: its folder name, rebuilt when this changes.
-TINY_VERSION = "v1"
+TINY_VERSION = "v2"
 
 
 class Settings(BaseSettings):

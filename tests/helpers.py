@@ -11,6 +11,12 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosedError
 
 from inferq.shared.schemas import TERMINAL_STATUSES
+from inferq.worker.models import TINY_MAX_LEN
+
+#: max_tokens of a job (with ignore_eos) that is still running when a test acts on it: about 12 s
+#: alone on 2 cores, 3 s at most for the same load on a fast machine; a test that cancels it, or
+#: waits for its deadline, ends it long before that
+LONG_JOB = TINY_MAX_LEN - 192
 
 
 def submit(http: httpx.Client, **body: Any) -> str:
@@ -28,6 +34,15 @@ def wait_status(http: httpx.Client, job_id: str, statuses: set[str] | frozenset[
             return view
         time.sleep(0.05)
     raise TimeoutError(f"job {job_id} never reached {statuses}: {view}")
+
+
+def ran_out_first(view: dict, let_go_at: float) -> bool:
+    """The job ended ``succeeded`` before the client let go (closed its socket or stream).
+
+    A cancel-on-disconnect test needs the job still running when the client goes: on a busy
+    machine a long job can run to its end first. Such a try proves nothing either way and is run
+    again; a job that ends ``succeeded`` *after* the client went is a failure."""
+    return view["status"] == "succeeded" and view["finished_at"] <= let_go_at
 
 
 async def ws_events(url: str, send: dict | None = None, timeout: float = 120) -> list[dict]:

@@ -23,7 +23,7 @@ from inferq.shared.settings import Settings, TINY_VERSION
 log = logging.getLogger(__name__)
 
 TINY_VOCAB = 4096
-TINY_MAX_LEN = 2048
+TINY_MAX_LEN = 8192
 CHAT_TEMPLATE = (
     "{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"
     "{% if add_generation_prompt %}<s>assistant\n{% endif %}"

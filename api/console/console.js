@@ -13,6 +13,9 @@
   const KEY_STORE = "inferq.console.apiKey";
   const REFRESH_MS = 1000;
   const MODELS_EVERY = 10; // refreshes between two reads of /v1/models
+  // Tokens come one event each, hundreds a second: they are drawn at most every DRAW_MS, one
+  // append and one layout per draw (one per token froze the tab on a long stream).
+  const DRAW_MS = 50;
 
   const state = {
     ws: null,          // the open generate socket, if any
@@ -20,6 +23,8 @@
     finished: false,   // its stream ended with done or error
     cancelPending: false,
     tokens: 0,
+    pending: "",       // text received and not drawn yet
+    drawTimer: null,
     models: [],
     jobs: new Map(),   // id -> {id, model, prompt, status, tokens}, in submission order
     ticks: 0,
@@ -109,7 +114,7 @@
     let req;
     try { req = buildRequest(); } catch (e) { showError(e); return; }
     showError(null);
-    $("output").textContent = "";
+    clearOutput("");
     $("job-id").textContent = "";
     $("tokens").textContent = "0";
     Object.assign(state, { jobId: null, finished: false, cancelPending: false, tokens: 0 });
@@ -135,22 +140,23 @@
       case "token":
         if ((ev.index || 0) !== 0) break;
         if ($("status").textContent !== "running") setStatus("running");
-        appendOutput(ev.text);
         state.tokens += ev.n_tokens || 0;
-        $("tokens").textContent = String(state.tokens);
+        appendOutput(ev.text);
         if (state.jobs.get(state.jobId).status === "queued") updateJob(state.jobId, { status: "running" });
         break;
       case "restart": // the attempt was lost; the job runs again from the start
-        $("output").textContent = "";
         state.tokens = 0;
+        clearOutput("");
         setStatus("running");
         break;
       case "done":
+        drawOutput();
         state.finished = true;
         setStatus(ev.status);
         updateJob(state.jobId, { status: ev.status, tokens: ev.usage.completion_tokens });
         break;
       case "error":
+        drawOutput();
         state.finished = true;
         showError(ev.error);
         if (ev.error && ev.error.type === "authentication_error") authError(ev.error);
@@ -161,13 +167,31 @@
   }
 
   function appendOutput(text) {
+    state.pending += text;
+    if (state.drawTimer === null) state.drawTimer = setTimeout(drawOutput, DRAW_MS);
+  }
+
+  function drawOutput() {
+    clearTimeout(state.drawTimer);
+    state.drawTimer = null;
+    $("tokens").textContent = String(state.tokens);
+    if (!state.pending) return;
     const out = $("output");
     const following = out.scrollTop + out.clientHeight >= out.scrollHeight - 8; // the reader is at the end
-    out.append(document.createTextNode(text));
+    out.append(document.createTextNode(state.pending));
+    state.pending = "";
     if (following) out.scrollTop = out.scrollHeight;
   }
 
+  function clearOutput(text) {
+    clearTimeout(state.drawTimer);
+    Object.assign(state, { pending: "", drawTimer: null });
+    $("output").textContent = text;
+    $("tokens").textContent = String(state.tokens);
+  }
+
   function onClose(e) {
+    drawOutput();
     state.ws = null;
     setStreaming(false);
     if (state.finished) return;
@@ -228,8 +252,8 @@
       const view = await api("GET", `/v1/jobs/${id}`);
       Object.assign(state, { jobId: id, finished: TERMINAL.has(view.status), cancelPending: false });
       $("job-id").textContent = id;
-      $("output").textContent = view.text;
-      $("tokens").textContent = String(view.usage ? view.usage.completion_tokens : 0);
+      state.tokens = view.usage ? view.usage.completion_tokens : 0;
+      clearOutput(view.text);
       setStatus(view.status);
       showError(view.error);
     } catch (e) {

@@ -7,6 +7,7 @@ import json
 import pytest
 from websockets.asyncio.client import connect
 
+from inferq.worker.models import TINY_MAX_LEN
 from tests.helpers import submit, wait_status, ws_events
 
 pytestmark = pytest.mark.integration
@@ -75,22 +76,22 @@ def test_oversized_body_is_413(stack) -> None:
 
 def test_prompt_plus_max_tokens_over_context_is_400_before_queueing(stack) -> None:
     with stack.http() as http:
-        r = http.post("/v1/jobs", json={"prompt": "word " * 1500, "max_tokens": 1000})
+        r = http.post("/v1/jobs", json={"prompt": "word " * (TINY_MAX_LEN - 500), "max_tokens": 1000})
         assert r.status_code == 400, r.text
         err = r.json()["error"]
-        assert err["code"] == "context_length_exceeded" and "2048" in err["message"]
-        r = http.post("/v1/jobs", json={"prompt": "x", "max_tokens": 4096})
+        assert err["code"] == "context_length_exceeded" and str(TINY_MAX_LEN) in err["message"]
+        r = http.post("/v1/jobs", json={"prompt": "x", "max_tokens": 2 * TINY_MAX_LEN})
         assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
 
 
 def test_chat_over_context_fails_the_job_with_the_reason(stack) -> None:
     """Where only the worker can count (chat template), the job ends failed, the worker lives on."""
     with stack.http() as http:
-        job_id = submit(http, messages=[{"role": "user", "content": "word " * 1900}], max_tokens=500)
+        job_id = submit(http, messages=[{"role": "user", "content": "word " * TINY_MAX_LEN}], max_tokens=500)
         view = wait_status(http, job_id)
         assert view["status"] == "failed"
         assert (view["error"]["type"], view["error"]["code"]) == ("invalid_request_error", "context_length_exceeded")
-        assert "2048" in view["error"]["message"]
+        assert str(TINY_MAX_LEN) in view["error"]["message"]
         ok = wait_status(http, submit(http, prompt="still alive", max_tokens=4))
         assert ok["status"] == "succeeded"
 

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from websockets.asyncio.client import connect
 
-from tests.helpers import submit, wait_status
+from tests.helpers import LONG_JOB, ran_out_first, submit, wait_status
 
 pytestmark = pytest.mark.integration
 
@@ -41,7 +41,7 @@ def test_cancel_running_job_aborts_it_in_the_engine(stack) -> None:
     with stack.http() as http:
         for _ in range(5):  # on a busy machine a job may finish before its cancel lands: try again
             # logprobs: several times the per-token work, so that the job outlasts a slow poll
-            job_id = submit(http, prompt="def long():", max_tokens=1900, ignore_eos=True, logprobs=20)
+            job_id = submit(http, prompt="def long():", max_tokens=LONG_JOB, ignore_eos=True)
             deadline = time.monotonic() + 60
             while http.get(f"/v1/jobs/{job_id}").json()["first_token_at"] is None:  # generating
                 assert time.monotonic() < deadline, "no token within 60 s"
@@ -49,12 +49,12 @@ def test_cancel_running_job_aborts_it_in_the_engine(stack) -> None:
             r = http.delete(f"/v1/jobs/{job_id}")
             assert r.status_code == 202
             view = wait_status(http, job_id, timeout=60)
-            if view["status"] == "succeeded" and view["usage"]["completion_tokens"] == 1900:
+            if view["status"] == "succeeded" and view["usage"]["completion_tokens"] == LONG_JOB:
                 continue  # it ran to its end before the cancel reached it
             break
         assert view["status"] == "cancelled", view
         assert view["finish_reason"] == "cancelled"
-        assert 0 < view["usage"]["completion_tokens"] < 1900
+        assert 0 < view["usage"]["completion_tokens"] < LONG_JOB
         wait_engines_idle(http)
 
 
@@ -82,23 +82,20 @@ def test_cancel_queued_job_never_runs(stack) -> None:
 
 
 async def test_closing_generate_socket_cancels_the_job(stack) -> None:
-    # The job must still be running when the socket closes, or there is nothing to cancel: on a
-    # busy machine a job can finish before the client gets to close. Such a try proves nothing
-    # either way and is run again; a job that ends "succeeded" after the close fails the test.
-    for _ in range(3):
+    for _ in range(3):  # a try where the job ran out before the close is run again (ran_out_first)
         async with connect(f"{stack.ws}/v1/generate") as ws:
             # logprobs: several times the per-token work, so that the job outlasts a slow close
-            await ws.send(json.dumps({"prompt": "stream", "max_tokens": 1900, "ignore_eos": True, "logprobs": 20}))
+            await ws.send(json.dumps({"prompt": "stream", "max_tokens": LONG_JOB, "ignore_eos": True}))
             accepted = json.loads(await ws.recv())
             for _ in range(3):
                 assert json.loads(await ws.recv())["type"] == "token"
             closing_at = time.time()
         with stack.http() as http:
             view = wait_status(http, accepted["id"], timeout=60)
-            if view["status"] == "succeeded" and view["finished_at"] <= closing_at:
+            if ran_out_first(view, closing_at):
                 continue
             assert view["status"] == "cancelled", {k: view[k] for k in ("status", "finish_reason", "usage", "error")}
-            assert view["usage"]["completion_tokens"] < 1900
+            assert view["usage"]["completion_tokens"] < LONG_JOB
             wait_engines_idle(http)
             return
     pytest.fail("in 3 tries, the job always finished before the socket closed")

@@ -79,7 +79,7 @@ def up(redis_server) -> Iterator[Up]:
     port = free_port()
     env = inferq_env(url, PYTHONIOENCODING="utf-8")
     proc = subprocess.Popen([*CLI, "up", "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            env=env, cwd=ROOT, start_new_session=True)
+                            env=env, cwd=ROOT, process_group=0)  # see cli.procs.Proc
     u = Up(proc, f"http://127.0.0.1:{port}", f"ws://127.0.0.1:{port}", env)
     u.reader = threading.Thread(target=u._read, daemon=True)
     u.reader.start()

@@ -24,11 +24,11 @@ from selenium.webdriver.support.ui import WebDriverWait
 from bench.console_shot import chromium
 from inferq.shared.schemas import TERMINAL_STATUSES
 from tests.conftest import Service, Stack, free_port, http_ok, inferq_env, spawn, wait_for
-from tests.helpers import submit, wait_status
+from tests.helpers import LONG_JOB, submit, wait_status
 
 pytestmark = pytest.mark.integration
 WAIT = 120  # seconds: generous, for a busy 2-core machine
-LONG = 1900  # tokens (the tiny model's context is 2048): a job that lasts, with ignore_eos
+LONG = 1900  # tokens, with ignore_eos: a job that streams for a while and ends
 TRIES = 3
 KEY = "sk-console"
 WORKER_ROWS = "return document.querySelectorAll('#workers tbody tr').length"
@@ -186,7 +186,7 @@ def test_cancel_ends_the_job_cancelled(stack: Stack, browser: WebDriver) -> None
     with stack.http() as http:
         job_id = None
         for _ in range(TRIES):
-            page.send("def cancel_me():", LONG)
+            page.send("def cancel_me():", LONG_JOB)
             job_id = page.job_id(previous=job_id)
             # a token counted (its text may still be empty: an incomplete UTF-8 sequence), or the end
             page.wait(lambda: int(page.text("tokens") or 0) > 0 or page.text("status") in TERMINAL_STATUSES,
@@ -194,7 +194,7 @@ def test_cancel_ends_the_job_cancelled(stack: Stack, browser: WebDriver) -> None
             if page.text("status") not in TERMINAL_STATUSES:
                 page.click("cancel")
             view = wait_status(http, job_id)
-            if view["status"] == "succeeded" and view["usage"]["completion_tokens"] == LONG:
+            if view["status"] == "succeeded" and view["usage"]["completion_tokens"] == LONG_JOB:
                 continue  # it ran to its end before the cancel reached it
             break
         assert view["status"] == "cancelled", view
@@ -240,7 +240,7 @@ def test_workers_and_queue_are_live(stack: Stack, browser: WebDriver) -> None:
     # A job that runs shows in both panels (one that ends before a refresh is tried again).
     with stack.http() as http:
         for _ in range(TRIES):
-            job_id = submit(http, prompt="def busy():", max_tokens=LONG, ignore_eos=True)
+            job_id = submit(http, prompt="def busy():", max_tokens=LONG_JOB, ignore_eos=True)
 
             def running_or_over() -> str | None:
                 queue = int(page.js(f"return document.querySelector(\"{model} .running\").textContent"))

@@ -18,7 +18,7 @@ import redis
 from inferq.shared import keys
 from tests.conftest import wait_for
 from tests.fleet import Fleet
-from tests.helpers import submit, wait_status
+from tests.helpers import LONG_JOB, submit, wait_status
 
 pytestmark = pytest.mark.integration
 SEQS = 8  # 4 job slots per frontend
@@ -50,8 +50,8 @@ def attempts(fleet: Fleet, job_ids: list[str]) -> list[int]:
     return [int(json.loads(r.hget(keys.job(j), "attempt") or "0")) for j in job_ids]
 
 
-def long_jobs(http: httpx.Client, n: int, tag: str) -> list[str]:
-    return [submit(http, prompt=f"{tag} {i}", max_tokens=1900, ignore_eos=True) for i in range(n)]
+def long_jobs(http: httpx.Client, n: int, tag: str, tokens: int = 1900) -> list[str]:
+    return [submit(http, prompt=f"{tag} {i}", max_tokens=tokens, ignore_eos=True) for i in range(n)]
 
 
 def test_frontends_register_as_workers_of_one_engine(group: Fleet) -> None:
@@ -69,7 +69,7 @@ def test_frontends_register_as_workers_of_one_engine(group: Fleet) -> None:
 
 def test_each_frontend_holds_its_share_and_cancel_reaches_the_engine(group: Fleet) -> None:
     with group.http() as http:
-        jobs = long_jobs(http, SEQS + 2, "share")
+        jobs = long_jobs(http, SEQS + 2, "share", LONG_JOB)
         # the engine runs SEQS at once; a frontend takes SEQS/2: all SEQS running needs both
         wait_for(lambda: len(running(group, jobs)) == SEQS, 120, f"{SEQS} jobs running at once")
         held = running(group, jobs)
@@ -81,7 +81,7 @@ def test_each_frontend_holds_its_share_and_cancel_reaches_the_engine(group: Flee
             assert http.delete(f"/v1/jobs/{j}").status_code == 202
         views = [wait_status(http, j, timeout=120) for j in jobs]
     assert {v["status"] for v in views} == {"cancelled"}, [v["status"] for v in views]
-    assert all(v["usage"]["completion_tokens"] < 1900 for v in views if v["usage"])
+    assert all(v["usage"]["completion_tokens"] < LONG_JOB for v in views if v["usage"])
 
     def engine_idle() -> bool:
         with group.http() as http:

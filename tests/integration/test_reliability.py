@@ -18,7 +18,7 @@ import redis
 from inferq.shared import keys
 from tests.conftest import free_port, http_ok, inferq_env, spawn, wait_for
 from tests.fleet import PY, Fleet
-from tests.helpers import submit, token_text, wait_status, ws_events
+from tests.helpers import LONG_JOB, submit, token_text, wait_status, ws_events
 
 pytestmark = pytest.mark.integration
 
@@ -95,9 +95,9 @@ def test_deadline_queued_never_starts_running_is_aborted(stack) -> None:
         late = wait_status(http, submit(http, prompt="late", max_tokens=8, timeout=0.001))
         assert late["status"] == "failed" and late["error"]["code"] == "deadline_exceeded", late
         assert "never started" in late["error"]["message"] and late["usage"]["completion_tokens"] == 0
-        long = wait_status(http, submit(http, prompt="long", max_tokens=1900, ignore_eos=True, timeout=2))
+        long = wait_status(http, submit(http, prompt="long", max_tokens=LONG_JOB, ignore_eos=True, timeout=2))
         assert long["status"] == "failed" and long["error"]["type"] == "timeout_error"
-        assert 0 < long["usage"]["completion_tokens"] < 1900
+        assert 0 < long["usage"]["completion_tokens"] < LONG_JOB
 
 
 @pytest.mark.faults

@@ -9,6 +9,8 @@ import time
 import openai
 import pytest
 
+from tests.helpers import LONG_JOB
+
 pytestmark = pytest.mark.integration
 MODEL = "inferq-tiny"
 
@@ -80,8 +82,8 @@ def test_background_then_poll_and_resume_the_stream(client) -> None:
 
 
 def test_cancel_a_background_response(client) -> None:
-    r = client.responses.create(model=MODEL, input="Go on", max_output_tokens=1900, background=True)
-    client.responses.cancel(r.id)  # long before 1,900 tokens
+    r = client.responses.create(model=MODEL, input="Go on", max_output_tokens=LONG_JOB, background=True)
+    client.responses.cancel(r.id)  # long before its end
     deadline = time.monotonic() + 60
     while (got := client.responses.retrieve(r.id)).status in ("queued", "in_progress"):
         assert time.monotonic() < deadline

@@ -20,13 +20,13 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from tests.conftest import Service, Stack, free_port, http_ok, inferq_env, spawn, wait_for
-from tests.helpers import submit, wait_status
+from tests.helpers import LONG_JOB, submit, wait_status
 
 pytestmark = pytest.mark.integration
 KEYS = ["sk-alice", "sk-bob", "sk-rate", "sk-conc", "sk-idem"]
 FILE_KEY = "sk-from-file-carol"
 RATE, CONCURRENT = 8, 2
-LONG = {"prompt": "def long():", "max_tokens": 1900, "ignore_eos": True}
+LONG = {"prompt": "def long():", "max_tokens": LONG_JOB, "ignore_eos": True}
 
 
 @dataclass
