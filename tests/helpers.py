@@ -7,9 +7,11 @@ import time
 from typing import Any
 
 import httpx
+import redis
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosedError
 
+from inferq.shared import keys
 from inferq.shared.schemas import TERMINAL_STATUSES
 from inferq.worker.models import TINY_MAX_LEN
 
@@ -34,6 +36,13 @@ def wait_status(http: httpx.Client, job_id: str, statuses: set[str] | frozenset[
             return view
         time.sleep(0.05)
     raise TimeoutError(f"job {job_id} never reached {statuses}: {view}")
+
+
+def fresh_rate_window(r: redis.Redis, ip: str = "127.0.0.1") -> None:
+    """Forget the client address's submissions of the last minute. Without API keys a rate limit
+    counts per address, in one window for every gateway on the Redis: a test with a limit must not
+    find it filled by another test's gateway less than a minute before."""
+    r.delete(keys.rate(f"ip:{ip}"))
 
 
 def ran_out_first(view: dict, let_go_at: float) -> bool:

@@ -19,7 +19,7 @@ import yaml
 from openai import OpenAI
 
 from tests.conftest import Stack, free_port, http_ok, inferq_env, spawn, wait_for
-from tests.helpers import submit, wait_status, ws_events
+from tests.helpers import fresh_rate_window, submit, wait_status, ws_events
 
 pytestmark = pytest.mark.integration
 RATE_LIMIT = 5  # submissions a minute: the test makes 5, and a 6th is refused
@@ -116,6 +116,7 @@ def _quiet(prom: Prometheus, stack: Stack) -> None:
 def test_prometheus_sees_every_counter_move_by_what_was_done(stack: Stack, gateway2: str,
                                                               prometheus: Prometheus) -> None:
     _quiet(prometheus, stack)
+    fresh_rate_window(stack.redis.client())
     before = _values(prometheus)
     tokens = 0
     with httpx.Client(base_url=gateway2, timeout=60) as http:

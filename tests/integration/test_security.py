@@ -20,7 +20,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from tests.conftest import Service, Stack, free_port, http_ok, inferq_env, spawn, wait_for
-from tests.helpers import LONG_JOB, submit, wait_status
+from tests.helpers import LONG_JOB, fresh_rate_window, submit, wait_status
 
 pytestmark = pytest.mark.integration
 KEYS = ["sk-alice", "sk-bob", "sk-rate", "sk-conc", "sk-idem"]
@@ -292,6 +292,7 @@ def test_without_keys_limits_count_per_client_ip(stack, logdir) -> None:
     try:
         base = f"http://127.0.0.1:{port}"
         wait_for(lambda: http_ok(f"{base}/readyz"), 60, "the open gateway with limits", [gw])
+        fresh_rate_window(stack.redis.client())
         with httpx.Client(base_url=base, timeout=60) as http:
             codes = [http.post("/v1/jobs", json={"prompt": "ip", "max_tokens": 1}).status_code for _ in range(3)]
             assert codes == [202, 202, 429]
