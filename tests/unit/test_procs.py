@@ -31,3 +31,23 @@ def test_wait_until_fails_early_with_the_log_of_a_process_that_exited(tmp_path) 
 
 def test_http_ok_is_false_when_nothing_listens() -> None:
     assert not http_ok(f"http://127.0.0.1:{free_port()}/healthz", timeout=0.5)
+
+
+def test_a_process_gets_its_own_group_in_our_session_and_stop_reaches_its_children(tmp_path) -> None:
+    """Our session (one scheduling group under sched_autogroup, cli.procs.Proc), a process group
+    of its own (a stop signals the process and what it started)."""
+    import os
+    import time
+
+    child_code = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); print('up', flush=True); time.sleep(60)"
+    with Procs(tmp_path) as procs:
+        p = procs.start("parent", [sys.executable, "-c", child_code])
+        wait_until(lambda: "up" in p.tail(), 30, "the parent and its child started", [p])
+        assert os.getsid(p.pid) == os.getsid(0)
+        assert os.getpgid(p.pid) == p.pid != os.getpgid(0)
+        members = [int(x) for x in os.popen(f"pgrep -g {p.pid}").read().split()]
+        assert len(members) == 2, members
+        p.stop()
+        time.sleep(0.5)
+    assert all(not os.path.exists(f"/proc/{m}") or open(f"/proc/{m}/stat").read().split()[2] == "Z"
+               for m in members)
