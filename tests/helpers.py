@@ -15,9 +15,9 @@ from inferq.shared import keys
 from inferq.shared.schemas import TERMINAL_STATUSES
 from inferq.worker.models import TINY_MAX_LEN
 
-#: max_tokens of a job (with ignore_eos) that is still running when a test acts on it: about 12 s
-#: alone on 2 cores, 3 s at most for the same load on a fast machine; a test that cancels it, or
-#: waits for its deadline, ends it long before that
+#: max_tokens of a job (with ignore_eos) that is still running when a test acts on it: about 17 s
+#: alone on the 2-core machine; a test that cancels it, or waits for its deadline, ends it long
+#: before that
 LONG_JOB = TINY_MAX_LEN - 192
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
+import time
 
 import pytest
 
@@ -36,10 +38,9 @@ def test_http_ok_is_false_when_nothing_listens() -> None:
 def test_a_process_gets_its_own_group_in_our_session_and_stop_reaches_its_children(tmp_path) -> None:
     """Our session (one scheduling group under sched_autogroup, cli.procs.Proc), a process group
     of its own (a stop signals the process and what it started)."""
-    import os
-    import time
-
-    child_code = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); print('up', flush=True); time.sleep(60)"
+    child_code = ("import subprocess, sys, time; "
+                  "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+                  "print('up', flush=True); time.sleep(60)")
     with Procs(tmp_path) as procs:
         p = procs.start("parent", [sys.executable, "-c", child_code])
         wait_until(lambda: "up" in p.tail(), 30, "the parent and its child started", [p])
