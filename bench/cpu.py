@@ -155,11 +155,52 @@ def busiest_thread(before: dict[ThreadKey, tuple[str, float]] | None,
     return name, cpu
 
 
-def per_1k_tokens(run: dict[str, Any], tokens: float) -> dict[str, float | None]:
+#: The roles a stack's CPU is split into besides :data:`ROLES`: the engine's own processes, the
+#: harness itself (the load client) and the in-process target's engine client.
+ENGINE_ROLE, CLIENT_ROLE = "engine", "load client"
+ProcKey = tuple[int, float]  # (pid, start time): a pid reused within a level is another process
+
+
+def process_times() -> dict[ProcKey, tuple[str, float]] | None:
+    """CPU seconds of the harness and every live descendant, each named by its role: the load
+    client (the harness), ``engine`` (vLLM's EngineCore and its workers), or :func:`_role`'s."""
+    try:
+        root = int(os.environ.get(ROOT_ENV, os.getpid()))
+        out: dict[ProcKey, tuple[str, float]] = {}
+        for pid in [root, *_descendants(root, _processes())]:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                pname = _comm(f"/proc/{pid}")
+                role = (CLIENT_ROLE if pid == root else ENGINE_ROLE if pname.startswith(ENGINE_PROCESS_PREFIXES)
+                        else "in-process client" if pid == os.getpid() else _role(pid, pname))
+                out[(pid, float(fields[19]))] = (role, (int(fields[11]) + int(fields[12])) / _tick())
+            except (OSError, IndexError, ValueError):
+                continue  # exited meanwhile
+        return out
+    except OSError:
+        return None
+
+
+def by_role(before: dict[ProcKey, tuple[str, float]] | None,
+            after: dict[ProcKey, tuple[str, float]] | None) -> dict[str, float] | None:
+    """CPU seconds each role used between two :func:`process_times` snapshots (a process that
+    exited in between is not counted: a stack's processes live through a level)."""
+    if before is None or after is None:
+        return None
+    out: dict[str, float] = {}
+    for k, (role, cpu) in after.items():
+        out[role] = out.get(role, 0.0) + max(0.0, cpu - before.get(k, (role, 0.0))[1])
+    return out
+
+
+def per_1k_tokens(run: dict[str, Any], tokens: float) -> dict[str, Any]:
     """A repeat's CPU per 1,000 streamed tokens: of the whole stack (``cpu_s_per_1k_tokens``:
     every process the harness started, load client included) and of its busiest thread outside
     the engine (``busiest_thread_cpu_s_per_1k_tokens``)."""
     k = 1000 / tokens if tokens else None
     own, busiest = run.get("cpu_own"), run.get("busiest_thread_cpu_s")
+    roles = run.get("cpu_by_role")
     return {"cpu_s_per_1k_tokens": own * cores() * run["wall_s"] * k if own is not None and k else None,
-            "busiest_thread_cpu_s_per_1k_tokens": busiest * k if busiest is not None and k else None}
+            "busiest_thread_cpu_s_per_1k_tokens": busiest * k if busiest is not None and k else None,
+            "cpu_by_role_per_1k_tokens": {r: v * k for r, v in roles.items()} if roles and k else None}

