@@ -1,4 +1,7 @@
-"""FastAPI dependencies: the process-wide objects the lifespan creates, typed for routes."""
+"""FastAPI dependencies: the process-wide objects the lifespan creates, typed for routes.
+
+Each is ``async def``: FastAPI runs a plain ``def`` dependency in its thread pool, a thread
+hand-off per dependency per request (four for a WebSocket job) for what is an attribute read."""
 
 from __future__ import annotations
 
@@ -16,25 +19,25 @@ from inferq.api.streams import StreamHub
 from inferq.shared.errors import Unauthenticated
 
 
-def get_service(conn: HTTPConnection) -> JobService:
+async def get_service(conn: HTTPConnection) -> JobService:
     return conn.app.state.service
 
 
-def get_hub(conn: HTTPConnection) -> StreamHub:
+async def get_hub(conn: HTTPConnection) -> StreamHub:
     return conn.app.state.hub
 
 
-def get_admission(conn: HTTPConnection) -> Admission:
+async def get_admission(conn: HTTPConnection) -> Admission:
     return conn.app.state.admission
 
 
-def get_caller(conn: HTTPConnection) -> Principal:
+async def get_caller(conn: HTTPConnection) -> Principal:
     """The authenticated caller; 401 (``authentication_error``) when auth is on and the key is bad."""
     keyring: KeyRing = conn.app.state.keyring
     return keyring.authenticate(conn)
 
 
-def get_ws_caller(ws: WebSocket) -> Principal | Unauthenticated:
+async def get_ws_caller(ws: WebSocket) -> Principal | Unauthenticated:
     """For WebSockets, which must be accepted before they can be told why: the caller, or the
     error to send (the key may also come as ``?api_key=``)."""
     keyring: KeyRing = ws.app.state.keyring
@@ -51,11 +54,11 @@ WsCaller = Annotated[Principal | Unauthenticated, Depends(get_ws_caller)]
 Hub = Annotated[StreamHub, Depends(get_hub)]
 
 
-def get_files(conn: HTTPConnection) -> FileStore:
+async def get_files(conn: HTTPConnection) -> FileStore:
     return conn.app.state.files
 
 
-def get_batches(conn: HTTPConnection) -> BatchService:
+async def get_batches(conn: HTTPConnection) -> BatchService:
     return conn.app.state.batches
 
 

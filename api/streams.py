@@ -15,8 +15,10 @@ Events travel as the JSON the worker wrote: :meth:`StreamHub.frames` reads only 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, NamedTuple
@@ -81,11 +83,50 @@ def frame(raw: str) -> Frame:
     return Frame(str(d["type"]), int(d["seq"]), raw)
 
 
+class Listener:
+    """One reader's live messages: what pub/sub delivered and it has not taken yet. Cheaper per
+    message than an ``asyncio.Queue`` read under ``asyncio.timeout`` (a timer armed and cancelled
+    for every token): the hub's sweeper wakes a reader that waited past the idle check instead."""
+
+    __slots__ = ("items", "waiter", "since")
+
+    def __init__(self) -> None:
+        self.items: deque[str] = deque()
+        self.waiter: asyncio.Future[bool] | None = None
+        self.since = 0.0  # when the current wait began (loop time)
+
+    def put(self, data: str) -> None:
+        self.items.append(data)
+        if (w := self.waiter) is not None and not w.done():
+            w.set_result(True)
+
+    def idle(self) -> None:
+        """The wait has lasted past the idle check: wake the reader with nothing."""
+        if (w := self.waiter) is not None and not w.done():
+            w.set_result(False)
+
+    async def wait(self) -> bool:
+        """Until something is there (True), or the hub's sweeper calls it idle (False)."""
+        if self.items:
+            return True
+        loop = asyncio.get_running_loop()
+        self.waiter, self.since = loop.create_future(), loop.time()
+        try:
+            return await self.waiter
+        finally:
+            self.waiter = None
+
+    def take(self, n: int) -> list[str]:
+        items = self.items
+        return [items.popleft() for _ in range(min(n, len(items)))]
+
+
 class StreamHub:
     def __init__(self, redis_url: str, store: JobStore, idle_check_s: float = 2.0) -> None:
         self.store = store
         self.idle_check_s = idle_check_s
-        self._listeners: dict[str, set[asyncio.Queue[str]]] = {}
+        self._listeners: dict[str, set[Listener]] = {}
+        self._sweeper: asyncio.Task[None] | None = None
         self._confirmed: dict[str, asyncio.Event] = {}
         self.gaps = 0  # live messages that showed a gap in seq and sent their reader back to the log
         self._sub = Subscriber(redis_url, self._dispatch, self._subscribed)
@@ -99,24 +140,42 @@ class StreamHub:
             log.warning("pub/sub not connected yet; it keeps trying")
 
     async def stop(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
         await self._sub.stop()
+
+    async def _sweep(self) -> None:
+        """Wake every reader that has waited ``idle_check_s`` (within a quarter of it) with nothing:
+        it reads the log, which covers a message pub/sub lost."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self.idle_check_s / 4)
+            due = loop.time() - self.idle_check_s
+            for listeners in list(self._listeners.values()):
+                for li in listeners:
+                    if li.waiter is not None and li.since <= due:
+                        li.idle()
 
     @property
     def channels(self) -> int:
         return len(self._listeners)
 
     def _dispatch(self, channel: str, data: str) -> None:
-        for q in self._listeners.get(channel, ()):
-            q.put_nowait(data)
+        for li in self._listeners.get(channel, ()):
+            li.put(data)
 
     def _subscribed(self, channel: str) -> None:
         if (ev := self._confirmed.get(channel)) is not None:
             ev.set()
 
     @asynccontextmanager
-    async def _listen(self, job_id: str) -> AsyncIterator[asyncio.Queue[str]]:
+    async def _listen(self, job_id: str) -> AsyncIterator[Listener]:
         channel = keys.job_channel(job_id)
-        q: asyncio.Queue[str] = asyncio.Queue()
+        q = Listener()
+        if self._sweeper is None or self._sweeper.done():
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep(), name="stream-idle-sweeper")
         listeners = self._listeners.setdefault(channel, set())
         listeners.add(q)
         try:  # from here on, whatever happens (a client leaving at once), the listener is removed
@@ -197,17 +256,10 @@ class StreamHub:
                 # Live: forward until a gap or a quiet spell sends us back to the log.
                 gap = False
                 while not gap:
-                    if q.empty():
-                        try:
-                            async with asyncio.timeout(self.idle_check_s):
-                                raws = [await q.get()]
-                        except TimeoutError:
-                            why = "idle"
-                            break
-                    else:  # behind: no timer for what is already here
-                        raws = []
-                    while not q.empty() and len(raws) < MAX_BATCH:
-                        raws.append(q.get_nowait())
+                    if not await q.wait():
+                        why = "idle"
+                        break
+                    raws = q.take(MAX_BATCH)  # behind: everything already here at once
                     batch: list[Frame] = []
                     for raw in raws:
                         f = frame(raw)

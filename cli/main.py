@@ -24,7 +24,7 @@ def cmd_api(args: argparse.Namespace) -> int:
     # JSON logs: uvicorn's own loggers go through the root handler (shared/logs.py) too
     log_config = {} if s.log_format == "json" else uvicorn.config.LOGGING_CONFIG
     uvicorn.run(app, factory=workers > 1, workers=workers, host=args.host or s.host,
-                port=args.port or s.port, log_level=s.log_level.lower(), ws="websockets",
+                port=args.port or s.port, log_level=s.log_level.lower(), ws="websockets-sansio",
                 log_config=log_config or None,
                 ws_max_size=s.max_body_bytes, ws_per_message_deflate=s.ws_compression,
                 timeout_graceful_shutdown=5)

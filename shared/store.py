@@ -12,10 +12,11 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 from redis.asyncio import Redis
-from redis.exceptions import ResponseError
+from redis.commands.core import AsyncScript
+from redis.exceptions import NoScriptError, ResponseError
 
 from inferq.shared import keys
 from inferq.shared.schemas import (
@@ -393,25 +394,43 @@ class JobStore:
 
     async def append(self, items: Sequence[tuple[str, int, Event]]) -> list[Exception | bool]:
         """Log and publish many jobs' events (job id, attempt, event) in one round trip: one script
-        call per :data:`APPEND_CHUNK` events. Per item: True (written), False (that attempt no
-        longer owns the job) or the error."""
+        call per :data:`APPEND_CHUNK` events, in order. Per item: True (written), False (that attempt
+        no longer owns the job) or the error.
+
+        The calls go as plain EVALSHA in a pipeline: redis-py's pipeline of registered scripts asks
+        SCRIPT EXISTS before every execute, a second round trip per batch. A Redis that lost the
+        script (restarted) answers NOSCRIPT; it is loaded and the batch sent again (what the first
+        try wrote is refused as duplicates, which the writer ignores)."""
+        calls: list[tuple[int, list[str | int]]] = []
+        for start in range(0, len(items), APPEND_CHUNK):
+            ks: list[str | int] = []
+            args: list[str | int] = []
+            for job_id, attempt, ev in items[start:start + APPEND_CHUNK]:
+                ks += (keys.job(job_id), keys.job_log(job_id), keys.job_channel(job_id))
+                args += (str(attempt), ev.seq, ev.model_dump_json(exclude_none=True),
+                         str(self.ttl_s) if ev.seq == 1 or ev.type != "token" else "")
+            calls.append((len(ks), [*ks, *args]))
+        results = await self._evalsha_all(self._append, calls)
         out: list[Exception | bool] = []
-        async with self.redis.pipeline(transaction=False) as p:
-            for start in range(0, len(items), APPEND_CHUNK):
-                ks: list[str] = []
-                args: list[str | int] = []
-                for job_id, attempt, ev in items[start:start + APPEND_CHUNK]:
-                    ks += (keys.job(job_id), keys.job_log(job_id), keys.job_channel(job_id))
-                    args += (str(attempt), ev.seq, ev.model_dump_json(exclude_none=True),
-                             str(self.ttl_s) if ev.seq == 1 or ev.type != "token" else "")
-                await self._append(keys=ks, args=args, client=p)
-            for chunk, res in zip(range(0, len(items), APPEND_CHUNK), await p.execute(raise_on_error=False)):
-                n = len(items[chunk:chunk + APPEND_CHUNK])
-                if isinstance(res, Exception):  # the whole call failed (e.g. Redis restarted mid-way)
-                    out += [res] * n
-                else:
-                    out += [ResponseError(r) if isinstance(r, str) else bool(r) for r in res]
+        for chunk, res in zip(range(0, len(items), APPEND_CHUNK), results):
+            n = len(items[chunk:chunk + APPEND_CHUNK])
+            if isinstance(res, Exception):  # the whole call failed (e.g. Redis restarted mid-way)
+                out += [res] * n
+            else:
+                out += [ResponseError(r) if isinstance(r, str) else bool(r) for r in res]
         return out
+
+    async def _evalsha_all(self, script: AsyncScript, calls: list[tuple[int, list[str | int]]]) -> list[Any]:
+        """``script`` once per (number of keys, keys + args), in order, in one round trip."""
+        for _ in range(2):
+            async with self.redis.pipeline(transaction=False) as p:
+                for numkeys, args in calls:
+                    p.evalsha(script.sha, numkeys, *args)
+                results = await p.execute(raise_on_error=False)
+            if not any(isinstance(r, NoScriptError) for r in results):
+                break
+            script.sha = await self.redis.script_load(script.script)
+        return list(results)
 
     async def queue_depth(self, model: str) -> int:
         """Messages waiting in the model's Celery queue, all priorities together (one round trip)."""

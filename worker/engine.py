@@ -134,6 +134,12 @@ class EngineHost:
             self.engine = AsyncLLM.from_vllm_config(
                 fe.vllm_config, stat_loggers=stat_loggers, client_addresses=dict(fe.addresses),
                 client_count=fe.count, client_index=fe.index)
+        # vLLM reads its settings from the environment on every access (os.getenv behind a module
+        # __getattr__), several times per request and step on this loop; its EngineCore and
+        # workers cache them once started, as this process may now: nothing here changes them
+        from vllm import envs
+
+        envs.enable_envs_cache()
         tokenizer = self.engine.get_tokenizer()
         self.tokenizer = await tokenizer if inspect.isawaitable(tokenizer) else tokenizer  # async in older vLLM
         self.max_model_len = int(self.engine.model_config.max_model_len)

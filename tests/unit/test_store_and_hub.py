@@ -87,6 +87,34 @@ async def test_log_refuses_a_seq_it_already_has_and_a_stale_attempt(store) -> No
     assert [e.seq for e in await store.read_log(job, after=1)] == [2]
 
 
+async def test_append_spans_chunks_in_order_and_survives_a_flushed_script_cache(store, monkeypatch) -> None:
+    """Events of one job across several script calls land in order, in one round trip; a Redis
+    that lost its scripts (restarted, SCRIPT FLUSH) has the script loaded again and the batch sent."""
+    import inferq.shared.store as store_mod
+
+    monkeypatch.setattr(store_mod, "APPEND_CHUNK", 2)
+    job = await new_job(store)
+    await store.claim(job, "w")
+    await store.redis.script_flush()
+    calls: list[object] = []
+    execute = type(store.redis.pipeline()).execute
+
+    async def counted(self, *a, **kw):
+        calls.append(list(self.command_stack))
+        return await execute(self, *a, **kw)
+
+    monkeypatch.setattr(type(store.redis.pipeline()), "execute", counted)
+    res = await store.append([(job, 1, TokenEvent(seq=i, text=str(i))) for i in range(1, 6)])
+    assert res == [True] * 5
+    assert [e.text for e in await store.read_log(job)] == ["1", "2", "3", "4", "5"]
+    assert len(calls) == 2 and len(calls[0]) == 3  # NOSCRIPT, then the same 3 calls again; no SCRIPT EXISTS
+    calls.clear()
+    exists = lambda stats: stats.get("cmdstat_script|exists", {}).get("calls", 0)  # noqa: E731
+    before = exists(await store.redis.info("commandstats"))
+    assert await store.append([(job, 1, TokenEvent(seq=6, text="6"))]) == [True]
+    assert len(calls) == 1 and exists(await store.redis.info("commandstats")) == before
+
+
 async def test_requeue_restarts_then_gives_up(store) -> None:
     job = await new_job(store)
     for attempt in (1, 2):
