@@ -34,6 +34,7 @@ from inferq.api.openai_schemas import (
     TopLogprobOut,
 )
 from inferq.api import openai_tools as tools
+from inferq.api.chunk_template import TextTemplate
 from inferq.api.errors import error_body
 from inferq.api.streams import StreamHub
 from inferq.shared.errors import InferqError, Unavailable, error_from
@@ -226,9 +227,13 @@ async def chat_chunks(hub: StreamHub, job_id: str, model: str,
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     started: set[int] = set()
 
+    def chunk_model(choices: list[ChunkChoice], usage: Usage | None = None) -> ChatCompletionChunk:
+        return ChatCompletionChunk(id=job_id, created=created, model=model, choices=choices, usage=usage)
+
     def chunk(choices: list[ChunkChoice], usage: Usage | None = None) -> Payload:
-        return Payload(ChatCompletionChunk(id=job_id, created=created, model=model, choices=choices,
-                                           usage=usage).model_dump_json(exclude_none=True))
+        return Payload(chunk_model(choices, usage).model_dump_json(exclude_none=True))
+
+    plain: dict[int, TextTemplate] = {}  # per completion: a plain text chunk's template
 
     calls = _StreamedCalls(req)
     async for ev in hub.events(job_id, merge=True, kind="sse"):
@@ -245,6 +250,12 @@ async def chat_chunks(hub: StreamHub, job_id: str, model: str,
                 delta = calls.add(ev.index, ev.text) if calls.forced else _parsed_delta(ev)
                 if delta is not None:
                     yield chunk([ChunkChoice(index=ev.index, delta=delta, logprobs=lps)])
+                continue
+            if ev.index in started and lps is None:  # the common chunk: its text in a template
+                if (t := plain.get(ev.index)) is None:
+                    t = plain[ev.index] = TextTemplate(
+                        lambda text, i=ev.index: chunk_model([ChunkChoice(index=i, delta=Delta(content=text))]))
+                yield Payload(t.fill(ev.text))
                 continue
             role = None if ev.index in started else "assistant"
             started.add(ev.index)
@@ -322,6 +333,7 @@ async def completion_chunks(hub: StreamHub, job_ids: list[str], model: str,
     created, k = int(time.time()), req.logprobs or 0
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     total = Usage()
+    plain: dict[int, TextTemplate] = {}  # per choice: a plain text chunk's template
     for p, job_id in enumerate(job_ids):
         sent = False  # any of this job's text: a restart after it cannot be taken back
         async for ev in hub.events(job_id, merge=True, kind="sse"):
@@ -331,8 +343,15 @@ async def completion_chunks(hub: StreamHub, job_ids: list[str], model: str,
                 continue
             if ev.type == "token":
                 sent = True
-                lp = _completion_logprobs(Choice(logprobs=ev.logprobs or []), k) if req.logprobs is not None else None
-                choice = TextChoice(index=p * req.n + ev.index, text=ev.text, logprobs=lp)
+                index = p * req.n + ev.index
+                if req.logprobs is None:  # the common chunk: its text in a template
+                    if (t := plain.get(index)) is None:
+                        t = plain[index] = TextTemplate(lambda text, i=index: TextCompletion(
+                            id=job_ids[0], created=created, model=model, choices=[TextChoice(index=i, text=text)]))
+                    yield Payload(t.fill(ev.text))
+                    continue
+                lp = _completion_logprobs(Choice(logprobs=ev.logprobs or []), k)
+                choice = TextChoice(index=index, text=ev.text, logprobs=lp)
             elif ev.type == "done":
                 total = add_usage(total, ev.usage)
                 for end in ev.choices:
