@@ -25,6 +25,18 @@ def _busy_s() -> float:
     return (sum(v[:8]) - idle) / _tick()
 
 
+def _stat(path: str) -> list[str]:
+    """The fields of ``path/stat`` from the state on (field 3 of proc(5)): the command name, which
+    may hold spaces, cut off."""
+    with open(f"{path}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()
+
+
+def _cpu_s(fields: list[str]) -> float:
+    """User + system CPU seconds from :func:`_stat`'s fields."""
+    return (int(fields[11]) + int(fields[12])) / _tick()
+
+
 def _processes() -> dict[int, tuple[int, float]]:
     """Every live process: pid -> (parent pid, CPU seconds used, user + system)."""
     out: dict[int, tuple[int, float]] = {}
@@ -32,9 +44,8 @@ def _processes() -> dict[int, tuple[int, float]]:
         if not name.isdigit():
             continue
         try:
-            with open(f"/proc/{name}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            out[int(name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / _tick())
+            fields = _stat(f"/proc/{name}")
+            out[int(name)] = (int(fields[1]), _cpu_s(fields))
         except (OSError, IndexError, ValueError):  # exited meanwhile
             continue
     return out
@@ -131,10 +142,8 @@ def thread_times() -> dict[ThreadKey, tuple[str, float]] | None:
                 role = _role(pid, pname)
                 for tid in os.listdir(f"/proc/{pid}/task"):
                     path = f"/proc/{pid}/task/{tid}"
-                    with open(f"{path}/stat") as f:
-                        fields = f.read().rsplit(")", 1)[1].split()
                     thread = "main thread" if int(tid) == pid else f"thread {_comm(path)}"
-                    out[(pid, int(tid))] = (f"{role} {thread}", (int(fields[11]) + int(fields[12])) / _tick())
+                    out[(pid, int(tid))] = (f"{role} {thread}", _cpu_s(_stat(path)))
             except (OSError, IndexError, ValueError):
                 continue  # exited meanwhile
         return out
@@ -169,12 +178,10 @@ def process_times() -> dict[ProcKey, tuple[str, float]] | None:
         out: dict[ProcKey, tuple[str, float]] = {}
         for pid in [root, *_descendants(root, _processes())]:
             try:
-                with open(f"/proc/{pid}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-                pname = _comm(f"/proc/{pid}")
+                fields, pname = _stat(f"/proc/{pid}"), _comm(f"/proc/{pid}")
                 role = (CLIENT_ROLE if pid == root else ENGINE_ROLE if pname.startswith(ENGINE_PROCESS_PREFIXES)
                         else "in-process client" if pid == os.getpid() else _role(pid, pname))
-                out[(pid, float(fields[19]))] = (role, (int(fields[11]) + int(fields[12])) / _tick())
+                out[(pid, float(fields[19]))] = (role, _cpu_s(fields))
             except (OSError, IndexError, ValueError):
                 continue  # exited meanwhile
         return out
