@@ -44,7 +44,7 @@ run: setup
 
 test: setup
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q -p no:cacheprovider -m "not faults and not heavy"
+	$(PY) -m pytest -q -p no:cacheprovider --durations=15 -m "not faults and not heavy"
 
 # The bench harness on its test config and a chaos run (make test keeps a smoke run of the bench;
 # the chaos smoke run is with the faults, make test-faults).
