@@ -65,9 +65,9 @@ class LoopHost:
     def run(self, coro: Any) -> Any:
         return self._thread.run(coro)
 
-    def submit(self, coro: Any) -> None:
-        """Run ``coro`` on the loop without waiting for it."""
-        self._thread.submit(coro)
+    def submit(self, coro: Any) -> Any:
+        """Schedule ``coro`` on the loop; returns its concurrent future."""
+        return self._thread.submit(coro)
 
     def unfinished_requests(self) -> int:
         return 0

@@ -13,6 +13,7 @@ batch at the next step.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import inspect
 import logging
 import threading
@@ -149,7 +150,11 @@ class EngineHost:
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run ``coro`` on the engine loop from another thread and wait for its result."""
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+        return self.submit(coro).result()
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Schedule ``coro`` on the engine loop from another thread; its result comes later."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
     def unfinished_requests(self) -> int:
         if self.engine is None:

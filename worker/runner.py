@@ -16,6 +16,7 @@ request starts only after the earlier one's has been aborted.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import secrets
 import threading
@@ -85,6 +86,14 @@ class Progress:
                      total_tokens=self.prompt_tokens + done)
 
 
+@dataclass
+class Prepared:
+    """A job's prompt as the engine takes it: its token ids and, with ``echo``, its text."""
+
+    ids: list[int]
+    echo: str | None = None
+
+
 class JobRunner:
     def __init__(self, host: EngineHost, store: JobStore, writer: EventWriter, worker_id: str,
                  default_max_tokens: int, priority_scheduling: bool = False,
@@ -129,6 +138,11 @@ class JobRunner:
         return True
 
     # --- preparing a job (runs in a thread: tokenization is CPU work) -------------------------
+    def prepare(self, msg: JobMessage) -> Prepared:
+        """Tokenize the job's prompt (and render its echo): CPU work for a thread, never the loop."""
+        ids = self.prompt_ids(msg)
+        return Prepared(ids, self.echo_text(msg, ids) if msg.request.echo else None)
+
     def prompt_ids(self, msg: JobMessage) -> list[int]:
         req, tok = msg.request, self.host.tokenizer
         if req.prompt_token_ids is not None:
@@ -204,9 +218,12 @@ class JobRunner:
             raise
 
     # --- running a job (on the engine loop) ---------------------------------------------------
-    async def run(self, msg: JobMessage) -> JobStatus | None:
+    async def run(self, msg: JobMessage,
+                  prepared: concurrent.futures.Future[Prepared] | None = None) -> JobStatus | None:
         """Run the job to a terminal state. Returns the state written, or None if it was not this
-        run's to end (skipped, fenced out, superseded or handed back)."""
+        run's to end (skipped, fenced out, superseded or handed back). ``prepared``: the job's
+        :meth:`prepare`, made by the caller's thread while the claim is in flight (without it,
+        the runner tokenizes on a thread of its own after the claim)."""
         job = ActiveJob(task=asyncio.current_task())
         self._runs += 1
         self.idle.clear()
@@ -215,7 +232,7 @@ class JobRunner:
             with job_context(msg.id), tracing.span("inferq.job", parent=msg.traceparent, job_id=msg.id,
                                                    model=msg.model) as span:
                 job.span = span
-                written = await self._run(msg, job)
+                written = await self._run(msg, job, prepared)
                 span.set("inferq.attempt", job.attempt)
                 span.set("inferq.status", written.value if written else "not_ended")
             return written
@@ -228,7 +245,8 @@ class JobRunner:
             if not self._runs:
                 self.idle.set()
 
-    async def _run(self, msg: JobMessage, job: ActiveJob) -> JobStatus | None:
+    async def _run(self, msg: JobMessage, job: ActiveJob,
+                   prepared: concurrent.futures.Future[Prepared] | None) -> JobStatus | None:
         progress = Progress()
         status: JobStatus | None = None
         error: ErrorInfo | None = None
@@ -261,12 +279,12 @@ class JobRunner:
                 raise DeadlineExceeded("the job was still queued at its deadline; it never started")
             if job.cancel_requested:
                 raise asyncio.CancelledError
-            ids = await asyncio.to_thread(self.prompt_ids, msg)
+            pre = await self._prepared(msg, prepared)
+            ids = pre.ids
             progress.prompt_tokens = len(ids)
             params = self.sampling_params(msg, len(ids))
             calls = self._tool_calls(msg)
-            echo = await asyncio.to_thread(self.echo_text, msg, ids) if msg.request.echo else None
-            prompt = PromptReturn(ids, echo, msg.request.logprobs, self.host.tokenizer)
+            prompt = PromptReturn(ids, pre.echo, msg.request.logprobs, self.host.tokenizer)
             try:
                 async with asyncio.timeout(left if left != float("inf") else None):
                     await self._generate(msg.id, job.attempt, ids, params, progress, msg.request.priority, prompt,
@@ -314,6 +332,16 @@ class JobRunner:
                     self.writer.forget(msg.id, job.attempt)
                     self._first_token_notes.pop((msg.id, job.attempt), None)  # an attempt ended without _end
         return written
+
+    async def _prepared(self, msg: JobMessage, fut: concurrent.futures.Future[Prepared] | None) -> Prepared:
+        """The job's prompt: from the caller's thread if it made it (usually done by the time the
+        claim is back: no hand-off at all), else tokenized on a thread now. Raises what
+        :meth:`prepare` raised (a refused chat template, token ids outside the vocabulary)."""
+        if fut is None:
+            return await asyncio.to_thread(self.prepare, msg)
+        if not fut.done():
+            await asyncio.wrap_future(fut)
+        return fut.result()
 
     def _take_over(self, job_id: str, job: ActiveJob) -> bool:
         """Register a run whose claim was won. If this worker still runs an earlier attempt of the

@@ -16,6 +16,7 @@ Created once per process from Celery's ``worker_init`` signal.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import gc
 import logging
 import os
@@ -42,7 +43,7 @@ from inferq.worker.engine import EngineHost
 from inferq.worker.handback import LocalHandBack
 from inferq.worker.heartbeat import Heartbeat
 from inferq.worker.reaper import Reaper
-from inferq.worker.runner import JobRunner
+from inferq.worker.runner import JobRunner, Prepared
 from inferq.worker.undecodable import fail_undecodable
 from inferq.worker.writer import EventWriter
 
@@ -115,7 +116,18 @@ class WorkerRuntime:
         assert self.runner is not None, "worker runtime not started"
         if self.death.triggered:  # about to exit: leave the job (e.g. one just handed back) to another worker
             raise Reject("the engine is dead", requeue=True)
-        return self.host.run(self.runner.run(msg))
+        # the prompt is tokenized on this thread (it would wait anyway) while the engine loop
+        # claims the job: no hand-off to a tokenizing thread on the job's way to the engine
+        prepared: concurrent.futures.Future[Prepared] = concurrent.futures.Future()
+        result = self.host.submit(self.runner.run(msg, prepared))
+        if prepared.set_running_or_notify_cancel():  # False: the run ended without waiting for it
+            try:
+                prepared.set_result(self.runner.prepare(msg))
+            except BaseException as e:  # raised where the run reads it, after its claim
+                prepared.set_exception(e)
+                if not isinstance(e, Exception):
+                    raise
+        return result.result()
 
     def drain(self) -> None:
         """SIGTERM (Celery has stopped consuming): announce draining in the next beat, let held
