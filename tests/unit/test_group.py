@@ -7,6 +7,7 @@ import multiprocessing
 import os
 import signal
 import time
+from typing import Any
 
 import pytest
 
@@ -16,16 +17,20 @@ from inferq.worker.group import Frontend, _Stopping, _supervise, frontend_slots
 CTX = multiprocessing.get_context("fork")
 
 
-def _serve(exit_code: int, after_s: float | None, on_term: int) -> None:
+def _serve(exit_code: int, after_s: float | None, on_term: int, ready: Any) -> None:
     """A frontend stand-in: exit ``exit_code`` after ``after_s`` (None: never), ``on_term`` on SIGTERM."""
     signal.signal(signal.SIGTERM, lambda *_: os._exit(on_term))
+    ready.set()
     time.sleep(after_s if after_s is not None else 60)
     os._exit(exit_code)
 
 
 def start(exit_code: int = 0, after_s: float | None = None, on_term: int = 0) -> multiprocessing.Process:
-    p = CTX.Process(target=_serve, args=(exit_code, after_s, on_term))
+    """Started, with its SIGTERM handler in place (a signal sent before would kill it outright)."""
+    ready = CTX.Event()
+    p = CTX.Process(target=_serve, args=(exit_code, after_s, on_term, ready))
     p.start()
+    assert ready.wait(30), "the stand-in did not start"
     return p
 
 
