@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -184,3 +185,23 @@ async def naive_generate(client: httpx.AsyncClient, index: int, body: dict[str, 
     r.prompt_tokens = out.get("prompt_tokens")
     timer.done(expected)
     return r
+
+
+Send = Callable[[int, dict[str, Any]], Awaitable[RequestResult]]
+
+
+def sender(kind: str, http: httpx.AsyncClient, base: str, path: str, expected: int,
+           headers: dict[str, str], poll_interval_s: float = 0.02) -> Send:
+    """The coroutine that sends one request of a target of ``kind`` and measures it."""
+    ws_base = base.replace("http://", "ws://").replace("https://", "wss://")
+
+    async def send(i: int, body: dict[str, Any]) -> RequestResult:
+        if kind == "inferq-ws":
+            return await ws_generate(ws_base, i, body, expected, headers)
+        if kind in ("vllm-serve", "inferq-sse"):
+            return await sse_stream(http, path, i, body, expected)
+        if kind == "inferq-rest":
+            return await rest_poll(http, i, body, expected, poll_interval_s)
+        return await naive_generate(http, i, body, expected)
+
+    return send

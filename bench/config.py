@@ -84,6 +84,9 @@ class Workload:
     naive_batch_window_ms: float = 50.0
     naive_dtype: str = "auto"
     inprocess_env: dict[str, str] = field(default_factory=dict)
+    # processes the load client of the HTTP targets is spread over (bench/clientprocs.py): one
+    # Python process reads some tens of thousands of streamed chunks a second at most
+    client_processes: int = 1
 
     def levels(self, t: Target) -> list[Level]:
         rates = t.request_rate if t.request_rate is not None else (None if t.concurrency else self.request_rate)
@@ -162,6 +165,8 @@ def parse_workload(raw: dict[str, Any]) -> Workload:
             w.requests_for(t, lv)
     if w.repeats < 1:
         raise ValueError("repeats must be >= 1")
+    if w.client_processes < 1:
+        raise ValueError("client_processes must be >= 1")
     if w.prompt_len < 2 or w.output_len < 1:
         raise ValueError("prompt_len must be >= 2 and output_len >= 1")
     return w

@@ -109,8 +109,10 @@ def _comm(path: str) -> str:
         return f.read().strip()
 
 
+#: The load client: the harness itself and its client processes (bench/clientprocs.py).
+CLIENT_ROLE = "load client"
 #: (what a process's command line holds, the role it is named by), first match wins.
-ROLES = (("redis-server", "redis"), ("vllm.entrypoints", "vllm-serve"), ("inferq.cli api", "gateway"),
+ROLES = (("bench.clientprocs", CLIENT_ROLE), ("redis-server", "redis"), ("vllm.entrypoints", "vllm-serve"), ("inferq.cli api", "gateway"),
          ("inferq.cli worker", "worker"), ("celeryd", "worker"), ("multiprocessing.spawn", "worker frontend"),
          ("bench.naive_server", "naive server"))
 
@@ -130,7 +132,8 @@ ThreadKey = tuple[int, int]  # (pid, tid)
 
 def thread_times() -> dict[ThreadKey, tuple[str, float]] | None:
     """CPU seconds of every thread of the harness's descendants outside the engine, named
-    ``process-comm/thread-comm`` (the harness's own process, i.e. the load client, is left out)."""
+    ``process-comm/thread-comm`` (the load client, the harness's own process and any client
+    processes of it, is left out)."""
     try:
         root = int(os.environ.get(ROOT_ENV, os.getpid()))
         out: dict[ThreadKey, tuple[str, float]] = {}
@@ -140,6 +143,8 @@ def thread_times() -> dict[ThreadKey, tuple[str, float]] | None:
                 if pname.startswith(ENGINE_PROCESS_PREFIXES) or pid == os.getpid():
                     continue
                 role = _role(pid, pname)
+                if role == CLIENT_ROLE:  # a process of the load client (bench/clientprocs.py)
+                    continue
                 for tid in os.listdir(f"/proc/{pid}/task"):
                     path = f"/proc/{pid}/task/{tid}"
                     thread = "main thread" if int(tid) == pid else f"thread {_comm(path)}"
@@ -164,9 +169,9 @@ def busiest_thread(before: dict[ThreadKey, tuple[str, float]] | None,
     return name, cpu
 
 
-#: The roles a stack's CPU is split into besides :data:`ROLES`: the engine's own processes, the
-#: harness itself (the load client) and the in-process target's engine client.
-ENGINE_ROLE, CLIENT_ROLE = "engine", "load client"
+#: The roles a stack's CPU is split into besides :data:`ROLES`: the engine's own processes and
+#: the in-process target's engine client.
+ENGINE_ROLE = "engine"
 ProcKey = tuple[int, float]  # (pid, start time): a pid reused within a level is another process
 
 

@@ -129,12 +129,18 @@ async def run_level(level: Level, requests: Sequence[tuple[int, Any]], send: Sen
 Plan = list[tuple[Level, list[list[tuple[int, Any]]]]]  # per level: the requests of each repeat
 
 
+RunLevel = Callable[[Level, Sequence[tuple[int, Any]], Send, float, int],
+                   Awaitable[tuple[list[RequestResult], float]]]
+
+
 async def drive(send: Send, warmup: Sequence[tuple[int, Any]], plan: Plan, timeout: float,
-                seed: int = 0, log: Callable[[str], None] = print) -> dict[str, dict[str, Any]]:
+                seed: int = 0, log: Callable[[str], None] = print,
+                run: RunLevel = run_level) -> dict[str, dict[str, Any]]:
     """Warm up (results dropped; any failure is reported), then run each level in turn, once per
-    repeat (each repeat with its own requests)."""
+    repeat (each repeat with its own requests). ``run``: how one level runs (here, or spread
+    over client processes: bench/clientprocs.py)."""
     if warmup:
-        res, _ = await run_level(Level("closed", min(2, len(warmup))), warmup, send, timeout, seed)
+        res, _ = await run(Level("closed", min(2, len(warmup))), warmup, send, timeout, seed)
         bad = [r.error for r in res if not r.ok]
         log(f"    warm-up: {len(res) - len(bad)}/{len(res)} ok" + (f" ({bad[0]})" if bad else ""))
     out: dict[str, dict[str, Any]] = {}
@@ -142,7 +148,7 @@ async def drive(send: Send, warmup: Sequence[tuple[int, Any]], plan: Plan, timeo
         runs = []
         for k, requests in enumerate(repeats):
             before, threads, procs = cpu.sample(), cpu.thread_times(), cpu.process_times()
-            res, wall = await run_level(level, requests, send, timeout, seed + k)
+            res, wall = await run(level, requests, send, timeout, seed + k)
             use: dict[str, Any] = cpu.shares(before, cpu.sample(), wall)
             use["cpu_by_role"] = cpu.by_role(procs, cpu.process_times())
             use["busiest_thread"], use["busiest_thread_cpu_s"] = cpu.busiest_thread(threads, cpu.thread_times())

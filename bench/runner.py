@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import clients, cpu
+from bench.clientprocs import ClientPool, SendSpec
 from bench.config import INFERQ_KINDS, SSE_KINDS, STREAMING_KINDS, Target, Workload
 from bench.load import drive
 from bench.metrics import add_ratios, combine_runs, summarize_level, summary_rows
@@ -126,8 +127,8 @@ async def run_http_target(w: Workload, t: Target, prompts: Prompts, salt: int, b
                           api_key: str | None = None) -> dict:
     """An inferq client path, vLLM's own server or a naive server, driven from this process."""
     common = {"max_tokens": w.output_len, "temperature": w.temperature, "ignore_eos": True}
-    ws_base = base.replace("http://", "ws://").replace("https://", "wss://")
     headers = clients.auth_headers(api_key) if t.kind in INFERQ_KINDS else {}
+    path = ""
     async with clients.http_client(base, headers) as http:
         if t.kind in SSE_KINDS:
             model = await _served_model(http, t.kind)
@@ -140,18 +141,13 @@ async def run_http_target(w: Workload, t: Target, prompts: Prompts, salt: int, b
         else:
             make = lambda i, text: {"prompt": text, **common}  # noqa: E731
         warm, plan = prompts.payloads(t, salt, make)
-        exp = w.output_len
-
-        async def send(i: int, body: dict[str, Any]) -> Any:
-            if t.kind == "inferq-ws":
-                return await clients.ws_generate(ws_base, i, body, exp, headers)
-            if t.kind in SSE_KINDS:
-                return await clients.sse_stream(http, path, i, body, exp)
-            if t.kind == "inferq-rest":
-                return await clients.rest_poll(http, i, body, exp, t.poll_interval_ms / 1000)
-            return await clients.naive_generate(http, i, body, exp)
-
-        levels = await drive(send, warm, plan, w.request_timeout_s, w.seed, _log)
+        spec = SendSpec(t.kind, base, path, w.output_len, headers, t.poll_interval_ms / 1000)
+        send = clients.sender(spec.kind, http, base, path, spec.expected, headers, spec.poll_interval_s)
+        if w.client_processes > 1:
+            async with ClientPool(w.client_processes, spec, w.request_timeout_s) as pool:
+                levels = await drive(send, warm, plan, w.request_timeout_s, w.seed, _log, run=pool.run_level)
+        else:
+            levels = await drive(send, warm, plan, w.request_timeout_s, w.seed, _log)
     if t.kind in ("inferq-ws", "inferq-sse"):
         await _fill_stages(base, levels, headers)
     return _levels_json(levels, t.kind in STREAMING_KINDS)

@@ -32,6 +32,18 @@ def test_bench_smoke(tmp_path: Path, stack) -> None:
         assert all(v is not None and v >= 0 for v in stages), (name, stages)
 
 
+def test_bench_smoke_with_the_client_over_processes(tmp_path: Path, stack) -> None:
+    raw = json.loads((CONFIGS / "smoke-test.json").read_text())
+    config = tmp_path / "smoke-procs.json"
+    config.write_text(json.dumps({**raw, "client_processes": 2, "num_requests": 5}))
+    doc = run_and_check(config, tmp_path / "bench", timeout=300, base_url=stack.base)
+    for name in ("inferq-ws", "inferq-sse"):  # each request ran once, on one of the processes
+        runs = doc["targets"][name]["levels"]["c=2"]["runs"]
+        seen = [r["index"] for run in runs for r in run["requests"]]
+        assert len(seen) == len(set(seen)) == 10, (name, seen)
+        assert all(r["job_id"] for run in runs for r in run["requests"]), name
+
+
 @pytest.mark.heavy
 def test_bench_tiny_end_to_end(tmp_path: Path) -> None:
     run_and_check(CONFIGS / "tiny-test.json", tmp_path / "bench", timeout=420)
