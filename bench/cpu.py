@@ -113,17 +113,22 @@ def _comm(path: str) -> str:
 CLIENT_ROLE = "load client"
 #: (what a process's command line holds, the role it is named by), first match wins.
 ROLES = (("bench.clientprocs", CLIENT_ROLE), ("redis-server", "redis"), ("vllm.entrypoints", "vllm-serve"), ("inferq.cli api", "gateway"),
-         ("inferq.cli worker", "worker"), ("celeryd", "worker"), ("multiprocessing.spawn", "worker frontend"),
-         ("bench.naive_server", "naive server"))
+         ("inferq.cli worker", "worker"), ("celeryd", "worker"), ("bench.naive_server", "naive server"))
+SPAWNED = "multiprocessing.spawn"  # a child started by multiprocessing: named after its parent
 
 
-def _role(pid: int, comm: str) -> str:
-    """What a process of a stack is (its command line read against :data:`ROLES`)."""
+def _role(pid: int, comm: str, procs: dict[int, tuple[int, float]]) -> str:
+    """What a process of a stack is (its command line read against :data:`ROLES`). A process that
+    multiprocessing spawned is one of the gateway's (uvicorn's workers) if its parent is the
+    gateway, else a frontend of an engine group (worker/group.py)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return comm
+    if SPAWNED in cmd:
+        parent = procs.get(pid, (0, 0.0))[0]
+        return "gateway" if parent and _role(parent, "", procs) == "gateway" else "worker frontend"
     return next((role for marker, role in ROLES if marker in cmd), comm)
 
 
@@ -137,12 +142,13 @@ def thread_times() -> dict[ThreadKey, tuple[str, float]] | None:
     try:
         root = int(os.environ.get(ROOT_ENV, os.getpid()))
         out: dict[ThreadKey, tuple[str, float]] = {}
-        for pid in _descendants(root, _processes()):
+        procs = _processes()
+        for pid in _descendants(root, procs):
             try:
                 pname = _comm(f"/proc/{pid}")
                 if pname.startswith(ENGINE_PROCESS_PREFIXES) or pid == os.getpid():
                     continue
-                role = _role(pid, pname)
+                role = _role(pid, pname, procs)
                 if role == CLIENT_ROLE:  # a process of the load client (bench/clientprocs.py)
                     continue
                 for tid in os.listdir(f"/proc/{pid}/task"):
@@ -181,11 +187,12 @@ def process_times() -> dict[ProcKey, tuple[str, float]] | None:
     try:
         root = int(os.environ.get(ROOT_ENV, os.getpid()))
         out: dict[ProcKey, tuple[str, float]] = {}
-        for pid in [root, *_descendants(root, _processes())]:
+        procs = _processes()
+        for pid in [root, *_descendants(root, procs)]:
             try:
                 fields, pname = _stat(f"/proc/{pid}"), _comm(f"/proc/{pid}")
                 role = (CLIENT_ROLE if pid == root else ENGINE_ROLE if pname.startswith(ENGINE_PROCESS_PREFIXES)
-                        else "in-process client" if pid == os.getpid() else _role(pid, pname))
+                        else "in-process client" if pid == os.getpid() else _role(pid, pname, procs))
                 out[(pid, float(fields[19]))] = (role, _cpu_s(fields))
             except (OSError, IndexError, ValueError):
                 continue  # exited meanwhile
