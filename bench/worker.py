@@ -89,9 +89,25 @@ async def _records(store: JobStore, n: int, tokens: int) -> list[JobMessage]:
     return msgs
 
 
+def _writes() -> tuple[float, float]:
+    """The event writer's round trips and events so far (its batch-size histogram, every model)."""
+    from prometheus_client import REGISTRY
+
+    trips = events = 0.0
+    for metric in REGISTRY.collect():
+        if metric.name == "inferq_worker_event_batch_size":
+            for sample in metric.samples:
+                if sample.name.endswith("_count"):
+                    trips += sample.value
+                elif sample.name.endswith("_sum"):
+                    events += sample.value
+    return trips, events
+
+
 def run_level(runtime: Any, store_run: Any, jobs: int, tokens: int, step_s: float) -> dict[str, Any]:
     msgs = store_run(jobs, tokens)
     proc = psutil.Process()
+    trips0, events0 = _writes()
     before_t, before_c, t0 = _threads(), sum(proc.cpu_times()[:2]), time.perf_counter()
     with ThreadPoolExecutor(jobs, "celery-like") as pool:
         statuses = list(pool.map(runtime.run_job, msgs))
@@ -100,6 +116,8 @@ def run_level(runtime: Any, store_run: Any, jobs: int, tokens: int, step_s: floa
     after_t = _threads()
     per_thread = {k: v - before_t.get(k, 0.0) for k, v in after_t.items()}
     busiest = max(per_thread, key=lambda k: per_thread[k])
+    trips1, events1 = _writes()
+    trips, events = trips1 - trips0, events1 - events0
     done = sum(1 for s in statuses if s is not None and s.value == "succeeded")
     written = done * tokens
     k = 1000 / written if written else float("nan")
@@ -108,6 +126,9 @@ def run_level(runtime: Any, store_run: Any, jobs: int, tokens: int, step_s: floa
             "cpu_s_per_1k_tokens": round(cpu * k, 4),
             "busiest_thread": busiest, "busiest_cpu_s_per_1k_tokens": round(per_thread[busiest] * k, 4),
             "busiest_core_share": round(per_thread[busiest] / wall, 3),
+            # how the writer batched: Redis round trips, events per round trip, tokens per event
+            "round_trips": int(trips), "events_per_round_trip": round(events / trips, 1) if trips else None,
+            "tokens_per_event": round(written / events, 2) if events else None,
             "threads_cpu_s": {n: round(v, 3) for n, v in sorted(per_thread.items(), key=lambda x: -x[1])[:6]}}
 
 
@@ -162,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{jobs:>5} jobs: {med['written_tok_s']:>9.0f} tok/s written (offered {med['offered_tok_s']:.0f}), "
                   f"{med['cpu_s_per_1k_tokens']:.3f} CPU-s/1k tokens in all, busiest thread "
                   f"{med['busiest_thread']!r} {med['busiest_cpu_s_per_1k_tokens']:.3f} CPU-s/1k tokens "
-                  f"({med['busiest_core_share']:.0%} of a core)", flush=True)
+                  f"({med['busiest_core_share']:.0%} of a core); {med['events_per_round_trip']} events per round "
+                  f"trip, {med['tokens_per_event']} tokens per event", flush=True)
         runtime.stop()
         loop.stop()
     doc = {"benchmark": "worker-alone", "cpu": cpu_model(), "cpus": os.cpu_count(), "step_ms": a.step_ms,
