@@ -41,7 +41,7 @@ from inferq.shared.schemas import (
 )
 from inferq.shared import tracing
 from inferq.shared.logs import job_context
-from inferq.shared.redis import redis_retrying
+from inferq.shared.redis import retried
 from inferq.shared.request_limits import check_token_ids
 from inferq.shared.store import JobStore
 from inferq.worker.engine import EngineHost
@@ -256,9 +256,7 @@ class JobRunner:
             claim, token = None, secrets.token_hex(8)  # a retried claim whose answer was lost is still ours
             self._claiming.setdefault(msg.id, []).append(job)
             try:
-                async for retry in redis_retrying():
-                    with retry:
-                        claim = await self.store.claim(msg.id, self.worker_id, token)
+                claim = await retried(lambda: self.store.claim(msg.id, self.worker_id, token))
             finally:
                 self._claiming[msg.id].remove(job)
                 if not self._claiming[msg.id]:
@@ -495,9 +493,7 @@ class JobRunner:
         while True:
             try:
                 async with asyncio.timeout(budget):  # a Redis that does not answer at all counts too
-                    async for retry in redis_retrying(budget):
-                        with retry:
-                            return await op()
+                    return await retried(op, budget)
             except (RedisConnectionError, RedisTimeoutError, OSError) as e:
                 log.error("could not %s (%s: %s); trying again", what, type(e).__name__,
                           str(e) or f"no answer in {budget:g} s")
@@ -507,11 +503,12 @@ class JobRunner:
     async def _finish(self, job_id: str, attempt: int, status: JobStatus, p: Progress,
                       error: ErrorInfo | None) -> JobStatus | None:
         n = max([*p.texts, *p.finish, 0]) + 1
-        ends = [p.finish.get(i, ChoiceEnd(index=i, finish_reason=None)) for i in range(n)]
+        ends = [p.finish.get(i) or ChoiceEnd(index=i, finish_reason=None) for i in range(n)]
         if status is JobStatus.cancelled:
             ends = [ChoiceEnd(index=e.index, finish_reason=e.finish_reason or "cancelled") for e in ends]
         choices = [ChoiceView(index=i, text=p.texts.get(i, ""), finish_reason=ends[i].finish_reason) for i in range(n)]
-        fields: dict[str, object] = dict(status=status, finished_at=time.time(), usage=p.usage(),
+        usage = p.usage()
+        fields: dict[str, object] = dict(status=status, finished_at=time.time(), usage=usage,
                                          choices=[c.model_dump() for c in choices],
                                          finish_reason=ends[0].finish_reason)
         event: DoneEvent | ErrorEvent
@@ -520,7 +517,7 @@ class JobRunner:
             event = ErrorEvent(seq=p.seq + 1, error=error)
         else:
             event = DoneEvent(seq=p.seq + 1, status=status, finish_reason=ends[0].finish_reason,
-                              choices=ends, usage=p.usage())
+                              choices=ends, usage=usage)
         # the end check (in Redis): a `succeeded` or `cancelled` end must directly follow every event
         # this attempt wrote; a failure's end goes after whatever its log holds
         try:

@@ -16,7 +16,7 @@ import asyncio
 import logging
 import time
 
-from inferq.shared.redis import redis_retrying
+from inferq.shared.redis import retried
 from inferq.shared.schemas import TokenEvent
 from inferq.shared.store import Event, JobStore, is_duplicate_id
 from inferq.worker.metrics import EVENT_BATCH, EVENT_WRITE
@@ -129,9 +129,7 @@ class EventWriter:
     async def _send(self, items: list[tuple[str, int, Event]]) -> list[Exception | bool]:
         try:
             async with asyncio.timeout(self.budget_s):  # a Redis that does not answer at all counts too
-                async for attempt in redis_retrying(self.budget_s):
-                    with attempt:
-                        return await self.store.append(items)
+                return await retried(lambda: self.store.append(items), self.budget_s)
         except Exception as e:  # Redis unreachable past the budget: these attempts cannot stream
             if isinstance(e, TimeoutError) and not str(e):
                 e = TimeoutError(f"no answer from Redis in {self.budget_s:g} s")
@@ -139,7 +137,6 @@ class EventWriter:
             log.error("could not write %d events of %d jobs (%s: %s); their attempts stop: %s",
                       len(items), len(jobs), type(e).__name__, e, ", ".join(jobs[:8]))
             return [e] * len(items)
-        raise AssertionError("unreachable")
 
     async def stop(self) -> None:
         if self._task is not None:
