@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run the H200 benchmarks on a 2-GPU machine prepared with ../shared/gpu (setup-device.sh sourced).
 #   bench/gpu/run.sh serving   # GPU 0: in-process vs inferq; GPU 1 at the same time: naive HF
-#   bench/gpu/run.sh scaling   # inferq with 1 worker vs 2 workers (one per GPU)
+#   bench/gpu/run.sh scaling   # inferq with 1 worker vs 2 workers (one per GPU); scaling-1b: 1B shapes
 #   bench/gpu/run.sh peer-refs; bench/gpu/run.sh peer-inferq   # one H200, two calls: in-process +
 #       vllm serve, then inferq (every level 3 times); then locally:
 #       python -m bench.merge OUT.json refs-results.json inferq-results.json
@@ -56,7 +56,8 @@ case "${1:-serving}" in
     timeout 420 python3 -m bench run --config bench/configs/h200-llama1b-highrate.json --out /tmp/b-1b > /tmp/b-1b.log 2>&1
     timeout 120 python3 -m bench worker --jobs 64,256,1024 --tokens 256 --step-ms 5 --out "$out/worker-alone.json" > /tmp/b-w.log 2>&1
     collect highrate /tmp/b-1b; tail -n 24 /tmp/b-1b.log; tail -n 4 /tmp/b-w.log ;;
-  scaling)
-    timeout 560 python3 -m bench run --config bench/configs/h200x2-mistral7b.json --out /tmp/b-x2 > /tmp/b-x2.log 2>&1
-    collect x2 /tmp/b-x2; tail -n 30 /tmp/b-x2.log ;;
+  scaling|scaling-1b)  # 1 worker vs 2 on a 2-GPU machine, 7B (scaling) or 1B shapes (scaling-1b)
+    cfg=h200x2-mistral7b; [ "$1" = scaling-1b ] && cfg=h200x2-llama1b
+    timeout 560 python3 -m bench run --config bench/configs/$cfg.json --out /tmp/b-$cfg > /tmp/b-$cfg.log 2>&1
+    collect $cfg /tmp/b-$cfg; tail -n 30 /tmp/b-$cfg.log ;;
 esac
