@@ -19,10 +19,12 @@ import json
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from types import TracebackType
 from typing import Any
 
+from bench import clients
+from bench.clients import SendSpec
 from bench.config import Level
 from bench.load import RequestResult, Send, run_level
 from bench.stack import ROOT
@@ -30,26 +32,14 @@ from bench.stack import ROOT
 LINE_LIMIT = 1 << 30  # a share's results (every request's chunk gaps) in one line
 
 
-@dataclass(frozen=True)
-class SendSpec:
-    """What a client process needs to send one target's requests (see clients.sender)."""
-
-    kind: str
-    base: str
-    path: str
-    expected: int
-    headers: dict[str, str]
-    poll_interval_s: float = 0.02
-
-
 def shares(level: Level, requests: Sequence[tuple[int, Any]], n: int) -> list[tuple[Level, list[tuple[int, Any]]]]:
     """Each process's level and requests (processes with none are left out)."""
     if level.mode == "closed":
-        clients = max(1, int(level.value))
-        owner = [slot % n for slot in range(clients)]
+        slots = max(1, int(level.value))
+        owner = [slot % n for slot in range(slots)]
         out = []
         for p in range(n):
-            mine = [req for j, req in enumerate(requests) if owner[j % clients] == p]
+            mine = [req for j, req in enumerate(requests) if owner[j % slots] == p]
             if mine:
                 out.append((Level("closed", float(owner.count(p))), mine))
         return out
@@ -113,11 +103,9 @@ class ClientPool:
 
 
 async def _serve(arg: dict[str, Any]) -> None:
-    from bench import clients
-
     s = SendSpec(**arg["send"])
     async with clients.http_client(s.base, s.headers) as http:
-        send = clients.sender(s.kind, http, s.base, s.path, s.expected, s.headers, s.poll_interval_s)
+        send = clients.sender(s, http)
         print(json.dumps({"ready": True}), flush=True)
         while line := await asyncio.to_thread(sys.stdin.readline):
             job = json.loads(line)

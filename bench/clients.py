@@ -10,12 +10,13 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
-from bench.load import RequestResult, Timer
+from bench.config import SSE_KINDS
+from bench.load import RequestResult, Send, Timer
 from inferq.shared.schemas import TERMINAL_STATUSES
 
 
@@ -187,21 +188,31 @@ async def naive_generate(client: httpx.AsyncClient, index: int, body: dict[str, 
     return r
 
 
-Send = Callable[[int, dict[str, Any]], Awaitable[RequestResult]]
+@dataclass(frozen=True)
+class SendSpec:
+    """How one target's requests are sent: its kind, the server, the SSE path, the output length
+    each request must reach, the headers and the REST poll interval."""
+
+    kind: str
+    base: str
+    path: str
+    expected: int
+    headers: dict[str, str]
+    poll_interval_s: float = 0.02
 
 
-def sender(kind: str, http: httpx.AsyncClient, base: str, path: str, expected: int,
-           headers: dict[str, str], poll_interval_s: float = 0.02) -> Send:
-    """The coroutine that sends one request of a target of ``kind`` and measures it."""
-    ws_base = base.replace("http://", "ws://").replace("https://", "wss://")
+def sender(spec: SendSpec, http: httpx.AsyncClient) -> Send:
+    """The coroutine that sends one request of the target and measures it."""
+    ws_base = spec.base.replace("http://", "ws://").replace("https://", "wss://")
+    kind, path, expected = spec.kind, spec.path, spec.expected
 
-    async def send(i: int, body: dict[str, Any]) -> RequestResult:
+    async def send(i: int, body: Any) -> RequestResult:
         if kind == "inferq-ws":
-            return await ws_generate(ws_base, i, body, expected, headers)
-        if kind in ("vllm-serve", "inferq-sse"):
+            return await ws_generate(ws_base, i, body, expected, spec.headers)
+        if kind in SSE_KINDS:
             return await sse_stream(http, path, i, body, expected)
         if kind == "inferq-rest":
-            return await rest_poll(http, i, body, expected, poll_interval_s)
+            return await rest_poll(http, i, body, expected, spec.poll_interval_s)
         return await naive_generate(http, i, body, expected)
 
     return send

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import clients, cpu
-from bench.clientprocs import ClientPool, SendSpec
+from bench.clientprocs import ClientPool
 from bench.config import INFERQ_KINDS, SSE_KINDS, STREAMING_KINDS, Target, Workload
 from bench.load import drive
 from bench.metrics import add_ratios, combine_runs, summarize_level, summary_rows
@@ -141,8 +141,8 @@ async def run_http_target(w: Workload, t: Target, prompts: Prompts, salt: int, b
         else:
             make = lambda i, text: {"prompt": text, **common}  # noqa: E731
         warm, plan = prompts.payloads(t, salt, make)
-        spec = SendSpec(t.kind, base, path, w.output_len, headers, t.poll_interval_ms / 1000)
-        send = clients.sender(spec.kind, http, base, path, spec.expected, headers, spec.poll_interval_s)
+        spec = clients.SendSpec(t.kind, base, path, w.output_len, headers, t.poll_interval_ms / 1000)
+        send = clients.sender(spec, http)
         if w.client_processes > 1:
             async with ClientPool(w.client_processes, spec, w.request_timeout_s) as pool:
                 levels = await drive(send, warm, plan, w.request_timeout_s, w.seed, _log, run=pool.run_level)

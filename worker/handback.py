@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from inferq.shared.redis import redis_retrying
+from inferq.shared.redis import retried
 from inferq.shared.store import JobStore
 from inferq.worker.runner import ActiveJob, JobRunner
 from inferq.worker.unacked import Send
@@ -60,11 +60,8 @@ class LocalHandBack:
         return await asyncio.shield(task)
 
     async def _hand_back(self, job_id: str, attempt: int, reason: str) -> str:
-        async for retry in redis_retrying():
-            with retry:
-                return await hand_back(self.store, self.send, job_id, self.worker_id, attempt or None,
-                                       reason, self.max_attempts)
-        raise AssertionError("unreachable")
+        return await retried(lambda: hand_back(self.store, self.send, job_id, self.worker_id, attempt or None,
+                                               reason, self.max_attempts))
 
     async def all(self, reason: str) -> None:
         """Hand back every active job and end its run (no end written); return when every

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from inferq.shared import keys
 from inferq.shared.errors import InvalidRequest
-from inferq.shared.redis import redis_retrying
+from inferq.shared.redis import retried
 from inferq.shared.schemas import ErrorInfo
 from inferq.shared.store import JobStore
 
@@ -46,9 +46,7 @@ async def fail_undecodable(store: JobStore, job_id: str, error: Exception) -> bo
     reason = InvalidRequest(f"the worker could not decode the job's message ({detail[:300]})",
                             code="undecodable_job")
     try:
-        async for attempt in redis_retrying():
-            with attempt:
-                failed = await store.fail_queued(job_id, ErrorInfo.of(reason))
+        failed = await retried(lambda: store.fail_queued(job_id, ErrorInfo.of(reason)))
     except Exception as e:  # Redis away: the job stays queued, the reaper re-sends it, we try again
         log.error("job %s: undecodable message, and could not fail the job: %s", job_id, e)
         return False
