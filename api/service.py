@@ -8,6 +8,7 @@ and OpenAI routes all go through here.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import time
@@ -41,9 +42,9 @@ from inferq.shared.celery_app import job_message
 log = logging.getLogger(__name__)
 
 
-#: How long a gateway goes on trusting that a model it saw served still is (its workers' limits).
+#: How long a gateway uses what it saw of a model's workers without looking again; after that, up to
+#: a worker TTL, it still answers from what it saw while it looks again in the background.
 WORKERS_CACHE_S = 1.0
-
 
 def new_job_id() -> str:
     """128 random bits: job ids are unguessable."""
@@ -70,6 +71,7 @@ class JobService:
         self.store = store
         self.celery = celery
         self._served: dict[str, tuple[float, WorkerInfo]] = {}  # model -> (when seen, one live worker)
+        self._looking: dict[str, asyncio.Task[None]] = {}  # model -> its background look-up
 
     async def live_workers(self, model: str) -> list[WorkerInfo]:
         ids = await self.redis.zrangebyscore(keys.workers(model), time.time() - self.settings.worker_ttl_s, "+inf")
@@ -81,20 +83,42 @@ class JobService:
 
     async def resolve_model(self, requested: str | None) -> tuple[str, WorkerInfo | None]:
         """The model name to queue for, and one live worker's description of it (if any). A model
-        found served is remembered for :data:`WORKERS_CACHE_S` (submissions do not each read the
-        registry); one found unserved is looked up again on the next request."""
+        found served is remembered: for :data:`WORKERS_CACHE_S` as it is, then, up to a worker TTL
+        after it was last seen, while one background look-up refreshes it (a submission reads the
+        registry only for a model not seen served lately). One found unserved is looked up again on
+        the next request."""
         model = requested or self.settings.model_name
         seen = self._served.get(model)
-        if seen is not None and time.monotonic() - seen[0] < WORKERS_CACHE_S:
-            return model, seen[1]
-        workers = await self.live_workers(model)
-        if workers:
-            if len(self._served) > 1024:  # only names workers announced get here; bound it anyway
-                self._served.clear()
-            self._served[model] = (time.monotonic(), workers[0])
-        if not workers and model != self.settings.model_name:
+        if seen is not None:
+            age = time.monotonic() - seen[0]
+            if age >= WORKERS_CACHE_S and model not in self._looking:
+                task = asyncio.get_running_loop().create_task(self._look_up(model, background=True))
+                self._looking[model] = task
+                task.add_done_callback(lambda _t: self._looking.pop(model, None))
+            if age < self.settings.worker_ttl_s:
+                return model, seen[1]
+        info = await self._look_up(model)
+        if info is None and model != self.settings.model_name:
             raise NotFound(f"model {model!r} is not served here", param="model", code="model_not_found")
-        return model, (workers[0] if workers else None)
+        return model, info
+
+    async def _look_up(self, model: str, background: bool = False) -> WorkerInfo | None:
+        """Read the model's live workers; remember one (or forget the model) and return it."""
+        try:
+            workers = await self.live_workers(model)
+        except Exception:
+            if not background:
+                raise
+            log.warning("could not look up the workers of model %r (the next request tries again)", model,
+                        exc_info=True)
+            return None
+        if not workers:
+            self._served.pop(model, None)
+            return None
+        if len(self._served) > 1024:  # only names workers announced get here; bound it anyway
+            self._served.clear()
+        self._served[model] = (time.monotonic(), workers[0])
+        return workers[0]
 
     def check_context(self, req: JobRequest, info: WorkerInfo) -> None:
         """Refuse what cannot fit the context window, or what the model's workers cannot parse,

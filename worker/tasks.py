@@ -19,7 +19,7 @@ from celery.exceptions import Reject
 from inferq.shared import keys
 from inferq.shared.schemas import JobMessage, JobStatus
 from inferq.shared.settings import get_settings
-from inferq.worker import group, kombu_fix
+from inferq.worker import group, kombu_fix, kombu_pipeline
 from inferq.shared.celery_app import make_celery
 from inferq.worker.death import kill_children
 from inferq.worker.engine import EngineHost
@@ -27,6 +27,7 @@ from inferq.worker.runtime import WorkerRuntime
 from inferq.worker.undecodable import undecodable_job_id
 
 log = logging.getLogger(__name__)
+kombu_pipeline.install()  # first: kombu_fix's guards wrap what it installs
 kombu_fix.install()
 app = make_celery(get_settings())
 _runtime: WorkerRuntime | None = None
