@@ -122,6 +122,11 @@ class Settings(BaseSettings):
         default=1, ge=1, le=64, description="Worker processes feeding one engine (like vllm serve's "
         "--api-server-count): each a queue consumer with its share of max_num_seqs. Above 1, the token "
         "path of a fast engine runs on that many Python threads instead of one.")
+    gil_switch_interval_ms: float = Field(
+        default=0.5, gt=0, le=100, description="How long a worker thread may hold the GIL while another "
+        "waits for it (Python's sys.setswitchinterval; CPython's default is 5). A worker's threads (the "
+        "queue consumer, the job threads, the engine loop) mostly run briefly and then wait on I/O; after "
+        "each wait a thread needs the GIL back, and behind a busy engine loop it waited up to this long.")
     tool_call_parser: str | None = Field(
         default=None, description="vLLM tool-call parser the worker runs on outputs of requests with "
         "tool_choice 'auto' (as vllm serve --tool-call-parser: pythonic, hermes, llama3_json, mistral, ...); "

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 from inferq.shared import keys
 from inferq.shared.settings import Settings, get_settings
@@ -23,6 +24,8 @@ def run_worker(loglevel: str = "INFO") -> int:
 def consume(s: Settings, slots: int, loglevel: str) -> None:
     """Run the Celery worker with ``slots`` job slots (one per engine sequence it may fill)."""
     from inferq.worker.tasks import app  # imports the task and the engine life-cycle signals
+
+    sys.setswitchinterval(s.gil_switch_interval_ms / 1000)
 
     app.worker_main([
         "worker",
