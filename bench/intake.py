@@ -1,0 +1,148 @@
+"""Intake: how fast one worker process takes a wave of jobs off its queue, through Celery.
+
+A closed loop of N clients on N engine slots runs in waves (docs/benchmarks.md, "Levels"): N jobs
+arrive at once, and the worker's one Celery consumer thread takes them in one by one while its
+job threads and its engine loop share the same GIL. This measures that intake on any machine: a
+real ``inferq worker`` process (Celery's consumer and threads pool, kombu, the job runner, the
+event writer, heartbeat and reaper) whose engine is the paced stand-in of the worker-alone bench
+(one token per running job every ``--step-ms``: no EngineCore competing for the CPU), with the
+built-in model's real tokenizer. Each wave's jobs are written the way the gateway writes them
+(record and Celery message in one script), all at once; per wave it reports queued (created to
+the worker's claim) p50, p90 and max, and claim to first token p50. The first wave is a warm-up.
+
+``python -m bench intake [--jobs 256] [--waves 6] [--tokens 64] [--step-ms 10] [--chat]
+[--env INFERQ_GIL_SWITCH_INTERVAL_MS=5] [--out F]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from bench.stack import ROOT, Procs, base_env, free_port, start_redis
+from bench.sysinfo import cpu_model
+
+MODEL = "bench-intake"
+
+
+def serve() -> None:
+    """The worker process: ``inferq worker`` with the paced stand-in engine and the real tokenizer."""
+    from bench.standin import LoopHost
+    from bench.worker import PacedEngine
+    from inferq.shared.settings import get_settings
+    from inferq.worker import tasks
+    from inferq.worker.main import consume
+    from inferq.worker.models import resolve_model
+    from transformers import AutoTokenizer
+
+    s = get_settings()
+    tokenizer = AutoTokenizer.from_pretrained(str(resolve_model(s)))
+
+    class Host(LoopHost):
+        def start(self) -> None:
+            super().start()
+            self.submit(self.engine.clock())  # the engine steps on the engine loop, as vLLM's output handler runs
+
+    def host(settings: Any, frontend: Any) -> Host:
+        h = Host(PacedEngine(float(os.environ["BENCH_STEP_S"])), max_model_len=1 << 20, thread_name="engine-loop")
+        h.tokenizer = tokenizer
+        return h
+
+    tasks.EngineHost = host  # type: ignore[assignment,misc]
+    consume(s, s.max_num_seqs, "WARNING")
+
+
+async def _waves(url: str, a: argparse.Namespace) -> list[dict[str, Any]]:
+    from inferq.shared import keys
+    from inferq.shared.celery_app import job_message, make_celery
+    from inferq.shared.redis import make_redis
+    from inferq.shared.schemas import JobRecord, JobRequest, TERMINAL_STATUSES
+    from inferq.shared.settings import Settings
+    from inferq.shared.store import JobStore
+
+    s = Settings(redis_url=url, served_model_name=MODEL)
+    redis = make_redis(url)
+    store, app = JobStore(redis, 3600), make_celery(s)
+    deadline = time.monotonic() + 300
+    while not await redis.zcard(keys.workers(MODEL)):
+        if time.monotonic() > deadline:
+            raise RuntimeError("the worker did not register")
+        await asyncio.sleep(0.2)
+    out = []
+    text = "the quick brown fox jumps over the lazy dog " * 6
+    for wave in range(a.waves + 1):
+        recs = []
+        for i in range(a.jobs):
+            prompt = f"wave {wave} job {i} {text}"
+            req = (JobRequest(messages=[{"role": "user", "content": prompt}], max_tokens=a.tokens, ignore_eos=True)
+                   if a.chat else JobRequest(prompt=prompt, max_tokens=a.tokens, ignore_eos=True))
+            recs.append(JobRecord(id=f"job-{uuid.uuid4().hex}", model=MODEL, request=req))
+        t0 = time.time()
+        for rec in recs:
+            rec.created_at = t0
+        messages = [job_message(app, rec.message()) for rec in recs]
+        await asyncio.gather(*(store.submit(rec, q, m, 1 << 30) for rec, (q, m) in zip(recs, messages)))
+        while True:
+            await asyncio.sleep(0.25)
+            async with redis.pipeline(transaction=False) as p:
+                for rec in recs:
+                    p.hget(keys.job(rec.id), "status")
+                states = await p.execute()
+            if all(x is not None and json.loads(x) in TERMINAL_STATUSES for x in states):
+                break
+        got = [await store.get(rec.id) for rec in recs]
+        queued = sorted(g.started_at - t0 for g in got if g is not None and g.started_at)
+        first = sorted(g.first_token_at - g.started_at for g in got if g and g.first_token_at and g.started_at)
+        if wave == 0:
+            continue  # warm-up
+        row = {"wave": wave, "jobs": a.jobs, "succeeded": sum(1 for g in got if g and g.status.value == "succeeded"),
+               "queued_p50_ms": round(1e3 * queued[len(queued) // 2], 1),
+               "queued_p90_ms": round(1e3 * queued[int(len(queued) * 0.9)], 1),
+               "queued_max_ms": round(1e3 * queued[-1], 1),
+               "claim_to_first_p50_ms": round(1e3 * first[len(first) // 2], 1) if first else None}
+        out.append(row)
+        print(f"wave {wave}: queued p50 {row['queued_p50_ms']:.0f} p90 {row['queued_p90_ms']:.0f} max "
+              f"{row['queued_max_ms']:.0f} ms; claim to first token p50 {row['claim_to_first_p50_ms']} ms", flush=True)
+    await redis.aclose()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench intake", description=__doc__.split("\n\n")[0])
+    p.add_argument("--jobs", type=int, default=256, help="jobs per wave (= the worker's slots)")
+    p.add_argument("--waves", type=int, default=6, help="waves measured (after one warm-up wave)")
+    p.add_argument("--tokens", type=int, default=64, help="tokens per job")
+    p.add_argument("--step-ms", type=float, default=10.0, help="the stand-in engine's step time")
+    p.add_argument("--chat", action="store_true", help="chat messages (the chat template) instead of a prompt")
+    p.add_argument("--env", action="append", default=[], help="NAME=VALUE for the worker (repeatable)")
+    p.add_argument("--out", help="write the results as JSON here")
+    p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # the worker process itself
+    a = p.parse_args(argv)
+    if a.serve:
+        serve()
+        return 0
+    extra = dict(kv.split("=", 1) for kv in a.env)
+    with Procs(Path(os.environ.get("TMPDIR", "/tmp"))) as procs:
+        redis = procs.add(start_redis(free_port(), procs.logdir, name="redis-intake-bench"))
+        env = base_env(INFERQ_REDIS_URL=redis.url, INFERQ_SERVED_MODEL_NAME=MODEL, INFERQ_MAX_NUM_SEQS=str(a.jobs),
+                       INFERQ_LOG_LEVEL="WARNING", INFERQ_METRICS_PORT="0", BENCH_STEP_S=str(a.step_ms / 1000),
+                       PYTHONPATH=str(ROOT), **extra)
+        procs.start("worker-intake-bench", [sys.executable, "-m", "bench", "intake", "--serve"], env, cwd=ROOT)
+        waves = asyncio.run(_waves(redis.url, a))
+    med = {k: statistics.median(w[k] for w in waves) for k in ("queued_p50_ms", "queued_p90_ms", "queued_max_ms")}
+    print(f"median of {len(waves)} waves: queued p50 {med['queued_p50_ms']:.0f}, p90 {med['queued_p90_ms']:.0f}, "
+          f"max {med['queued_max_ms']:.0f} ms")
+    doc = {"benchmark": "worker-intake", "cpu": cpu_model(), "cpus": os.cpu_count(), "jobs": a.jobs,
+           "tokens_per_job": a.tokens, "step_ms": a.step_ms, "chat": a.chat, "worker_env": extra,
+           "python": sys.version.split()[0], "waves": waves, "median": med}
+    if a.out:
+        Path(a.out).write_text(json.dumps(doc, indent=2) + "\n")
+    return 0
