@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 #: a worker TTL, it still answers from what it saw while it looks again in the background.
 WORKERS_CACHE_S = 1.0
 
+
 def new_job_id() -> str:
     """128 random bits: job ids are unguessable."""
     return "job-" + secrets.token_hex(16)
