@@ -28,15 +28,14 @@ from typing import Any
 from kombu.transport import redis as kombu_redis
 from kombu.transport.virtual import base as kombu_virtual
 from kombu.utils.json import dumps
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from inferq.shared.redis import TRANSIENT
 
 log = logging.getLogger(__name__)
 
 #: Replies left unread before a write waits for them (a bound on what the socket holds back).
 MAX_PENDING = 4096
-_LINK_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
 
 
 class Writer:
@@ -72,7 +71,7 @@ class Writer:
                     self.conn.read_response()
                 except ResponseError as e:  # one refused command; the sweeps cover what it left
                     log.warning("kombu bookkeeping: Redis refused a write: %s", e)
-        except _LINK_ERRORS as e:
+        except TRANSIENT as e:
             log.warning("kombu bookkeeping: connection lost with %d replies unread (%s); the reaper's "
                         "sweeps re-send or drop what they left", self.pending, e)
             self._reset()

@@ -41,7 +41,7 @@ from inferq.shared.schemas import (
 )
 from inferq.shared import tracing
 from inferq.shared.logs import job_context
-from inferq.shared.redis import retried
+from inferq.shared.redis import TRANSIENT, retried
 from inferq.shared.request_limits import check_token_ids
 from inferq.shared.store import JobStore
 from inferq.worker.engine import EngineHost
@@ -49,8 +49,6 @@ from inferq.worker.metrics import JOBS_CLAIMED, JOBS_FINISHED
 from inferq.worker.prompt import PromptReturn, sampled_logprobs
 from inferq.worker.toolcalls import ToolCallStream, parser_class
 from inferq.worker.writer import EventWriter, FencedOut
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 log = logging.getLogger(__name__)
 
@@ -494,7 +492,7 @@ class JobRunner:
             try:
                 async with asyncio.timeout(budget):  # a Redis that does not answer at all counts too
                     return await retried(op, budget)
-            except (RedisConnectionError, RedisTimeoutError, OSError) as e:
+            except TRANSIENT as e:
                 log.error("could not %s (%s: %s); trying again", what, type(e).__name__,
                           str(e) or f"no answer in {budget:g} s")
                 await asyncio.sleep(pause)
