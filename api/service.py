@@ -1,7 +1,8 @@
 """JobService: what the gateway does with a job, independent of the protocol that asked.
 
 Submit = resolve the model (its live workers, read at most once a second), check the request
-against the model's context window, then write the job record and its Celery task (task id = job
+against the model's context window (tokenizing its prompt where the gateway can: api/prompt_ids.py),
+then write the job record and its Celery task (task id = job
 id) in one Redis script that first checks the queue's depth. REST, WebSocket
 and OpenAI routes all go through here.
 """
@@ -12,14 +13,12 @@ import asyncio
 import logging
 import secrets
 import time
-from functools import lru_cache
-from pathlib import Path
-from typing import Any
 
 from celery import Celery
 from redis.asyncio import Redis
 
 from inferq.api.auth import Principal
+from inferq.api.prompt_ids import tokenize
 from inferq.shared import keys
 from inferq.shared.errors import ContextLengthExceeded, InvalidRequest, NotFound, RateLimited, Unavailable, job_not_found
 from inferq.shared.schemas import (
@@ -54,15 +53,6 @@ def new_job_id() -> str:
 
 def links(job_id: str) -> JobLinks:
     return JobLinks(self=f"/v1/jobs/{job_id}", stream=f"/v1/jobs/{job_id}/stream")
-
-
-@lru_cache(maxsize=8)
-def _tokenizer(path: str) -> Any:
-    """The model's fast tokenizer, when the gateway can see the worker's model folder."""
-    from tokenizers import Tokenizer
-
-    file = Path(path) / "tokenizer.json"
-    return Tokenizer.from_file(str(file)) if file.is_file() else None
 
 
 class JobService:
@@ -121,9 +111,10 @@ class JobService:
         self._served[model] = (time.monotonic(), workers[0])
         return workers[0]
 
-    def check_context(self, req: JobRequest, info: WorkerInfo) -> None:
+    async def check_context(self, req: JobRequest, info: WorkerInfo) -> list[int] | None:
         """Refuse what cannot fit the context window, or what the model's workers cannot parse,
-        before it is queued (the worker re-checks)."""
+        before it is queued (the worker re-checks). Returns the prompt's token ids where they may
+        go with the job (api/prompt_ids.py)."""
         if req.parse_tool_calls and not info.tool_call_parser:
             raise InvalidRequest('tool_choice "auto" (the default when tools are given) needs a tool-call '
                                  "parser, and this model's workers have none (INFERQ_TOOL_CALL_PARSER); use "
@@ -131,15 +122,12 @@ class JobService:
         limit = info.max_model_len
         if req.max_tokens is not None and req.max_tokens >= limit:
             raise ContextLengthExceeded(0, req.max_tokens, limit)
-        n: int | None = None
-        if req.prompt_token_ids is not None:  # counted as they are: no tokenizer needed
-            if info.vocab_size:
-                check_token_ids(req.prompt_token_ids, info.vocab_size)
-            n = len(req.prompt_token_ids)
-        elif req.prompt is not None and info.tokenizer and (tok := _tokenizer(info.tokenizer)) is not None:
-            n = len(tok.encode(req.prompt).ids)
+        if req.prompt_token_ids is not None and info.vocab_size:
+            check_token_ids(req.prompt_token_ids, info.vocab_size)
+        n, ids = await tokenize(req, info)
         if n is not None and n + (req.max_tokens or 1) > limit:
             raise ContextLengthExceeded(n, req.max_tokens or 1, limit)
+        return ids
 
     async def submit(self, req: JobRequest, *, owner: str | None = None, job_id: str | None = None,
                      max_depth: int | None = None) -> JobRecord:
@@ -147,14 +135,13 @@ class JobService:
         script, unless the model's queue holds ``max_depth`` (default ``INFERQ_MAX_QUEUE_DEPTH``)
         messages already (429 ``queue_full``)."""
         model, info = await self.resolve_model(req.model)
-        if info is not None:
-            self.check_context(req, info)
+        ids = await self.check_context(req, info) if info is not None else None
         record = JobRecord(id=job_id or new_job_id(), model=model, request=req, owner=owner)
         record.deadline = record.created_at + (req.timeout or self.settings.default_timeout_s)
         limit = self.settings.max_queue_depth if max_depth is None else max_depth
         with tracing.span("inferq.submit", job_id=record.id, model=model, priority=req.priority) as span:
             record.traceparent = span.traceparent
-            queue_list, message = job_message(self.celery, record.message())
+            queue_list, message = job_message(self.celery, record.message(ids))
             depth = await self.store.submit(record, queue_list, message, limit)
         if depth is not None:
             raise RateLimited(f"model {model!r} has {depth} jobs queued (limit {limit}); retry later",

@@ -9,8 +9,10 @@ event writer, heartbeat and reaper) whose engine is the paced stand-in of the wo
 built-in model's real tokenizer. Each wave's jobs are written the way the gateway writes them
 (record and Celery message in one script), all at once; per wave it reports queued (created to
 the worker's claim) p50, p90 and max, and claim to first token p50. The first wave is a warm-up.
+With ``--ids`` each message carries the prompt's token ids, as a gateway that reads the model's
+tokenizer sends them (api/prompt_ids.py): the worker then does not tokenize.
 
-``python -m bench intake [--jobs 256] [--waves 6] [--tokens 64] [--step-ms 10] [--chat]
+``python -m bench intake [--jobs 256] [--waves 6] [--tokens 64] [--step-ms 10] [--chat] [--ids]
 [--env INFERQ_GIL_SWITCH_INTERVAL_MS=5] [--out F]``
 """
 
@@ -61,14 +63,17 @@ def serve() -> None:
 
 
 async def _waves(url: str, a: argparse.Namespace) -> list[dict[str, Any]]:
+    from inferq.api.prompt_ids import gateway_tokenizer
     from inferq.shared import keys
     from inferq.shared.celery_app import job_message, make_celery
     from inferq.shared.redis import make_redis
     from inferq.shared.schemas import JobRecord, JobRequest, TERMINAL_STATUSES
     from inferq.shared.settings import Settings
     from inferq.shared.store import JobStore
+    from inferq.worker.models import resolve_model
 
     s = Settings(redis_url=url, served_model_name=MODEL)
+    tok = gateway_tokenizer(resolve_model(s)) if a.ids else None
     redis = make_redis(url)
     store, app = JobStore(redis, 3600), make_celery(s)
     deadline = time.monotonic() + 300
@@ -88,7 +93,7 @@ async def _waves(url: str, a: argparse.Namespace) -> list[dict[str, Any]]:
         t0 = time.time()
         for rec in recs:
             rec.created_at = t0
-        messages = [job_message(app, rec.message()) for rec in recs]
+        messages = [job_message(app, rec.message(tok.encode(rec.request) if tok else None)) for rec in recs]
         await asyncio.gather(*(store.submit(rec, q, m, 1 << 30) for rec, (q, m) in zip(recs, messages)))
         while True:
             await asyncio.sleep(0.25)
@@ -122,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=64, help="tokens per job")
     p.add_argument("--step-ms", type=float, default=10.0, help="the stand-in engine's step time")
     p.add_argument("--chat", action="store_true", help="chat messages (the chat template) instead of a prompt")
+    p.add_argument("--ids", action="store_true", help="each message carries the prompt's token ids, as the "
+                   "gateway sends them")
     p.add_argument("--env", action="append", default=[], help="NAME=VALUE for the worker (repeatable)")
     p.add_argument("--out", help="write the results as JSON here")
     p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # the worker process itself
@@ -141,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"median of {len(waves)} waves: queued p50 {med['queued_p50_ms']:.0f}, p90 {med['queued_p90_ms']:.0f}, "
           f"max {med['queued_max_ms']:.0f} ms")
     doc = {"benchmark": "worker-intake", "cpu": cpu_model(), "cpus": os.cpu_count(), "jobs": a.jobs,
-           "tokens_per_job": a.tokens, "step_ms": a.step_ms, "chat": a.chat, "worker_env": extra,
+           "tokens_per_job": a.tokens, "step_ms": a.step_ms, "chat": a.chat, "ids": a.ids, "worker_env": extra,
            "python": sys.version.split()[0], "waves": waves, "median": med}
     if a.out:
         Path(a.out).write_text(json.dumps(doc, indent=2) + "\n")

@@ -53,6 +53,7 @@ class LoopHost:
         self.tokenizer = ScriptedTokenizer()
         self.max_model_len = max_model_len
         self.vocab_size = 0  # unknown: prompts of token ids are not checked against it
+        self.prompt_probe: dict[str, str] = {}  # no gateway tokenizes as the scripted tokenizer does
         self.model_path = "scripted"
         self.frontend = None  # a lone worker, not a frontend of an engine group
         self.stats = EngineStats()

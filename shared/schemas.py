@@ -210,6 +210,11 @@ class JobRequest(SamplingOptions):
             raise ValueError("give at most one of 'json_schema', 'json_object', 'choice', 'regex' and 'grammar'")
         return self
 
+    def chat_messages(self) -> list[dict[str, Any]]:
+        """``messages`` as the chat template is given them, after ``instructions`` as a system turn."""
+        system = [{"role": "system", "content": self.instructions}] if self.instructions is not None else []
+        return [*system, *(m.template_dict() for m in self.messages or ())]
+
 
 class JobMessage(BaseModel):
     """The Celery task payload: everything a worker needs to run the job."""
@@ -220,6 +225,9 @@ class JobMessage(BaseModel):
     created_at: float
     deadline: float | None = None
     traceparent: str | None = Field(default=None, description="W3C trace context of the submission (tracing on).")
+    prompt_ids: list[int] | None = Field(default=None, description="The prompt's token ids as the gateway "
+                                         "tokenized it, where its tokenizing is the worker's "
+                                         "(shared/prompt_probe.py); None: the worker tokenizes the prompt.")
 
 
 class Usage(BaseModel):
@@ -387,10 +395,11 @@ class JobRecord(BaseModel):
     owner: str | None = Field(default=None, description="Hash id of the API key that submitted it.")
     traceparent: str | None = Field(default=None, description="W3C trace context of the submission.")
 
-    def message(self) -> JobMessage:
-        """The Celery task payload that (re-)sends this job to a worker."""
+    def message(self, prompt_ids: list[int] | None = None) -> JobMessage:
+        """The Celery task payload that (re-)sends this job to a worker (with the prompt's token ids
+        where the gateway tokenized it; a job re-sent from its record is tokenized by the worker)."""
         return JobMessage(id=self.id, model=self.model, request=self.request, created_at=self.created_at,
-                          deadline=self.deadline, traceparent=self.traceparent)
+                          deadline=self.deadline, traceparent=self.traceparent, prompt_ids=prompt_ids)
 
     def to_hash(self) -> dict[str, str]:
         return hash_fields(**self.model_dump(mode="json", exclude_none=True))
@@ -468,5 +477,8 @@ class WorkerInfo(BaseModel):
     draining: bool = False
     stats: EngineStats = Field(default_factory=EngineStats)
     frontend: int = Field(default=0, description="This worker's index in its engine group.")
+    prompt_probe: dict[str, str] = Field(default_factory=dict, description="Per form of prompt, a digest "
+                                         "of the probe's token ids as this worker tokenizes it "
+                                         "(shared/prompt_probe.py).")
     frontends: int = Field(default=1, description="Workers sharing this worker's engine (INFERQ_FRONTENDS); "
                            "each reports the whole engine's stats.")

@@ -19,12 +19,15 @@ import logging
 import threading
 import time
 from collections.abc import Coroutine
+from functools import partial
 from typing import Any, TypeVar
 
+from inferq.shared import prompt_probe
 from inferq.shared.schemas import EngineStats
 from inferq.shared.settings import Settings
 from inferq.worker.group import Frontend
 from inferq.worker.models import resolve_model
+from inferq.worker.prompt import encode_request
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -83,6 +86,7 @@ class EngineHost:
         self.model_path = ""
         self.max_model_len = 0
         self.vocab_size = 0  # token ids from 0 to this (excluded) are the model's
+        self.prompt_probe: dict[str, str] = {}  # shared/prompt_probe.py: what this tokenizer makes of the probes
 
     def start(self) -> None:
         """Build the engine (blocks until it is ready to serve)."""
@@ -147,6 +151,7 @@ class EngineHost:
         # as vLLM bounds prompt ids: the tokenizer's vocabulary or the model's, whichever is larger
         self.vocab_size = max(int(self.tokenizer.max_token_id) + 1,
                               int(self.engine.model_config.get_vocab_size()))
+        self.prompt_probe = prompt_probe.digests(partial(encode_request, self.tokenizer))
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run ``coro`` on the engine loop from another thread and wait for its result."""

@@ -46,7 +46,7 @@ from inferq.shared.request_limits import check_token_ids
 from inferq.shared.store import JobStore
 from inferq.worker.engine import EngineHost
 from inferq.worker.metrics import JOBS_CLAIMED, JOBS_FINISHED
-from inferq.worker.prompt import PromptReturn, sampled_logprobs
+from inferq.worker.prompt import PromptReturn, encode_request, sampled_logprobs
 from inferq.worker.toolcalls import ToolCallStream, parser_class
 from inferq.worker.writer import EventWriter, FencedOut
 
@@ -142,23 +142,14 @@ class JobRunner:
         return Prepared(ids, self.echo_text(msg, ids) if msg.request.echo else None)
 
     def prompt_ids(self, msg: JobMessage) -> list[int]:
-        req, tok = msg.request, self.host.tokenizer
+        """The job's prompt as token ids: as the gateway tokenized it, as given, or tokenized here."""
+        req = msg.request
+        if msg.prompt_ids is not None:
+            return self._checked_ids(msg.prompt_ids)
         if req.prompt_token_ids is not None:
             return self._checked_ids(req.prompt_token_ids)
         with self._tok_lock:
-            if req.messages is not None:
-                system = [{"role": "system", "content": req.instructions}] if req.instructions is not None else []
-                # only when set: a tokenizer without the argument renders every other request
-                cont = {"continue_final_message": True} if req.continue_final_message else {}
-                try:
-                    text = tok.apply_chat_template([*system, *(m.template_dict() for m in req.messages)],
-                                                   tools=req.tools, tokenize=False,
-                                                   add_generation_prompt=req.add_generation_prompt, **cont)
-                except Exception as e:  # the template raised (raise_exception) or refused the options
-                    raise InvalidRequest(f"the model's chat template refused these messages: {e}",
-                                         param="messages") from e
-                return list(tok.encode(text, add_special_tokens=False))
-            return list(tok.encode(req.prompt))
+            return encode_request(self.host.tokenizer, req)
 
     def _checked_ids(self, ids: list[int]) -> list[int]:
         """A prompt given as token ids, each in the model's vocabulary (vLLM refuses others too,

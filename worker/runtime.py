@@ -187,7 +187,8 @@ class WorkerRuntime:
             id=self.id, model=self.settings.model_name, host=socket.gethostname(), pid=os.getpid(),
             max_model_len=self.host.max_model_len, max_num_seqs=self.settings.max_num_seqs,
             tokenizer=self.host.model_path, tool_call_parser=self.settings.tool_call_parser,
-            vocab_size=self.host.vocab_size or None, started_at=self.started_at, last_seen=time.time(),
+            vocab_size=self.host.vocab_size or None, prompt_probe=self.host.prompt_probe,
+            started_at=self.started_at, last_seen=time.time(),
             draining=self.draining, stats=stats,
             frontend=fe.index if (fe := self.host.frontend) else 0, frontends=fe.count if fe else 1,
         )

@@ -6,14 +6,13 @@ are rendered with the model's chat template first (``api/chat_template.py``), as
 
 from __future__ import annotations
 
-from functools import lru_cache
-from pathlib import Path
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 from tokenizers import Tokenizer
 
 from inferq.api.chat_template import render_chat
 from inferq.api.deps import Caller, Service
+from inferq.api.prompt_ids import gateway_tokenizer
 from inferq.api.openai_schemas import OpenAIMessage, ToolDef
 from inferq.api.service import JobService
 from inferq.shared.errors import InvalidRequest, NotFound, Unavailable
@@ -57,21 +56,17 @@ class DetokenizeResponse(BaseModel):
     prompt: str
 
 
-@lru_cache(maxsize=4)
-def _load(path: Path) -> Tokenizer:
-    return Tokenizer.from_file(str(path / "tokenizer.json"))
-
-
 def _tokenizer(service: JobService, model: str | None) -> Tokenizer:
     settings = service.settings
     if model not in (None, settings.model_name):
         raise NotFound(f"model {model!r}: this gateway tokenizes only its default model "
                        f"{settings.model_name!r}", param="model", code="model_not_found")
     folder = settings.tokenizer_dir
-    if folder is None or not (folder / "tokenizer.json").is_file():
+    tok = gateway_tokenizer(str(folder)) if folder is not None else None
+    if tok is None:
         raise Unavailable("this gateway cannot read the model's tokenizer: set INFERQ_TOKENIZER_PATH to a "
                           "folder with its tokenizer.json", code="tokenizer_unavailable")
-    return _load(folder)
+    return tok.tokenizer
 
 
 async def _max_model_len(service: JobService) -> int | None:

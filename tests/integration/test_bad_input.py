@@ -84,10 +84,23 @@ def test_prompt_plus_max_tokens_over_context_is_400_before_queueing(stack) -> No
         assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
 
 
-def test_chat_over_context_fails_the_job_with_the_reason(stack) -> None:
-    """Where only the worker can count (chat template), the job ends failed, the worker lives on."""
+def test_chat_over_context_is_400_before_queueing_where_the_gateway_renders_it(stack) -> None:
+    """The gateway renders the chat template as the worker does (the worker's probe agrees), so it
+    counts chat prompts too."""
     with stack.http() as http:
-        job_id = submit(http, messages=[{"role": "user", "content": "word " * TINY_MAX_LEN}], max_tokens=500)
+        r = http.post("/v1/jobs", json={"messages": [{"role": "user", "content": "word " * TINY_MAX_LEN}],
+                                        "max_tokens": 500})
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["code"] == "context_length_exceeded" and str(TINY_MAX_LEN) in err["message"]
+
+
+def test_chat_over_context_fails_the_job_with_the_reason_where_only_the_worker_counts(stack) -> None:
+    """With tools only the worker renders the template: the job ends failed, the worker lives on."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    with stack.http() as http:
+        job_id = submit(http, messages=[{"role": "user", "content": "word " * TINY_MAX_LEN}], tools=tools,
+                        max_tokens=500)
         view = wait_status(http, job_id)
         assert view["status"] == "failed"
         assert (view["error"]["type"], view["error"]["code"]) == ("invalid_request_error", "context_length_exceeded")

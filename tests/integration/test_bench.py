@@ -113,11 +113,11 @@ def test_gateway_alone_bench_delivers_every_token(tmp_path: Path) -> None:
 def test_intake_bench_takes_in_every_job_of_each_wave(tmp_path: Path) -> None:
     out = tmp_path / "intake.json"
     proc = subprocess.run([sys.executable, "-m", "bench", "intake", "--jobs", "6", "--waves", "2", "--tokens", "3",
-                           "--step-ms", "5", "--chat", "--env", "INFERQ_GIL_SWITCH_INTERVAL_MS=2", "--out", str(out)],
+                           "--step-ms", "5", "--chat", "--ids", "--env", "INFERQ_GIL_SWITCH_INTERVAL_MS=2", "--out", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     doc = json.loads(out.read_text())
-    assert [w["wave"] for w in doc["waves"]] == [1, 2] and doc["worker_env"] == {"INFERQ_GIL_SWITCH_INTERVAL_MS": "2"}
+    assert [w["wave"] for w in doc["waves"]] == [1, 2] and doc["ids"] and doc["worker_env"] == {"INFERQ_GIL_SWITCH_INTERVAL_MS": "2"}
     for w in doc["waves"]:  # every job of the wave ran to its end
         assert w["succeeded"] == 6, w
         assert 0 <= w["queued_p50_ms"] <= w["queued_p90_ms"] <= w["queued_max_ms"], w

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from types import SimpleNamespace
 
@@ -81,9 +82,9 @@ def test_auto_tool_choice_needs_a_parser_on_the_models_workers() -> None:
     info = WorkerInfo(id="w", model="m", host="h", pid=1, max_model_len=64, max_num_seqs=4,
                       started_at=time.time(), last_seen=time.time())
     with pytest.raises(InvalidRequest) as e:
-        service.check_context(req, info)
+        asyncio.run(service.check_context(req, info))
     assert e.value.param == "tool_choice"
-    service.check_context(req, info.model_copy(update={"tool_call_parser": "pythonic"}))  # served
+    asyncio.run(service.check_context(req, info.model_copy(update={"tool_call_parser": "pythonic"})))  # served
 
 
 def test_an_unknown_parser_name_fails_the_worker_start() -> None:

@@ -3,6 +3,7 @@ the chat template's options, from the OpenAI request to the job, its limits, and
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from types import SimpleNamespace
@@ -80,14 +81,15 @@ def worker_info(**kw: Any) -> WorkerInfo:
 def test_the_gateway_checks_token_ids_against_the_context_and_the_vocabulary_without_a_tokenizer() -> None:
     service = JobService(Settings(), None, None, None)  # type: ignore[arg-type]  (the check needs none)
     info = worker_info(vocab_size=100)
-    service.check_context(JobRequest(prompt_token_ids=[99] * 60, max_tokens=4), info)
+    asyncio.run(service.check_context(JobRequest(prompt_token_ids=[99] * 60, max_tokens=4), info))
     with pytest.raises(ContextLengthExceeded) as ctx:
-        service.check_context(JobRequest(prompt_token_ids=[1] * 61, max_tokens=4), info)
+        asyncio.run(service.check_context(JobRequest(prompt_token_ids=[1] * 61, max_tokens=4), info))
     assert "61 prompt tokens" in ctx.value.message
     with pytest.raises(InvalidRequest) as e:
-        service.check_context(JobRequest(prompt_token_ids=[1, 100]), info)
+        asyncio.run(service.check_context(JobRequest(prompt_token_ids=[1, 100]), info))
     assert e.value.param == "prompt" and "token id 100 is out of vocabulary" in e.value.message
-    service.check_context(JobRequest(prompt_token_ids=[1, 100]), worker_info())  # unknown: the worker checks
+    # unknown: the worker checks
+    asyncio.run(service.check_context(JobRequest(prompt_token_ids=[1, 100]), worker_info()))
 
 
 class Tokenizer:

@@ -1,0 +1,156 @@
+"""The gateway tokenizes a job's prompt and sends the token ids with the job where its tokenizing is
+the worker's (shared/prompt_probe.py). The built-in model's real tokenizers on both sides
+(``tokenizers`` and the gateway's template renderer; transformers as vLLM's worker uses it), a
+real redis-server for the queue."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+import uuid
+from base64 import b64decode
+from functools import partial
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from inferq.api.prompt_ids import GatewayTokenizer, gateway_tokenizer, tokenize
+from inferq.api.service import JobService
+from inferq.shared import keys
+from inferq.shared.celery_app import make_celery
+from inferq.shared.errors import ContextLengthExceeded, InvalidRequest
+from inferq.shared.prompt_probe import CHAT, PROMPT, digests
+from inferq.shared.schemas import JobMessage, JobRequest, WorkerInfo
+from inferq.shared.settings import Settings
+from inferq.shared.store import JobStore
+from inferq.worker.models import CHAT_TEMPLATE, tiny_model_dir
+from inferq.worker.prompt import encode_request
+from inferq.worker.runner import JobRunner
+
+CHAT_TURNS = [{"role": "system", "content": "Be brief.", "name": "ops"}, {"role": "user", "content": "Hi  there\n"},
+              {"role": "assistant", "content": "Hello! 東京?"}, {"role": "user", "content": "naïve café 🙂"}]
+
+REQUESTS = [
+    JobRequest(prompt="The sky is blue"),
+    JobRequest(prompt="  leading spaces, tabs\tand\r\nnew lines; ΔΩ 🙂 <s> {{ x }} " * 20),
+    JobRequest(messages=CHAT_TURNS),
+    JobRequest(messages=CHAT_TURNS[1:2], instructions="Answer in French."),
+    JobRequest(messages=CHAT_TURNS, add_generation_prompt=False),
+]
+
+
+@pytest.fixture(scope="module")
+def folder() -> Path:
+    return tiny_model_dir(Settings())
+
+
+@pytest.fixture(scope="module")
+def hf(folder: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(folder))
+
+
+def info(folder: Path, probe: dict[str, str], max_model_len: int = 8192) -> WorkerInfo:
+    now = time.time()
+    return WorkerInfo(id="w", model="m", host="h", pid=1, max_model_len=max_model_len, max_num_seqs=4,
+                      tokenizer=str(folder), prompt_probe=probe, started_at=now, last_seen=now)
+
+
+def test_the_gateway_makes_the_workers_token_ids_in_every_form_it_takes(folder: Path, hf: Any) -> None:
+    worker = digests(partial(encode_request, hf))
+    gateway = gateway_tokenizer(str(folder))
+    assert gateway is not None and set(worker) == {PROMPT, CHAT} and gateway.probe == worker
+    for req in REQUESTS:
+        assert gateway.encode(req) == encode_request(hf, req), req
+
+
+def _other_template(folder: Path, to: Path) -> Path:
+    """The model's tokenizer with a chat template of its own: the gateway renders chat unlike the worker."""
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(folder / name, to / name)
+    (to / "chat_template.jinja").write_text("[chat]" + CHAT_TEMPLATE)
+    return to
+
+
+async def test_ids_go_with_a_job_only_where_the_workers_probe_agrees(folder: Path, hf: Any, tmp_path: Path) -> None:
+    worker = digests(partial(encode_request, hf))
+    prompt, chat = REQUESTS[1], REQUESTS[2]
+    n, ids = await tokenize(prompt, info(folder, worker))
+    assert ids == encode_request(hf, prompt) and n == len(ids)
+    n, ids = await tokenize(chat, info(folder, worker))
+    assert ids == encode_request(hf, chat) and n == len(ids)
+
+    elsewhere = info(_other_template(folder, tmp_path), worker)  # this gateway's template is not the workers'
+    assert gateway_tokenizer(elsewhere.tokenizer).probe[CHAT] != worker[CHAT]
+    assert await tokenize(chat, elsewhere) == (None, None)  # not even counted
+    assert (await tokenize(prompt, elsewhere))[1] == encode_request(hf, prompt)  # plain prompts still agree
+
+    n, ids = await tokenize(prompt, info(folder, {}))  # a worker that announces no probe: counted, not sent
+    assert ids is None and n == len(encode_request(hf, prompt))
+    tools = JobRequest(messages=CHAT_TURNS, tools=[{"type": "function", "function": {"name": "f"}}])
+    assert await tokenize(tools, info(folder, worker)) == (None, None)  # tools: the worker renders them
+    assert await tokenize(JobRequest(prompt_token_ids=[5, 6]), info(folder, worker)) == (2, None)
+    assert await tokenize(prompt, info(tmp_path / "none", worker)) == (None, None)  # no tokenizer here
+
+
+async def test_a_long_prompt_is_tokenized_off_the_event_loop_to_the_same_ids(folder: Path, hf: Any,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    from inferq.api import prompt_ids as mod
+
+    threads: list[str] = []
+    encode = GatewayTokenizer.encode
+
+    def spy(self: GatewayTokenizer, req: JobRequest) -> list[int]:
+        threads.append(threading.current_thread().name)
+        return encode(self, req)
+
+    monkeypatch.setattr(GatewayTokenizer, "encode", spy)
+    req = JobRequest(prompt="word " * (mod.INLINE_CHARS // 5 + 1))
+    n, ids = await tokenize(req, info(folder, digests(partial(encode_request, hf))))
+    assert ids == encode_request(hf, req) and threads[-1] != "MainThread"
+    await tokenize(REQUESTS[0], info(folder, {}))
+    assert threads[-1] == "MainThread"
+
+
+async def _queued_message(r: Any, model: str) -> JobMessage:
+    raw = json.loads((await r.lrange(keys.queue_lists(model)[5], 0, -1))[0])
+    body = json.loads(b64decode(raw["body"]))
+    return JobMessage.model_validate_json(body[0][0])
+
+
+async def test_submit_sends_the_ids_with_the_job_and_refuses_a_chat_prompt_past_the_window(
+        own_redis: str, r: Any, folder: Path, hf: Any) -> None:
+    model = f"pid-{uuid.uuid4().hex[:6]}"
+    settings = Settings(redis_url=own_redis, served_model_name=model)
+    service = JobService(settings, r, JobStore(r, 120), make_celery(settings))
+    worker = info(folder, digests(partial(encode_request, hf)), max_model_len=64).model_copy(update={"model": model})
+    await r.set(keys.worker(worker.id), worker.model_dump_json())
+    await r.zadd(keys.workers(model), {worker.id: time.time()})
+
+    rec = await service.submit(JobRequest(messages=CHAT_TURNS[1:2], max_tokens=4))
+    msg = await _queued_message(r, model)
+    assert msg.id == rec.id and msg.prompt_ids == encode_request(hf, rec.request)
+    assert rec.message().prompt_ids is None  # a job re-sent from its record is tokenized by the worker
+
+    with pytest.raises(ContextLengthExceeded) as e:  # the gateway counts chat prompts now
+        await service.submit(JobRequest(messages=[{"role": "user", "content": "many words " * 40}], max_tokens=4))
+    assert "prompt tokens" in e.value.message
+
+
+def test_the_worker_runs_the_gateways_ids_as_they_are_checked_against_the_vocabulary() -> None:
+    class Refuses:
+        def encode(self, *a: Any, **k: Any) -> list[int]:
+            raise AssertionError("the worker tokenized a prompt the gateway had tokenized")
+
+    runner = JobRunner(SimpleNamespace(tokenizer=Refuses(), vocab_size=10), store=None, writer=None,  # type: ignore[arg-type]
+                       worker_id="w", default_max_tokens=4)
+    msg = JobMessage(id="job-1", model="m", request=JobRequest(prompt="a b c"), created_at=0.0, prompt_ids=[3, 4])
+    assert runner.prompt_ids(msg) == [3, 4]
+    with pytest.raises(InvalidRequest) as e:
+        runner.prompt_ids(msg.model_copy(update={"prompt_ids": [3, 10]}))
+    assert e.value.param == "prompt"
