@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from functools import cached_property, lru_cache
+from functools import cached_property
 from pathlib import Path
 
 from tokenizers import Tokenizer
@@ -46,45 +46,62 @@ class GatewayTokenizer:
         return prompt_probe.digests(self.encode)
 
 
-@lru_cache(maxsize=8)
+_loaded: dict[str, GatewayTokenizer] = {}
+
+
 def gateway_tokenizer(folder: str) -> GatewayTokenizer | None:
-    """The model's tokenizer, when this gateway can read its folder (None otherwise)."""
-    file = Path(folder) / "tokenizer.json"
-    if not file.is_file():
-        return None
-    return GatewayTokenizer(Path(folder), Tokenizer.from_file(str(file)))
+    """The model's tokenizer, when this gateway can read its folder (None otherwise: looked for
+    again next time, as a worker may still be building it)."""
+    tok = _loaded.get(folder)
+    if tok is None:
+        file = Path(folder) / "tokenizer.json"
+        if not file.is_file():
+            return None
+        if len(_loaded) >= 8:  # a few models per gateway
+            _loaded.clear()
+        tok = _loaded[folder] = GatewayTokenizer(Path(folder), Tokenizer.from_file(str(file)))
+    return tok
 
 
 _disagreed: set[tuple[str, str]] = set()
 
 
-def _agrees(tok: GatewayTokenizer, info: WorkerInfo, form: str) -> bool:
-    mine, theirs = tok.probe.get(form), info.prompt_probe.get(form)
-    if mine is not None and mine == theirs:
-        return True
-    if theirs is not None and (info.tokenizer or "", form) not in _disagreed:
+def _agreeing(folders: list[str], info: WorkerInfo, form: str) -> GatewayTokenizer | None:
+    """The first tokenizer in ``folders`` that tokenizes ``form`` as ``info``'s worker does."""
+    theirs = info.prompt_probe.get(form)
+    readable = [t for f in dict.fromkeys(folders) if (t := gateway_tokenizer(f)) is not None]
+    for tok in readable:
+        if theirs is not None and tok.probe.get(form) == theirs:
+            return tok
+    if theirs is not None and readable and (info.tokenizer or "", form) not in _disagreed:
         _disagreed.add((info.tokenizer or "", form))
-        log.warning("this gateway tokenizes %s prompts of %s unlike its workers: they tokenize them", form,
-                    info.tokenizer)
-    return False
+        log.warning("this gateway does not tokenize %s prompts of model %r as its workers do (%s): the "
+                    "workers tokenize them", form, info.model, ", ".join(str(t.folder) for t in readable))
+    return None
 
 
-async def tokenize(req: JobRequest, info: WorkerInfo) -> tuple[int | None, list[int] | None]:
-    """(how many tokens ``req``'s prompt has, where this gateway can tell; its token ids, where the
-    model's workers would make the same: only those go with the job). Ids the client gave are
-    counted as they are; a text prompt is counted whenever the gateway reads the model's tokenizer,
-    chat messages only where its chat template renders them as the workers' does."""
+async def tokenize(req: JobRequest, info: WorkerInfo, tokenizer_dir: str | None = None
+                   ) -> tuple[int | None, list[int] | None]:
+    """(how many tokens ``req``'s prompt has, where this gateway can tell; its token ids, where
+    they are the ones the model's workers would make: only those go with the job). The gateway
+    reads the worker's model folder (``info.tokenizer``) if it can, else ``tokenizer_dir``
+    (``INFERQ_TOKENIZER_PATH``, for the default model). Ids the client gave are counted as they
+    are; chat messages are counted only where the gateway renders them as the workers do; a text
+    prompt is also counted, without sending ids, with the worker's folder when the workers
+    announce no probe."""
     if req.prompt_token_ids is not None:
         return len(req.prompt_token_ids), None
     form = prompt_probe.form(req)
-    tok = gateway_tokenizer(info.tokenizer) if info.tokenizer else None
-    if tok is None or form is None:
+    if form is None:
         return None, None
-    agrees = _agrees(tok, info, form)
-    if form == prompt_probe.CHAT and not agrees:
+    tok = _agreeing([f for f in (info.tokenizer, tokenizer_dir) if f], info, form)
+    send = tok is not None
+    if tok is None and form == prompt_probe.PROMPT and info.tokenizer:
+        tok = gateway_tokenizer(info.tokenizer)
+    if tok is None:
         return None, None
     if len(req.prompt or "") + sum(len(m.content) for m in req.messages or ()) > INLINE_CHARS:
         ids = await asyncio.to_thread(tok.encode, req)
     else:
         ids = tok.encode(req)
-    return len(ids), ids if agrees else None
+    return len(ids), ids if send else None

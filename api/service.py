@@ -124,7 +124,8 @@ class JobService:
             raise ContextLengthExceeded(0, req.max_tokens, limit)
         if req.prompt_token_ids is not None and info.vocab_size:
             check_token_ids(req.prompt_token_ids, info.vocab_size)
-        n, ids = await tokenize(req, info)
+        fallback = self.settings.tokenizer_dir if info.model == self.settings.model_name else None
+        n, ids = await tokenize(req, info, str(fallback) if fallback is not None else None)
         if n is not None and n + (req.max_tokens or 1) > limit:
             raise ContextLengthExceeded(n, req.max_tokens or 1, limit)
         return ids

@@ -96,6 +96,9 @@ async def test_ids_go_with_a_job_only_where_the_workers_probe_agrees(folder: Pat
     assert await tokenize(tools, info(folder, worker)) == (None, None)  # tools: the worker renders them
     assert await tokenize(JobRequest(prompt_token_ids=[5, 6]), info(folder, worker)) == (2, None)
     assert await tokenize(prompt, info(tmp_path / "none", worker)) == (None, None)  # no tokenizer here
+    hub = info(Path("org/model"), worker)  # the worker loaded a Hub id: INFERQ_TOKENIZER_PATH's folder
+    assert (await tokenize(chat, hub, str(folder)))[1] == encode_request(hf, chat)
+    assert await tokenize(chat, hub, str(tmp_path)) == (None, None)  # that folder's template differs
 
 
 async def test_a_long_prompt_is_tokenized_off_the_event_loop_to_the_same_ids(folder: Path, hf: Any,
