@@ -1,11 +1,13 @@
 """A model's chat template rendered in the gateway, as Hugging Face's ``apply_chat_template``
-renders it (a sandboxed Jinja environment with its filters and the tokenizer's special tokens), so
+renders it (a sandboxed Jinja environment with its filters, ``raise_exception``, ``strftime_now`` and
+the tokenizer's special tokens), so
 that ``/tokenize`` counts chat messages without a worker. The worker renders the same template
 with the model's own tokenizer."""
 
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,12 @@ def _raise(message: str) -> None:
     raise _TemplateRaised(message)
 
 
+def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
+            sort_keys: bool = False) -> str:
+    """Hugging Face's ``tojson`` (Jinja's own escapes HTML characters)."""
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
 @lru_cache(maxsize=4)
 def _load(folder: Path) -> tuple[Any, dict[str, str]]:
     """The compiled template and the special tokens it may use (``bos_token``, ...)."""
@@ -37,8 +45,9 @@ def _load(folder: Path) -> tuple[Any, dict[str, str]]:
         raise Unavailable("the model has no chat template this gateway can read (tokenizer_config.json or "
                           "chat_template.jinja)", code="tokenizer_unavailable")
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
-    env.filters["tojson"] = lambda x, indent=None, ensure_ascii=False: json.dumps(x, indent=indent, ensure_ascii=ensure_ascii)
+    env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     specials = {k: v for k, v in config.items() if k.endswith("_token") and isinstance(v, str)}
     return env.from_string(source), specials
 

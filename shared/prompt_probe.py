@@ -26,14 +26,21 @@ PROMPT, CHAT = "prompt", "chat"
 _TEXT = ("Probe: naïve café, 東京 and ΔΩ; tabs\tand  double spaces,\nnew lines\r\n, digits 0123456789, "
          "emoji 🙂, <s> </s> [INST] <|im_start|> {{ braces }} ... the END.")
 
-PROBES: dict[str, JobRequest] = {
-    PROMPT: JobRequest(prompt=_TEXT),
-    CHAT: JobRequest(instructions="Be brief.", messages=[
-        ChatMessage(role="system", content="You are a probe. " + _TEXT),
-        ChatMessage(role="user", content="Hello? " + _TEXT),
-        ChatMessage(role="assistant", content="Hi: " + _TEXT),
-        ChatMessage(role="user", content="  and again  \n"),
-    ]),
+_TURNS = [ChatMessage(role="user", content="Hello? " + _TEXT), ChatMessage(role="assistant", content="Hi: " + _TEXT),
+          ChatMessage(role="user", content="  and again  \n")]
+
+#: Per form, the probe requests. Chat has several, as templates refuse different turns (many
+#: refuse a system turn, or turns that do not alternate); which of them the template refuses is
+#: part of the digest.
+PROBES: dict[str, list[JobRequest]] = {
+    PROMPT: [JobRequest(prompt=_TEXT)],
+    CHAT: [
+        JobRequest(messages=_TURNS),
+        JobRequest(messages=_TURNS[:1]),
+        JobRequest(messages=_TURNS[:2], add_generation_prompt=False),
+        JobRequest(instructions="Be brief.", messages=[ChatMessage(role="system", content="A probe. " + _TEXT),
+                                                      *_TURNS]),
+    ],
 }
 
 
@@ -49,15 +56,19 @@ def form(req: JobRequest) -> str | None:
 
 
 def digests(encode: Callable[[JobRequest], list[int]]) -> dict[str, str]:
-    """Per form, a digest of ``encode``'s ids for its probe; a form whose probe ``encode`` cannot
-    tokenize (a model without a chat template) has none."""
+    """Per form, a digest of ``encode``'s ids for its probes (and of which probes it refused); a
+    form whose every probe ``encode`` refuses (a model without a chat template) has none."""
     out = {}
-    for name, probe in PROBES.items():
-        try:
-            ids = encode(probe)
-        except Exception as e:
-            log.info("the %s probe could not be tokenized (%s): prompts of that form are tokenized by "
-                     "the worker", name, e)
+    for name, probes in PROBES.items():
+        parts = []
+        for probe in probes:
+            try:
+                parts.append(",".join(map(str, encode(probe))))
+            except Exception as e:
+                log.debug("a %s probe was refused: %s", name, e)
+                parts.append("!")
+        if set(parts) == {"!"}:
+            log.info("no %s probe could be tokenized: prompts of that form are tokenized by the worker", name)
             continue
-        out[name] = hashlib.sha256(",".join(map(str, ids)).encode()).hexdigest()[:16]
+        out[name] = hashlib.sha256(";".join(parts).encode()).hexdigest()[:16]
     return out

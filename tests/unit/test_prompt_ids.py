@@ -101,6 +101,28 @@ async def test_ids_go_with_a_job_only_where_the_workers_probe_agrees(folder: Pat
     assert await tokenize(chat, hub, str(tmp_path)) == (None, None)  # that folder's template differs
 
 
+async def test_a_template_that_refuses_some_turns_still_agrees_and_refuses_them_at_the_gateway(
+        folder: Path, tmp_path: Path) -> None:
+    """Many templates refuse a system turn (Mistral's) or stamp today's date (Llama's
+    ``strftime_now``): the probe agrees all the same, and what the template refuses is a 400
+    naming ``messages`` before anything is queued."""
+    from transformers import AutoTokenizer
+
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(folder / name, tmp_path / name)
+    (tmp_path / "chat_template.jinja").write_text(
+        "{% if messages[0]['role'] == 'system' %}{{ raise_exception('no system turn') }}{% endif %}"
+        "[{{ strftime_now('%Y') }}|{{ messages | tojson(indent=1, sort_keys=true) }}]" + CHAT_TEMPLATE)
+    hf = AutoTokenizer.from_pretrained(str(tmp_path))
+    worker = digests(partial(encode_request, hf))
+    assert CHAT in worker and gateway_tokenizer(str(tmp_path)).probe == worker
+    chat = JobRequest(messages=CHAT_TURNS[1:])
+    assert (await tokenize(chat, info(tmp_path, worker)))[1] == encode_request(hf, chat)
+    with pytest.raises(InvalidRequest) as e:
+        await tokenize(JobRequest(messages=CHAT_TURNS), info(tmp_path, worker))
+    assert e.value.param == "messages" and "no system turn" in e.value.message
+
+
 async def test_a_long_prompt_is_tokenized_off_the_event_loop_to_the_same_ids(folder: Path, hf: Any,
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     from inferq.api import prompt_ids as mod
