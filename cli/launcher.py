@@ -65,8 +65,20 @@ def up(settings: Settings, host: str | None = None, port: int | None = None) -> 
                           flush=True)
                 time.sleep(0.5)
         except KeyboardInterrupt:
-            print("\nstopping...", flush=True)
+            print("\nstopping... (Ctrl-C again kills what is left)", flush=True)
             return 0
         finally:
-            procs.stop()
-            print("stopped.", flush=True)
+            _stop(procs)
+
+
+def _stop(procs: Procs) -> None:
+    """Stop every process gracefully (a worker finishes or hands back its jobs); a second Ctrl-C
+    or SIGTERM meanwhile kills what is left."""
+    try:
+        procs.stop()
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        print("killing what is left...", flush=True)
+        procs.kill()
+    print("stopped.", flush=True)

@@ -128,9 +128,18 @@ class Procs:
         wait_until(ready, timeout, f"{what} (logs in {self.logdir})", self.procs, interval=0.5)
 
     def stop(self) -> None:
+        """Stop each process (SIGTERM, then SIGKILL after its grace), last started first; one is
+        forgotten once it has exited, so an interrupted stop leaves :meth:`kill` what is left."""
         while self.procs:
-            p = self.procs.pop()
+            p = self.procs[-1]
             p.stop(grace=30.0 if p.name.startswith("worker") else 10.0)
+            self.procs.pop()
+
+    def kill(self) -> None:
+        """SIGKILL every process left, at once."""
+        for p in self.procs:
+            p.stop(signal.SIGKILL)
+        self.procs.clear()
 
     def __enter__(self) -> Procs:
         return self

@@ -52,3 +52,28 @@ def test_a_process_gets_its_own_group_in_our_session_and_stop_reaches_its_childr
         time.sleep(0.5)
     assert all(not os.path.exists(f"/proc/{m}") or open(f"/proc/{m}/stat").read().split()[2] == "Z"
                for m in members)
+
+
+def test_an_interrupted_stop_leaves_kill_the_process_it_was_stopping(tmp_path) -> None:
+    """``inferq up``: a second Ctrl-C while a worker takes its grace kills what is left at once."""
+    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(60)"
+    procs = Procs(tmp_path)
+    first = procs.start("first", [sys.executable, "-c", stubborn])
+    worker = procs.start("worker", [sys.executable, "-c", stubborn])
+    wait_until(lambda: "up" in first.tail() and "up" in worker.tail(), 30, "both started", procs.procs)
+
+    def interrupt(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 0.5)  # the second Ctrl-C, while the worker ignores SIGTERM
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            procs.stop()
+    finally:
+        signal.signal(signal.SIGALRM, old)
+    assert [p.name for p in procs.procs] == ["first", "worker"] and worker.alive()
+    started = time.monotonic()
+    procs.kill()
+    assert not procs.procs and not first.alive() and not worker.alive()
+    assert time.monotonic() - started < 5
