@@ -54,6 +54,8 @@ CATCHUPS = Counter("inferq_stream_catchups_total", "Times a stream read missed e
                    "on start (a resume or a late subscriber), after a gap in live messages, or after a quiet "
                    "spell.", ["reason"])
 REJECTED = Counter("inferq_rejected_total", "Requests refused with 429, by reason (the error code).", ["reason"])
+PROMPTS = Counter("inferq_prompts_total", "Jobs queued, by where their prompt is tokenized: gateway (the ids go "
+                  "with the job), worker, or client (token ids given).", ["model", "tokenized_by"])
 TTFT = Histogram("inferq_time_to_first_token_seconds", "From a job's submission to its first token reaching "
                  "a streaming client of this gateway (live streams only, not replays).", ["model"],
                  buckets=(.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300))

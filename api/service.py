@@ -18,6 +18,7 @@ from celery import Celery
 from redis.asyncio import Redis
 
 from inferq.api.auth import Principal
+from inferq.api.metrics import PROMPTS
 from inferq.api.prompt_ids import tokenize
 from inferq.shared import keys
 from inferq.shared.errors import ContextLengthExceeded, InvalidRequest, NotFound, RateLimited, Unavailable, job_not_found
@@ -147,6 +148,8 @@ class JobService:
         if depth is not None:
             raise RateLimited(f"model {model!r} has {depth} jobs queued (limit {limit}); retry later",
                               code="queue_full", retry_after=1.0)
+        PROMPTS.labels(model, "client" if req.prompt_token_ids is not None else
+                       "gateway" if ids is not None else "worker").inc()
         log.info("job %s queued (model %s, priority %d)", record.id, model, req.priority,
                  extra={"job_id": record.id, "model": model})
         return record

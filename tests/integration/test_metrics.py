@@ -93,6 +93,9 @@ QUERIES = {
     "submitted": "sum(inferq_jobs_submitted_total)",
     "succeeded": 'sum(inferq_jobs_finished_total{status="succeeded"})',
     "claimed": "sum(inferq_worker_jobs_claimed_total)",
+    # the real worker's probe agrees with the gateway's tokenizing: prompts and chats go as ids
+    "prompts_gateway": 'sum(inferq_prompts_total{tokenized_by="gateway"})',
+    "prompts_worker": 'sum(inferq_prompts_total{tokenized_by="worker"})',
     "worker_succeeded": 'sum(inferq_worker_jobs_finished_total{outcome="succeeded"})',
     "vllm_requests": 'sum(vllm:e2e_request_latency_seconds_count{model_name="inferq-tiny"})',
     "vllm_tokens": 'sum(vllm:generation_tokens_total{model_name="inferq-tiny"})',
@@ -144,6 +147,7 @@ def test_prometheus_sees_every_counter_move_by_what_was_done(stack: Stack, gatew
                 "ws_tokens": before["ws_tokens"] + ws_tokens, "sse_tokens": before["sse_tokens"] + sse_tokens,
                 "ttft": before["ttft"] + 2, "submitted": before["submitted"] + 5,
                 "succeeded": before["succeeded"] + 5, "claimed": before["claimed"] + 5,
+                "prompts_gateway": before["prompts_gateway"] + 5,
                 "worker_succeeded": before["worker_succeeded"] + 5, "vllm_requests": before["vllm_requests"] + 5,
                 "vllm_tokens": before["vllm_tokens"] + tokens}
     deadline = time.monotonic() + 30  # a few scrapes

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from inferq.api.metrics import PROMPTS
 from inferq.api.prompt_ids import GatewayTokenizer, gateway_tokenizer, tokenize
 from inferq.api.service import JobService
 from inferq.shared import keys
@@ -157,9 +158,11 @@ async def test_submit_sends_the_ids_with_the_job_and_refuses_a_chat_prompt_past_
     await r.set(keys.worker(worker.id), worker.model_dump_json())
     await r.zadd(keys.workers(model), {worker.id: time.time()})
 
+    counted = PROMPTS.labels(model, "gateway")
     rec = await service.submit(JobRequest(messages=CHAT_TURNS[1:2], max_tokens=4))
     msg = await _queued_message(r, model)
     assert msg.id == rec.id and msg.prompt_ids == encode_request(hf, rec.request)
+    assert counted._value.get() == 1 and PROMPTS.labels(model, "worker")._value.get() == 0
     assert rec.message().prompt_ids is None  # a job re-sent from its record is tokenized by the worker
 
     with pytest.raises(ContextLengthExceeded) as e:  # the gateway counts chat prompts now
