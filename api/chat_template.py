@@ -32,9 +32,33 @@ def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separ
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
+class ChatTemplate:
+    """A compiled chat template with the special tokens it may use (``bos_token``, ...), from a
+    model folder or from what a worker published of its tokenizer (api/prompt_ids.py)."""
+
+    def __init__(self, source: str, config: dict[str, Any]) -> None:
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                            extensions=["jinja2.ext.loopcontrols"])
+        env.filters["tojson"] = _tojson
+        env.globals["raise_exception"] = _raise
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        self.template = env.from_string(source)
+        self.specials = {k: v for k, v in config.items() if k.endswith("_token") and isinstance(v, str)}
+
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool,
+               tools: list[dict[str, Any]] | None) -> str:
+        """The prompt text of ``messages``; a template that refuses them is a 400 naming ``messages``."""
+        try:
+            return str(self.template.render(messages=messages, tools=tools,
+                                            add_generation_prompt=add_generation_prompt, **self.specials))
+        except (_TemplateRaised, TemplateError) as e:
+            raise InvalidRequest(f"the model's chat template refused these messages: {e}", param="messages") from e
+
+
 @lru_cache(maxsize=4)
-def _load(folder: Path) -> tuple[Any, dict[str, str]]:
-    """The compiled template and the special tokens it may use (``bos_token``, ...)."""
+def load(folder: Path) -> ChatTemplate:
+    """The chat template of the model in ``folder`` (``chat_template.jinja``, else
+    ``tokenizer_config.json``'s ``chat_template``)."""
     config: dict[str, Any] = {}
     if (folder / "tokenizer_config.json").is_file():
         config = json.loads((folder / "tokenizer_config.json").read_text())
@@ -44,12 +68,7 @@ def _load(folder: Path) -> tuple[Any, dict[str, str]]:
     if not isinstance(source, str):
         raise Unavailable("the model has no chat template this gateway can read (tokenizer_config.json or "
                           "chat_template.jinja)", code="tokenizer_unavailable")
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    specials = {k: v for k, v in config.items() if k.endswith("_token") and isinstance(v, str)}
-    return env.from_string(source), specials
+    return ChatTemplate(source, config)
 
 
 def render_chat(folder: Path | None, messages: list[dict[str, Any]], add_generation_prompt: bool,
@@ -58,9 +77,4 @@ def render_chat(folder: Path | None, messages: list[dict[str, Any]], add_generat
     if folder is None:
         raise Unavailable("this gateway cannot read the model's tokenizer: set INFERQ_TOKENIZER_PATH",
                           code="tokenizer_unavailable")
-    template, specials = _load(folder)
-    try:
-        return str(template.render(messages=messages, tools=tools, add_generation_prompt=add_generation_prompt,
-                                   **specials))
-    except (_TemplateRaised, TemplateError) as e:
-        raise InvalidRequest(f"the model's chat template refused these messages: {e}", param="messages") from e
+    return load(folder).render(messages, add_generation_prompt, tools)

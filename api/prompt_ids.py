@@ -2,21 +2,29 @@
 queued and, where this gateway tokenizes it as the model's workers do (shared/prompt_probe.py),
 sent with the job as token ids, so the worker does not tokenize it again.
 
-The gateway reads the model's ``tokenizer.json`` with the ``tokenizers`` library and renders chat
-templates itself (api/chat_template.py); it never imports transformers or vLLM.
+The gateway reads the model's tokenizer with the ``tokenizers`` library and renders chat templates
+itself (api/chat_template.py); it never imports transformers or vLLM. It has the tokenizer from the
+model's folder where it can read it, or from what the workers published in Redis
+(worker/tokenizer_files.py: a gateway on another host).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
-from functools import cached_property
+import time
+from collections.abc import Callable
+from functools import cached_property, partial
 from pathlib import Path
 
+from redis.asyncio import Redis
 from tokenizers import Tokenizer
 
-from inferq.api.chat_template import render_chat
+from inferq.api import chat_template
+from inferq.api.chat_template import ChatTemplate
 from inferq.shared import prompt_probe
+from inferq.shared.errors import Unavailable
 from inferq.shared.schemas import JobRequest, WorkerInfo
 
 log = logging.getLogger(__name__)
@@ -26,11 +34,12 @@ INLINE_CHARS = 16_384
 
 
 class GatewayTokenizer:
-    """The tokenizer and chat template of the model in ``folder``."""
+    """A model's tokenizer and chat template as this gateway has them (``name``: where from)."""
 
-    def __init__(self, folder: Path, tokenizer: Tokenizer) -> None:
-        self.folder = folder
+    def __init__(self, name: str, tokenizer: Tokenizer, template: Callable[[], ChatTemplate]) -> None:
+        self.name = name
         self.tokenizer = tokenizer
+        self._template = template
 
     def encode(self, req: JobRequest) -> list[int]:
         """``req``'s prompt as token ids (a text prompt with the tokenizer's special tokens; chat
@@ -38,7 +47,7 @@ class GatewayTokenizer:
         ``encode_request`` makes them."""
         if req.messages is None:
             return list(self.tokenizer.encode(req.prompt).ids)
-        text = render_chat(self.folder, req.chat_messages(), req.add_generation_prompt, req.tools)
+        text = self._template().render(req.chat_messages(), req.add_generation_prompt, req.tools)
         return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
 
     @cached_property
@@ -50,8 +59,8 @@ _loaded: dict[str, GatewayTokenizer] = {}
 
 
 def gateway_tokenizer(folder: str) -> GatewayTokenizer | None:
-    """The model's tokenizer, when this gateway can read its folder (None otherwise: looked for
-    again next time, as a worker may still be building it)."""
+    """The tokenizer of the model in ``folder``, when this gateway can read it (None otherwise:
+    looked for again next time, as a worker may still be building it)."""
     tok = _loaded.get(folder)
     if tok is None:
         file = Path(folder) / "tokenizer.json"
@@ -59,45 +68,100 @@ def gateway_tokenizer(folder: str) -> GatewayTokenizer | None:
             return None
         if len(_loaded) >= 8:  # a few models per gateway
             _loaded.clear()
-        tok = _loaded[folder] = GatewayTokenizer(Path(folder), Tokenizer.from_file(str(file)))
+        tok = _loaded[folder] = GatewayTokenizer(folder, Tokenizer.from_file(str(file)),
+                                                 partial(chat_template.load, Path(folder)))
     return tok
+
+
+def from_files(name: str, files: dict[str, str]) -> GatewayTokenizer:
+    """A tokenizer from what a worker published (worker/tokenizer_files.py)."""
+    source = files.get("chat_template")
+    template = ChatTemplate(source, json.loads(files.get("config") or "{}")) if source else None
+
+    def chat() -> ChatTemplate:
+        if template is None:
+            raise Unavailable("the model has no chat template", code="tokenizer_unavailable")
+        return template
+
+    return GatewayTokenizer(name, Tokenizer.from_str(files["tokenizer"]), chat)
+
+
+class Published:
+    """Tokenizers workers published in Redis, loaded once per key in the background: a request
+    never waits for one (until it is loaded, prompts go as they did without it)."""
+
+    RETRY_S = 30.0  # a key found missing or unreadable is looked for again after this
+
+    def __init__(self, redis: Redis) -> None:
+        self.redis = redis
+        self._got: dict[str, GatewayTokenizer] = {}
+        self._failed: dict[str, float] = {}
+        self._loading: dict[str, asyncio.Task[None]] = {}
+
+    def get(self, key: str | None) -> GatewayTokenizer | None:
+        if key is None:
+            return None
+        tok = self._got.get(key)
+        if tok is None and key not in self._loading and time.monotonic() >= self._failed.get(key, 0.0):
+            task = asyncio.get_running_loop().create_task(self._load(key))
+            self._loading[key] = task
+            task.add_done_callback(lambda _t: self._loading.pop(key, None))
+        return tok
+
+    async def _load(self, key: str) -> None:
+        try:
+            files = await self.redis.hgetall(key)
+            if "tokenizer" not in files:
+                raise LookupError("nothing published under this key")
+            tok = await asyncio.to_thread(from_files, key, files)
+            await asyncio.to_thread(lambda: tok.probe)  # computed off the loop too
+        except Exception as e:
+            log.warning("could not load the tokenizer a worker published as %s (looked for again in %.0f s): %s",
+                        key, self.RETRY_S, e)
+            self._failed[key] = time.monotonic() + self.RETRY_S
+            return
+        if len(self._got) >= 8:
+            self._got.clear()
+        self._got[key] = tok
 
 
 _disagreed: set[tuple[str, str]] = set()
 
 
-def _agreeing(folders: list[str], info: WorkerInfo, form: str) -> GatewayTokenizer | None:
-    """The first tokenizer in ``folders`` that tokenizes ``form`` as ``info``'s worker does."""
+def _agreeing(candidates: list[GatewayTokenizer], info: WorkerInfo, form: str) -> GatewayTokenizer | None:
+    """The first of ``candidates`` that tokenizes ``form`` as ``info``'s worker does."""
     theirs = info.prompt_probe.get(form)
-    readable = [t for f in dict.fromkeys(folders) if (t := gateway_tokenizer(f)) is not None]
-    for tok in readable:
+    for tok in candidates:
         if theirs is not None and tok.probe.get(form) == theirs:
             return tok
-    if theirs is not None and readable and (info.tokenizer or "", form) not in _disagreed:
-        _disagreed.add((info.tokenizer or "", form))
+    if theirs is not None and candidates and (info.model, form) not in _disagreed:
+        _disagreed.add((info.model, form))
         log.warning("this gateway does not tokenize %s prompts of model %r as its workers do (%s): the "
-                    "workers tokenize them", form, info.model, ", ".join(str(t.folder) for t in readable))
+                    "workers tokenize them", form, info.model, ", ".join(t.name for t in candidates))
     return None
 
 
-async def tokenize(req: JobRequest, info: WorkerInfo, tokenizer_dir: str | None = None
-                   ) -> tuple[int | None, list[int] | None]:
+async def tokenize(req: JobRequest, info: WorkerInfo, tokenizer_dir: str | None = None,
+                   published: GatewayTokenizer | None = None) -> tuple[int | None, list[int] | None]:
     """(how many tokens ``req``'s prompt has, where this gateway can tell; its token ids, where
     they are the ones the model's workers would make: only those go with the job). The gateway
-    reads the worker's model folder (``info.tokenizer``) if it can, else ``tokenizer_dir``
-    (``INFERQ_TOKENIZER_PATH``, for the default model). Ids the client gave are counted as they
-    are; chat messages are counted only where the gateway renders them as the workers do; a text
-    prompt is also counted, without sending ids, with the worker's folder when the workers
-    announce no probe."""
+    tries the worker's model folder (``info.tokenizer``) if it can read it, the tokenizer the
+    worker ``published``, then ``tokenizer_dir`` (``INFERQ_TOKENIZER_PATH``, for the default
+    model). Ids the client gave are counted as they are; chat messages are counted only where the
+    gateway renders them as the workers do; a text prompt is also counted, without sending ids,
+    with the worker's folder when the workers announce no probe."""
     if req.prompt_token_ids is not None:
         return len(req.prompt_token_ids), None
     form = prompt_probe.form(req)
     if form is None:
         return None, None
-    tok = _agreeing([f for f in (info.tokenizer, tokenizer_dir) if f], info, form)
+    own = gateway_tokenizer(info.tokenizer) if info.tokenizer else None
+    dir_tok = gateway_tokenizer(tokenizer_dir) if tokenizer_dir else None
+    candidates = [t for t in (own, published, dir_tok) if t is not None]
+    tok = _agreeing(list({id(t): t for t in candidates}.values()), info, form)
     send = tok is not None
-    if tok is None and form == prompt_probe.PROMPT and info.tokenizer:
-        tok = gateway_tokenizer(info.tokenizer)
+    if tok is None and form == prompt_probe.PROMPT:
+        tok = own
     if tok is None:
         return None, None
     if len(req.prompt or "") + sum(len(m.content) for m in req.messages or ()) > INLINE_CHARS:

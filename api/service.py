@@ -19,7 +19,7 @@ from redis.asyncio import Redis
 
 from inferq.api.auth import Principal
 from inferq.api.metrics import PROMPTS
-from inferq.api.prompt_ids import tokenize
+from inferq.api.prompt_ids import Published, tokenize
 from inferq.shared import keys
 from inferq.shared.errors import ContextLengthExceeded, InvalidRequest, NotFound, RateLimited, Unavailable, job_not_found
 from inferq.shared.schemas import (
@@ -64,6 +64,7 @@ class JobService:
         self.celery = celery
         self._served: dict[str, tuple[float, WorkerInfo]] = {}  # model -> (when seen, one live worker)
         self._looking: dict[str, asyncio.Task[None]] = {}  # model -> its background look-up
+        self.published = Published(redis)  # tokenizers workers published (a gateway on another host)
 
     async def live_workers(self, model: str) -> list[WorkerInfo]:
         ids = await self.redis.zrangebyscore(keys.workers(model), time.time() - self.settings.worker_ttl_s, "+inf")
@@ -126,7 +127,8 @@ class JobService:
         if req.prompt_token_ids is not None and info.vocab_size:
             check_token_ids(req.prompt_token_ids, info.vocab_size)
         fallback = self.settings.tokenizer_dir if info.model == self.settings.model_name else None
-        n, ids = await tokenize(req, info, str(fallback) if fallback is not None else None)
+        n, ids = await tokenize(req, info, str(fallback) if fallback is not None else None,
+                                self.published.get(info.tokenizer_files))
         if n is not None and n + (req.max_tokens or 1) > limit:
             raise ContextLengthExceeded(n, req.max_tokens or 1, limit)
         return ids

@@ -12,6 +12,9 @@ inferq:control                  pub/sub   control messages to all workers (cance
 inferq:workers:{model}          zset      worker id -> last heartbeat (unix s); the reaper removes dead ones
 inferq:worker:{wid}             string    the worker's :class:`shared.schemas.WorkerInfo` (TTL)
 inferq:worker:{wid}:jobs        set       ids of the jobs the worker is running (for the reaper)
+inferq:tokenizer:{digest}       hash      a model's tokenizer as a worker published it for gateways
+                                          (``tokenizer``, ``config``, ``chat_template``; TTL, kept by
+                                          the heartbeats of the workers that name it)
 inferq:reaper                   string    lock: one worker at a time looks for dead workers (TTL)
 inferq:queued                   zset      queued job ids -> time queued (the reaper finds lost messages)
 inferq:stats                    hash      cluster-wide counters (jobs ended by model, status and code;
@@ -94,6 +97,12 @@ def workers(model: str) -> str:
 def worker(worker_id: str) -> str:
     """The worker's self-description and engine stats; expires ``Settings.worker_ttl_s``."""
     return f"{PREFIX}:worker:{worker_id}"
+
+
+def tokenizer_files(digest: str) -> str:
+    """A model's tokenizer as a worker published it for gateways (a hash; worker/tokenizer_files.py),
+    named by the files' digest."""
+    return f"{PREFIX}:tokenizer:{digest}"
 
 
 def queue(model: str) -> str:

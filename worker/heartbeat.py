@@ -25,6 +25,7 @@ from inferq.shared import keys
 from inferq.shared.redis import make_redis
 from inferq.shared.schemas import WorkerInfo
 from inferq.shared.settings import Settings
+from inferq.worker import tokenizer_files
 from inferq.worker.loopthread import LoopThread
 from inferq.worker.reaper import forget_worker
 
@@ -107,6 +108,8 @@ class Heartbeat:
             p.set(keys.worker(wid), info.model_dump_json(), px=int(s.worker_ttl_s * 1000))
             p.zadd(keys.workers(s.model_name), {wid: info.last_seen})
             p.zadd(keys.MODELS, {s.model_name: info.last_seen})
+            if info.tokenizer_files:  # published files live while a worker names them
+                p.expire(info.tokenizer_files, tokenizer_files.TTL_S)
             score, held, *_ = await p.execute()
         reaped, self._registered = self._registered and score is None, True
         claimed = self.worker.claimed()

@@ -37,7 +37,7 @@ from inferq.shared.schemas import JobMessage, JobStatus, WorkerInfo
 from inferq.shared.settings import Settings
 from inferq.shared.store import JobStore
 from inferq.shared import logs, tracing
-from inferq.worker import control, metrics
+from inferq.worker import control, metrics, tokenizer_files
 from inferq.worker.death import EngineDeath, hard_exit
 from inferq.worker.engine import EngineHost
 from inferq.worker.handback import LocalHandBack
@@ -65,6 +65,7 @@ class WorkerRuntime:
         self.draining = False
         self.stopping = False
         self.redis: Redis | None = None
+        self.tokenizer_key: str | None = None  # the tokenizer as published for gateways
         self.runner: JobRunner | None = None
         self.handback: LocalHandBack | None = None
         self._control: asyncio.Task[None] | None = None
@@ -105,6 +106,11 @@ class WorkerRuntime:
                                 hand_back=self._hand_back_one, tool_call_parser=s.tool_call_parser)
         self.handback = LocalHandBack(self.runner, store, self.send, self.id, s.max_attempts)
         self._control = asyncio.get_running_loop().create_task(control.listen(self.redis, self.runner))
+        if (files := tokenizer_files.files_of(self.host.tokenizer)) is not None:
+            try:
+                self.tokenizer_key = await tokenizer_files.publish(self.redis, files)
+            except Exception as e:  # gateways then leave tokenizing to the workers
+                log.warning("could not publish the model's tokenizer for gateways: %s", e)
 
     def fail_undecodable(self, job_id: str, error: Exception) -> bool:
         """Called from a Celery thread: end the queued job whose message could not be decoded."""
@@ -188,6 +194,7 @@ class WorkerRuntime:
             max_model_len=self.host.max_model_len, max_num_seqs=self.settings.max_num_seqs,
             tokenizer=self.host.model_path, tool_call_parser=self.settings.tool_call_parser,
             vocab_size=self.host.vocab_size or None, prompt_probe=self.host.prompt_probe,
+            tokenizer_files=self.tokenizer_key,
             started_at=self.started_at, last_seen=time.time(),
             draining=self.draining, stats=stats,
             frontend=fe.index if (fe := self.host.frontend) else 0, frontends=fe.count if fe else 1,

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from inferq.api.metrics import PROMPTS
-from inferq.api.prompt_ids import GatewayTokenizer, gateway_tokenizer, tokenize
+from inferq.api.prompt_ids import GatewayTokenizer, Published, gateway_tokenizer, tokenize
 from inferq.api.service import JobService
 from inferq.shared import keys
 from inferq.shared.celery_app import make_celery
@@ -31,6 +31,8 @@ from inferq.shared.store import JobStore
 from inferq.worker.models import CHAT_TEMPLATE, tiny_model_dir
 from inferq.worker.prompt import encode_request
 from inferq.worker.runner import JobRunner
+from inferq.worker.tokenizer_files import TTL_S, files_of, publish
+from tests.unit.workerkit import GatedEngine, eventually, start_runtime
 
 CHAT_TURNS = [{"role": "system", "content": "Be brief.", "name": "ops"}, {"role": "user", "content": "Hi  there\n"},
               {"role": "assistant", "content": "Hello! 東京?"}, {"role": "user", "content": "naïve café 🙂"}]
@@ -182,3 +184,47 @@ def test_the_worker_runs_the_gateways_ids_as_they_are_checked_against_the_vocabu
     with pytest.raises(InvalidRequest) as e:
         runner.prompt_ids(msg.model_copy(update={"prompt_ids": [3, 10]}))
     assert e.value.param == "prompt"
+
+
+async def test_a_gateway_without_the_models_folder_uses_what_the_worker_published(r: Any, hf: Any) -> None:
+    """A gateway on another host: the worker's tokenizer comes from Redis, loaded in the background
+    (the first request goes without it), and its ids are the worker's."""
+    key = await publish(r, files_of(hf))
+    assert key == await publish(r, files_of(hf))  # the same files, the same key
+    worker = digests(partial(encode_request, hf))
+    elsewhere = info(Path("org/model"), worker).model_copy(update={"tokenizer_files": key})
+    published = Published(r)
+    assert published.get(key) is None  # loading
+    await eventually(lambda: _true(published.get(key) is not None), 30, "the published tokenizer loaded")
+    tok = published.get(key)
+    assert tok.probe == worker
+    for req in REQUESTS:
+        assert tok.encode(req) == encode_request(hf, req), req
+        n, ids = await tokenize(req, elsewhere, None, tok)
+        assert ids == encode_request(hf, req) and n == len(ids)
+
+    missing = Published(r)
+    assert missing.get("inferq:tokenizer:none") is None
+    await eventually(lambda: _true("inferq:tokenizer:none" in missing._failed), 30, "the missing key noted")
+    assert missing.get("inferq:tokenizer:none") is None and not missing._loading  # not looked for at once
+
+
+async def _true(x: bool) -> bool:
+    return x
+
+
+async def test_a_worker_publishes_its_tokenizer_and_its_heartbeat_keeps_it(r: Any, own_redis: str, hf: Any) -> None:
+    rig = start_runtime(own_redis, GatedEngine(), tokenizer=hf)
+    try:
+        raw = await r.get(keys.worker(rig.runtime.id))
+        key = WorkerInfo.model_validate_json(raw).tokenizer_files
+        assert key and (await r.hgetall(key)) == files_of(hf)
+        await r.expire(key, 5)
+        await eventually(lambda: _ttl_over(r, key, 60), 10, "a heartbeat refreshed the files' TTL")
+        assert await r.ttl(key) <= TTL_S
+    finally:
+        rig.stop()
+
+
+async def _ttl_over(r: Any, key: str, seconds: int) -> bool:
+    return await r.ttl(key) > seconds

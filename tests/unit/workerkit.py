@@ -107,7 +107,7 @@ class Rig:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
 
-def start_runtime(url: str, engine: Any, **settings: Any) -> Rig:
+def start_runtime(url: str, engine: Any, tokenizer: Any = None, **settings: Any) -> Rig:
     from inferq.shared.celery_app import make_celery
     from inferq.shared.settings import Settings
     from inferq.worker.runtime import WorkerRuntime
@@ -121,6 +121,8 @@ def start_runtime(url: str, engine: Any, **settings: Any) -> Rig:
         rig.exited.set()
 
     rig.runtime = rt = WorkerRuntime(s, make_celery(s), host=LoopHost(engine), exit=exit)  # type: ignore[arg-type]
+    if tokenizer is not None:  # a real one (the scripted engine's host has a stand-in)
+        rt.host.tokenizer = tokenizer
     rt.send = lambda msg: rig.events.append(("sent", msg.id))
     rt.reaper.send = lambda msg: rig.resent.append(msg.id)
     rt.start()
