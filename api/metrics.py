@@ -41,6 +41,10 @@ class FrameLike(Protocol):
     seq: int
     raw: str
 
+#: Whether this process's metrics live in multiprocess files: prometheus-client decides it once,
+#: when it is imported, from the environment (a later PROMETHEUS_MULTIPROC_DIR changes nothing).
+_MULTIPROCESS = bool(os.environ.get(MULTIPROC_ENV))
+
 LATENCY_BUCKETS = (.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 REQUESTS = Counter("inferq_http_requests_total", "HTTP requests and WebSocket sessions answered, by "
@@ -84,7 +88,7 @@ def process_exit() -> None:
 
 def exposition(extra: bytes = b"") -> tuple[bytes, str]:
     """Every process's metrics (summed in multiprocess mode), then ``extra`` (the queue's)."""
-    if os.environ.get(MULTIPROC_ENV):
+    if _MULTIPROCESS:
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
     else:

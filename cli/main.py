@@ -18,7 +18,8 @@ def cmd_api(args: argparse.Namespace) -> int:
 
     s = get_settings()
     workers = args.workers or s.api_workers
-    metrics.prepare_multiprocess()  # before any metric exists: the processes' counters add up
+    if workers > 1:  # each process creates its metrics after this: their counters add up at a scrape
+        metrics.prepare_multiprocess()
     # several processes need the app as an import string; they share nothing but Redis
     app = "inferq.api.app:create_app" if workers > 1 else create_app(s)
     # JSON logs: uvicorn's own loggers go through the root handler (shared/logs.py) too

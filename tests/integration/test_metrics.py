@@ -181,3 +181,12 @@ def test_dashboard_and_alert_queries_run_on_real_data(stack: Stack, prometheus: 
                 assert (prometheus.query(f"count({{__name__=\"{name}\"}})") or 0) > 0, name
     for port in stack.metrics_ports.values():  # the worker's readiness probe
         assert httpx.get(f"http://127.0.0.1:{port}/ready", timeout=5).status_code == 200
+
+
+def test_a_one_process_gateway_exports_its_own_metrics(stack: Stack) -> None:
+    """`inferq api` with one process (what `make run` starts) counts in memory and exports it."""
+    with httpx.Client(base_url=stack.base, timeout=60) as http:
+        assert wait_status(http, submit(http, prompt="one process", max_tokens=2))["status"] == "succeeded"
+        body = http.get("/metrics").text
+    assert 'inferq_http_requests_total{method="POST",route="/v1/jobs",status="202"}' in body
+    assert 'inferq_prompts_total{model="inferq-tiny",tokenized_by="gateway"}' in body
