@@ -4,8 +4,10 @@ Every token of an OpenAI stream is a chunk that differs from the last only in it
 and dumping the pydantic models for each one (a chunk, its choice with the serializer that keeps
 nulls, its delta) was a tenth of a gateway's CPU streaming SSE; the chunk is instead dumped once
 per stream and completion with a marker for its text, and each token's JSON is the text spliced
-in. Only ASCII text takes the template (``json.dumps`` and pydantic escape it alike, which the unit
-tests check character by character); other text goes through the models as before.
+in. Text a worker's event already holds as JSON (:class:`~inferq.api.streams.PlainToken`) is
+spliced as it is: pydantic wrote it, and pydantic escapes a string the same in any model. Other
+text takes the template when it is ASCII (``json.dumps`` and pydantic escape it alike, which the
+unit tests check character by character) and goes through the models otherwise.
 """
 
 from __future__ import annotations
@@ -26,6 +28,10 @@ class TextTemplate:
     def __init__(self, build: Callable[[str], BaseModel]) -> None:
         self.build = build
         self.head, self.tail = build(_MARK).model_dump_json(exclude_none=True).split(f'"{_MARK}"')
+
+    def fill_json(self, text_json: str) -> str:
+        """The chunk of a text given as pydantic's JSON of it, without the quotes."""
+        return f'{self.head}"{text_json}"{self.tail}'
 
     def fill(self, text: str) -> str:
         if text.isascii():

@@ -27,7 +27,6 @@ class BodyLimit:
         if declared is not None and declared.isdigit() and int(declared) > limit:
             return await to_response(BodyTooLarge(limit))(scope, receive, send)
         seen = 0
-        started = False
 
         async def limited_receive() -> dict[str, Any]:
             nonlocal seen
@@ -38,13 +37,7 @@ class BodyLimit:
                     raise PassThrough(BodyTooLarge(limit))
             return msg
 
-        async def tracking_send(msg: dict[str, Any]) -> None:
-            nonlocal started
-            started = started or msg["type"] == "http.response.start"
-            await send(msg)
-
-        try:
-            await self.app(scope, limited_receive, tracking_send)
-        except PassThrough as e:  # raised where no exception handler saw it
-            if not started:
-                await to_response(e)(scope, receive, send)
+        try:  # send is not wrapped: a wrapper would cost a call on every chunk a stream sends
+            await self.app(scope, limited_receive, send)
+        except PassThrough as e:  # raised where no exception handler saw it, reading the body:
+            await to_response(e)(scope, receive, send)  # no route answers before it has read that

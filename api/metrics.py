@@ -148,12 +148,17 @@ def token_count(raw: str) -> int:
 
 class StreamMeter:
     """One client stream's share of the metrics: open while inside, tokens as they are handed
-    on, and the job's time to first token when its first token goes out live. ``kind`` None: an
-    internal reader (a non-streamed response being collected), not counted."""
+    on (added to the counter every ``FLUSH_TOKENS`` and when the stream ends), and the job's time
+    to first token when its first token goes out live. ``kind`` None: an internal reader (a
+    non-streamed response being collected), not counted."""
+
+    #: tokens counted here before they are added to the shared counter (a lock per addition)
+    FLUSH_TOKENS = 64
 
     def __init__(self, kind: str | None) -> None:
         self.kind = kind
         self._tokens = STREAMED_TOKENS.labels(kind) if kind else None
+        self._pending = 0
 
     def __enter__(self) -> StreamMeter:
         if self.kind:
@@ -163,6 +168,9 @@ class StreamMeter:
     def __exit__(self, *exc: object) -> None:
         if self.kind:
             OPEN_STREAMS.labels(self.kind).dec()
+        if self._tokens is not None and self._pending:
+            self._tokens.inc(self._pending)
+            self._pending = 0
 
     async def __aenter__(self) -> StreamMeter:
         return self.__enter__()
@@ -180,5 +188,7 @@ class StreamMeter:
                 n += token_count(f.raw)
                 if f.seq == 1 and live and created_at:
                     TTFT.labels(model).observe(max(0.0, time.time() - created_at))
-        if n:
-            self._tokens.inc(n)
+        self._pending += n
+        if self._pending >= self.FLUSH_TOKENS:
+            self._tokens.inc(self._pending)
+            self._pending = 0

@@ -18,10 +18,11 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -37,6 +38,9 @@ from inferq.shared.store import Event, JobStore
 log = logging.getLogger(__name__)
 MAX_BATCH = 256  # frames handed on at once to a reader that is behind
 _TOKEN = '{"type":"token","seq":'  # how a worker's token event starts (pydantic keeps field order)
+# a plain token event exactly as a worker writes it (no logprobs, tool calls or prompt log-probs):
+# the text's JSON string body is the group between its quotes (a quote inside it is escaped)
+_PLAIN = re.compile(r'\{"type":"token","seq":(\d+),"index":(\d+),"text":"(.*)","n_tokens":(\d+)\}', re.S)
 
 
 class Frame(NamedTuple):
@@ -66,6 +70,30 @@ class Frame(NamedTuple):
         """The text to send a client: a token event as it is; others in their canonical form
         (the Lua scripts write a few events with cjson, which orders and omits fields its own way)."""
         return self.raw if self.type == "token" else parse_event(self.raw).model_dump_json(exclude_none=True)
+
+
+class PlainToken(NamedTuple):
+    """Consecutive plain token events of one completion, joined, with the text as the worker's JSON
+    wrote it (escaped, without its quotes): a stream splices ``text_json`` into its chunk's JSON,
+    which is what dumping the chunk would write, without decoding and encoding the text again.
+    Reads like a :class:`TokenEvent` without logprobs."""
+
+    seq: int
+    index: int
+    text_json: str
+    n_tokens: int
+
+    type = "token"
+    logprobs = None
+    tool_calls = None
+    prompt_logprobs = None
+
+    @property
+    def text(self) -> str:
+        return json.loads(f'"{self.text_json}"')
+
+    def event(self) -> TokenEvent:
+        return TokenEvent(seq=self.seq, index=self.index, text=self.text, n_tokens=self.n_tokens)
 
 
 class Head(NamedTuple):
@@ -222,10 +250,11 @@ class StreamHub:
         raise AssertionError("unreachable")
 
     async def events(self, job_id: str, after: int = 0, merge: bool = False,
-                     kind: str | None = None) -> AsyncIterator[Event]:
+                     kind: str | None = None) -> AsyncIterator[Event | PlainToken]:
         """Every event of the job with ``seq > after``, exactly once and in order, up to the last.
-        With ``merge``, token events that were already waiting together come as one (a reader
-        that is behind gets fewer, larger deltas; their ``seq`` is the last one's). ``kind``: a
+        With ``merge``, plain token events come as :class:`PlainToken`, and those that were already
+        waiting together as one (a reader that is behind gets fewer, larger deltas; their ``seq``
+        is the last one's). ``kind``: a
         client stream of that kind (``ws``, ``sse``), counted in the gateway's metrics."""
         async for batch in self.batches(job_id, after, kind):
             for ev in merged(batch) if merge else [f.event() for f in batch]:
@@ -285,28 +314,27 @@ def _upto_terminal(frames: list[Frame]) -> list[Frame]:
     return frames[:end + 1]
 
 
-def merged(frames: list[Frame]) -> list[Event]:
+def merged(frames: list[Frame]) -> list[Event | PlainToken]:
     """The frames' events, consecutive plain token events of the same completion joined into
-    one (texts and token counts added up, ``seq`` the last one's). Events with logprobs, and all
-    others, pass as they are."""
-    out: list[Event] = []
-    run: dict[str, Any] | None = None
+    one :class:`PlainToken` (texts and token counts added up, ``seq`` the last one's). Events with
+    logprobs, and all others, pass as they are."""
+    out: list[Event | PlainToken] = []
+    run: PlainToken | None = None
     for f in frames:
-        if f.plain_token:
-            d = json.loads(f.raw)
-            if run is not None and run.get("index", 0) == d.get("index", 0):
-                run["text"] += d["text"]
-                run["n_tokens"] = run.get("n_tokens", 0) + d.get("n_tokens", 0)
-                run["seq"] = d["seq"]
+        m = _PLAIN.fullmatch(f.raw) if f.type == "token" else None
+        if m is not None:
+            seq, index, text, n = int(m[1]), int(m[2]), m[3], int(m[4])
+            if run is not None and run.index == index:
+                run = PlainToken(seq, index, run.text_json + text, run.n_tokens + n)
                 continue
             if run is not None:
-                out.append(TokenEvent.model_construct(**run))
-            run = d
+                out.append(run)
+            run = PlainToken(seq, index, text, n)
             continue
         if run is not None:
-            out.append(TokenEvent.model_construct(**run))
+            out.append(run)
             run = None
         out.append(f.event())
     if run is not None:
-        out.append(TokenEvent.model_construct(**run))
+        out.append(run)
     return out

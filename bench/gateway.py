@@ -79,8 +79,8 @@ def _client(kind: str, base: str, jobs: list[str] | int, k: int, ready: Any, out
 
     async def sse_follow(http: httpx.AsyncClient) -> None:
         body = {"model": "inferq-tiny", "messages": [{"role": "user", "content": "x"}], "stream": True}
+        opened()  # the gateway answers once the first token is there: the publisher waits for the jobs
         async with http.stream("POST", "/v1/chat/completions", json=body) as r:
-            opened()
             async for line in r.aiter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue

@@ -9,7 +9,7 @@ from typing import Annotated, TypeVar
 
 from fastapi import APIRouter, Body, Header, Request
 from fastapi.responses import Response
-from sse_starlette import EventSourceResponse
+from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.types import Message, Send
 
 from inferq.api import openai_compat as oc
@@ -84,32 +84,39 @@ async def _stream(request: Request, payloads: AsyncIterator[oc.Payload], service
     if first.error is not None:
         raise first.error
 
-    async def resumed() -> AsyncIterator[oc.Payload]:
-        yield first
-        async for p in payloads:
-            yield p
-
-    return _sse(resumed(), service, job_ids, headers)
+    return _sse(payloads, service, job_ids, headers, first)
 
 
 def _sse(payloads: AsyncIterator[oc.Payload], service: JobService, job_ids: list[str],
-         headers: dict[str, str]) -> EventSourceResponse:
-    """Stream ``payloads``; a client leaving mid-stream cancels ``job_ids`` (none: the jobs live on)."""
+         headers: dict[str, str], first: oc.Payload | None = None) -> EventSourceResponse:
+    """Stream ``first`` (when given), then ``payloads``; a client leaving mid-stream cancels
+    ``job_ids`` (none: the jobs live on)."""
 
-    async def events() -> AsyncIterator[dict[str, str]]:
+    async def events() -> AsyncIterator[bytes]:
         finished = False
         try:
+            if first is not None:
+                finished = first.last
+                yield _encoded(first)
             async for p in payloads:
                 finished = p.last
-                yield {"event": p.event, "data": p.data} if p.event else {"data": p.data}
+                yield _encoded(p)
         except Exception as e:  # the gateway failed mid-stream (Redis away): say so, as the last payload
             finished = True
-            yield {"data": error_body(typed(e)).model_dump_json()}
+            yield _encoded(oc.Payload(error_body(typed(e)).model_dump_json()))
         finally:
             if not finished:  # the client went away mid-stream: abort its jobs
                 _cancel_later(service, job_ids)
 
     return EventStream(events(), sep="\n", ping=15, headers=headers)
+
+
+def _encoded(p: oc.Payload) -> bytes:
+    """The payload's SSE event. A payload is one line of JSON (or ``[DONE]``), written here as
+    sse-starlette would write it, without building its event object for every token."""
+    if "\n" in p.data or "\r" in p.data or (p.event and ("\n" in p.event or "\r" in p.event)):
+        return ServerSentEvent(p.data, event=p.event, sep="\n").encode()
+    return (f"event: {p.event}\ndata: {p.data}\n\n" if p.event else f"data: {p.data}\n\n").encode()
 
 
 IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key")]

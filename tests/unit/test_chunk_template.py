@@ -30,3 +30,32 @@ def test_every_text_fills_to_the_models_own_json(build) -> None:
 
 def test_the_template_keeps_the_nulls_openai_sends() -> None:
     assert '"logprobs":null' in TextTemplate(chat).fill("x") and '"finish_reason":null' in TextTemplate(chat).fill("x")
+
+
+@pytest.mark.parametrize("build", [chat, completion])
+def test_a_workers_plain_token_events_splice_to_the_models_own_json(build) -> None:
+    """The text of plain token events, as a worker writes them, joined (a reader that is behind)
+    and spliced into the chunk as JSON: the same bytes as dumping the chunk of the joined text."""
+    from inferq.api.streams import PlainToken, frame, merged
+    from inferq.shared.schemas import TokenEvent
+
+    t = TextTemplate(build)
+    for i, text in enumerate(TEXTS):
+        pieces = [text, TEXTS[-1 - i], "", 'q"\\']
+        frames = [frame(TokenEvent(seq=s, index=1, text=p, n_tokens=1).model_dump_json(exclude_none=True))
+                  for s, p in enumerate(pieces, 1)]
+        (one,) = merged(frames)
+        assert isinstance(one, PlainToken) and (one.seq, one.index, one.n_tokens) == (4, 1, 4)
+        assert one.text == "".join(pieces), repr(text)
+        assert t.fill_json(one.text_json) == build(one.text).model_dump_json(exclude_none=True), repr(text)
+
+
+def test_sse_events_are_written_as_sse_starlette_writes_them() -> None:
+    from sse_starlette import ServerSentEvent
+
+    from inferq.api.openai_compat import Payload
+    from inferq.api.routes.openai import _encoded
+
+    for data, event in [('{"a":"b"}', None), ("[DONE]", None), ('{"x":1}', "response.created"),
+                        ("two\nlines", None), ("cr\rlf\r\n", "e"), ("x", "bad\nname")]:
+        assert _encoded(Payload(data, event=event)) == ServerSentEvent(data, event=event, sep="\n").encode()

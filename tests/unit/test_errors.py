@@ -174,6 +174,10 @@ class ScriptedHub:
         if self.then is not None:
             raise self.then
 
+    async def batches(self, job_id: str, after: int = 0, kind: str | None = None) -> AsyncIterator[list[Frame]]:
+        async for f in self.frames(job_id, after):
+            yield [f]
+
     async def events(self, job_id: str, after: int = 0, merge: bool = False, kind: str | None = None) -> AsyncIterator[object]:
         async for f in self.frames(job_id, after):
             yield f.event()

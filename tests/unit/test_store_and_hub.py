@@ -342,7 +342,7 @@ def test_merged_joins_consecutive_plain_deltas_of_one_completion() -> None:
            DoneEvent(seq=7, finish_reason="stop")]
     got = merged([frame(e.model_dump_json(exclude_none=True)) for e in evs])
     assert [(e.seq, getattr(e, "text", None)) for e in got] == [(2, "ab"), (3, "x"), (4, "y"), (6, "zw"), (7, None)]
-    assert got[0] == TokenEvent(seq=2, text="ab", n_tokens=3) and got[2].logprobs == lp
+    assert got[0].event() == TokenEvent(seq=2, text="ab", n_tokens=3) and got[2].logprobs == lp
 
 
 async def test_hub_batches_what_waited_and_merges_on_request(store, redis_server) -> None:
