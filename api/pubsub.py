@@ -25,6 +25,7 @@ from redis.asyncio.connection import SSLConnection, parse_url
 
 log = logging.getLogger(__name__)
 CONNECT_TIMEOUT_S = 5.0
+WRITE_BUFFER_WAIT = 1 << 16  # bytes of (un)subscribe commands not yet sent before one waits for them
 
 
 def _command(*parts: str) -> bytes:
@@ -85,8 +86,9 @@ class Subscriber:
         if w is None or w.is_closing():
             return
         w.write(_command(*parts))
-        async with asyncio.timeout(CONNECT_TIMEOUT_S):
-            await w.drain()
+        if w.transport.get_write_buffer_size() > WRITE_BUFFER_WAIT:  # Redis is slow to read: wait
+            async with asyncio.timeout(CONNECT_TIMEOUT_S):
+                await w.drain()
 
     async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         o = self._opts

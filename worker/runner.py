@@ -74,7 +74,7 @@ class Progress:
 
     seq: int = 0
     prompt_tokens: int = 0
-    texts: dict[int, str] = field(default_factory=dict)
+    texts: dict[int, list[str]] = field(default_factory=dict)  # per completion, its pieces
     tokens: dict[int, int] = field(default_factory=dict)
     finish: dict[int, ChoiceEnd] = field(default_factory=dict)
 
@@ -394,7 +394,7 @@ class JobRunner:
                             if (echoed := prompt.echo(c.index)) is not None:  # the prompt first
                                 text = echoed[0] + text
                                 lps = None if echoed[1] is None else [*echoed[1], *(lps or [])]
-                            p.texts[c.index] = p.texts.get(c.index, "") + text
+                            p.texts.setdefault(c.index, []).append(text)  # joined once, at the end
                             p.tokens[c.index] = p.tokens.get(c.index, 0) + len(c.token_ids)
                             if tc is not None:  # what the parser says is content, and the calls
                                 content, pieces = tc.feed(c.text, list(c.token_ids))
@@ -495,7 +495,8 @@ class JobRunner:
         ends = [p.finish.get(i) or ChoiceEnd(index=i, finish_reason=None) for i in range(n)]
         if status is JobStatus.cancelled:
             ends = [ChoiceEnd(index=e.index, finish_reason=e.finish_reason or "cancelled") for e in ends]
-        choices = [ChoiceView(index=i, text=p.texts.get(i, ""), finish_reason=ends[i].finish_reason) for i in range(n)]
+        choices = [ChoiceView(index=i, text="".join(p.texts.get(i, ())), finish_reason=ends[i].finish_reason)
+                   for i in range(n)]
         usage = p.usage()
         fields: dict[str, object] = dict(status=status, finished_at=time.time(), usage=usage,
                                          choices=[c.model_dump() for c in choices],
