@@ -20,7 +20,6 @@ import json
 import multiprocessing as mp
 import os
 import secrets
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -32,7 +31,7 @@ import httpx
 import numpy as np
 import psutil
 
-from bench.stack import Procs, base_env, free_port, http_ok, start_redis
+from bench.stack import Procs, base_env, free_port, http_ok, py_spy, start_redis
 from bench.sysinfo import cpu_model
 from inferq.shared.redis import make_redis
 from inferq.shared.schemas import DoneEvent, JobRecord, JobRequest, TokenEvent
@@ -217,8 +216,7 @@ def run_rate(redis_url: str, base: str, gw: psutil.Process, kind: str, rate: flo
 
 
 def _profile(pid: int, seconds: float, path: Path) -> subprocess.Popen[bytes] | None:
-    exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-    if not os.path.exists(exe):
+    if (exe := py_spy()) is None:
         print("py-spy not found; no profile", file=sys.stderr)
         return None
     return subprocess.Popen([exe, "record", "-p", str(pid), "-d", str(int(seconds)), "-r", "200", "--gil",

@@ -8,6 +8,7 @@ everything it started, in reverse order, on exit and on error.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -63,3 +64,9 @@ def start_naive(procs: Procs, w: Workload, model_path: str, mode: str, batch_siz
     base = f"http://127.0.0.1:{port}"
     procs.wait(lambda: http_ok(f"{base}/health"), 900, f"naive server {name}")
     return base
+
+
+def py_spy() -> str | None:
+    """py-spy's executable: on PATH, or next to this interpreter (a venv not activated)."""
+    exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    return exe if os.path.exists(exe) else None

@@ -34,7 +34,7 @@ from typing import Any
 
 import psutil
 
-from bench.stack import Procs
+from bench.stack import Procs, py_spy
 from bench.standin import LoopHost, Out, Step
 from bench.sysinfo import cpu_model
 from inferq.cli.procs import free_port, start_redis
@@ -166,8 +166,8 @@ def main(argv: list[str] | None = None) -> int:
         results = []
         for i, jobs in enumerate(levels):
             spy = None
-            if a.profile and i == len(levels) - 1:
-                spy = subprocess.Popen(["py-spy", "record", "--format", "raw", "--threads", "-r", "200",
+            if a.profile and i == len(levels) - 1 and (exe := py_spy()) is not None:
+                spy = subprocess.Popen([exe, "record", "--format", "raw", "--threads", "-r", "200",
                                         "-o", a.profile, "--pid", str(os.getpid()), "--nonblocking"],
                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 time.sleep(1.0)
