@@ -130,7 +130,7 @@ class JobService:
         n, ids = await tokenize(req, info, str(fallback) if fallback is not None else None,
                                 self.published.get(info.tokenizer_files))
         if n is not None and n + (req.max_tokens or 1) > limit:
-            raise ContextLengthExceeded(n, req.max_tokens or 1, limit)
+            raise ContextLengthExceeded(n, req.max_tokens or 1, limit, req.prompt_param)
         return ids
 
     async def submit(self, req: JobRequest, *, owner: str | None = None, job_id: str | None = None,

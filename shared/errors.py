@@ -61,11 +61,21 @@ class InvalidRequest(InferqError):
 
 
 class ContextLengthExceeded(InvalidRequest):
-    """Prompt tokens plus ``max_tokens`` do not fit the model's context window."""
+    """Prompt tokens plus ``max_tokens`` do not fit the model's context window. A prompt that
+    leaves no room for even one token names the prompt's field (``prompt_param``: ``prompt`` or
+    ``messages``), since no ``max_tokens`` would help; otherwise the error names ``max_tokens``."""
 
     default_code = "context_length_exceeded"
 
-    def __init__(self, prompt_tokens: int, max_tokens: int, max_model_len: int) -> None:
+    def __init__(self, prompt_tokens: int, max_tokens: int, max_model_len: int,
+                 prompt_param: str = "prompt") -> None:
+        if prompt_tokens >= max_model_len:
+            super().__init__(
+                f"this model's maximum context length is {max_model_len} tokens; the prompt alone has "
+                f"{prompt_tokens} tokens, which leaves no room for output: shorten the prompt",
+                param=prompt_param,
+            )
+            return
         super().__init__(
             f"this model's maximum context length is {max_model_len} tokens; the request has "
             f"{prompt_tokens} prompt tokens and asks for {max_tokens} more "

@@ -210,6 +210,11 @@ class JobRequest(SamplingOptions):
             raise ValueError("give at most one of 'json_schema', 'json_object', 'choice', 'regex' and 'grammar'")
         return self
 
+    @property
+    def prompt_param(self) -> str:
+        """The request field that holds its prompt, as an error names it (ids count as ``prompt``)."""
+        return "messages" if self.messages is not None else "prompt"
+
     def chat_messages(self) -> list[dict[str, Any]]:
         """``messages`` as the chat template is given them, after ``instructions`` as a system turn."""
         system = [{"role": "system", "content": self.instructions}] if self.instructions is not None else []

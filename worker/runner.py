@@ -175,7 +175,8 @@ class JobRunner:
         o = msg.request
         max_tokens = o.max_tokens or min(self.default_max_tokens, self.host.max_model_len - prompt_tokens)
         if max_tokens < 1 or prompt_tokens + max_tokens > self.host.max_model_len:
-            raise ContextLengthExceeded(prompt_tokens, max(max_tokens, 1), self.host.max_model_len)
+            raise ContextLengthExceeded(prompt_tokens, max(max_tokens, 1), self.host.max_model_len,
+                                        o.prompt_param)
         structured = None
         if o.json_schema is not None:
             structured = StructuredOutputsParams(json=o.json_schema)

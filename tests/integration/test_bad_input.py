@@ -93,6 +93,10 @@ def test_chat_over_context_is_400_before_queueing_where_the_gateway_renders_it(s
         assert r.status_code == 400, r.text
         err = r.json()["error"]
         assert err["code"] == "context_length_exceeded" and str(TINY_MAX_LEN) in err["message"]
+        assert err["param"] == "messages" and "prompt alone" in err["message"]  # no max_tokens would fit it
+        r = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "word " * 900}],
+                                                     "max_tokens": TINY_MAX_LEN - 100})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens", r.text
 
 
 def test_chat_over_context_fails_the_job_with_the_reason_where_only_the_worker_counts(stack) -> None:
@@ -104,7 +108,7 @@ def test_chat_over_context_fails_the_job_with_the_reason_where_only_the_worker_c
         view = wait_status(http, job_id)
         assert view["status"] == "failed"
         assert (view["error"]["type"], view["error"]["code"]) == ("invalid_request_error", "context_length_exceeded")
-        assert str(TINY_MAX_LEN) in view["error"]["message"]
+        assert str(TINY_MAX_LEN) in view["error"]["message"] and view["error"]["param"] == "messages"
         ok = wait_status(http, submit(http, prompt="still alive", max_tokens=4))
         assert ok["status"] == "succeeded"
 

@@ -133,6 +133,12 @@ def test_legacy_record_reads_back_in_todays_shape() -> None:
                                                      message="gone")
 
 
+def test_context_error_names_the_prompt_when_no_max_tokens_could_fit() -> None:
+    assert ContextLengthExceeded(10, 100, 64).param == "max_tokens"
+    full = ContextLengthExceeded(64, 1, 64, "messages")
+    assert full.param == "messages" and "prompt alone has 64 tokens" in full.message and "64 tokens" in full.message
+
+
 def test_error_info_round_trips_the_typed_error() -> None:
     err = ContextLengthExceeded(10, 100, 64)
     info = ErrorInfo.of(err)

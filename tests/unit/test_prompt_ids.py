@@ -169,7 +169,7 @@ async def test_submit_sends_the_ids_with_the_job_and_refuses_a_chat_prompt_past_
 
     with pytest.raises(ContextLengthExceeded) as e:  # the gateway counts chat prompts now
         await service.submit(JobRequest(messages=[{"role": "user", "content": "many words " * 40}], max_tokens=4))
-    assert "prompt tokens" in e.value.message
+    assert "prompt alone has" in e.value.message and e.value.param == "messages"
 
 
 def test_the_worker_runs_the_gateways_ids_as_they_are_checked_against_the_vocabulary() -> None:
