@@ -69,12 +69,3 @@ def load(folder: Path) -> ChatTemplate:
         raise Unavailable("the model has no chat template this gateway can read (tokenizer_config.json or "
                           "chat_template.jinja)", code="tokenizer_unavailable")
     return ChatTemplate(source, config)
-
-
-def render_chat(folder: Path | None, messages: list[dict[str, Any]], add_generation_prompt: bool,
-                tools: list[dict[str, Any]] | None) -> str:
-    """The prompt text of ``messages`` under the chat template in ``folder``."""
-    if folder is None:
-        raise Unavailable("this gateway cannot read the model's tokenizer: set INFERQ_TOKENIZER_PATH",
-                          code="tokenizer_unavailable")
-    return load(folder).render(messages, add_generation_prompt, tools)

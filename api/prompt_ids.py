@@ -11,12 +11,14 @@ model's folder where it can read it, or from what the workers published in Redis
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
 from collections.abc import Callable
 from functools import cached_property, partial
 from pathlib import Path
+from typing import Any
 
 from redis.asyncio import Redis
 from tokenizers import Tokenizer
@@ -47,8 +49,13 @@ class GatewayTokenizer:
         ``encode_request`` makes them."""
         if req.messages is None:
             return list(self.tokenizer.encode(req.prompt).ids)
-        text = self._template().render(req.chat_messages(), req.add_generation_prompt, req.tools)
+        text = self.render_chat(req.chat_messages(), req.add_generation_prompt, req.tools)
         return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool,
+                    tools: list[dict[str, Any]] | None) -> str:
+        """The messages rendered with the model's chat template (Unavailable: it has none)."""
+        return self._template().render(messages, add_generation_prompt, tools)
 
     @cached_property
     def probe(self) -> dict[str, str]:
@@ -106,6 +113,17 @@ class Published:
             task = asyncio.get_running_loop().create_task(self._load(key))
             self._loading[key] = task
             task.add_done_callback(lambda _t: self._loading.pop(key, None))
+        return tok
+
+    async def wait(self, key: str | None, timeout_s: float = 10.0) -> GatewayTokenizer | None:
+        """:meth:`get`, waiting for a load it starts or finds under way (for a client that asked
+        for the tokenizer itself: ``/tokenize``)."""
+        tok = self.get(key)
+        if tok is None and key is not None and (task := self._loading.get(key)) is not None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout_s):
+                    await asyncio.shield(task)
+            tok = self._got.get(key)
         return tok
 
     async def _load(self, key: str) -> None:

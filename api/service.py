@@ -21,11 +21,10 @@ from inferq.api.auth import Principal
 from inferq.api.metrics import PROMPTS
 from inferq.api.prompt_ids import Published, tokenize
 from inferq.shared import keys
-from inferq.shared.errors import ContextLengthExceeded, InvalidRequest, NotFound, RateLimited, Unavailable, job_not_found
+from inferq.shared.errors import ContextLengthExceeded, InvalidRequest, NotFound, RateLimited, job_not_found
 from inferq.shared.schemas import (
     ChoiceView,
     ControlMessage,
-    ErrorInfo,
     JobLinks,
     JobRecord,
     JobRequest,

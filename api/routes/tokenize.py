@@ -1,6 +1,6 @@
 """``/tokenize`` and ``/detokenize``, as vLLM's server has them, for the default model: the gateway
-reads the model's ``tokenizer.json`` itself (``Settings.tokenizer_dir``; the ``tokenizers`` library,
-no vLLM), so they cost no worker time. A prompt is counted as a worker counts it; chat messages
+reads the model's ``tokenizer.json`` itself (``Settings.tokenizer_dir``, a worker's model folder, or
+what the workers published in Redis; the ``tokenizers`` library, no vLLM), so they cost no worker time. A prompt is counted as a worker counts it; chat messages
 are rendered with the model's chat template first (``api/chat_template.py``), as the worker does.
 """
 
@@ -8,11 +8,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
-from tokenizers import Tokenizer
 
-from inferq.api.chat_template import render_chat
 from inferq.api.deps import Caller, Service
-from inferq.api.prompt_ids import gateway_tokenizer
+from inferq.api.prompt_ids import GatewayTokenizer, gateway_tokenizer
 from inferq.api.openai_schemas import OpenAIMessage, ToolDef
 from inferq.api.service import JobService
 from inferq.shared.errors import InvalidRequest, NotFound, Unavailable
@@ -56,17 +54,24 @@ class DetokenizeResponse(BaseModel):
     prompt: str
 
 
-def _tokenizer(service: JobService, model: str | None) -> Tokenizer:
+async def _tokenizer(service: JobService, model: str | None) -> GatewayTokenizer:
+    """The default model's tokenizer: from ``INFERQ_TOKENIZER_PATH``, else a live worker's model
+    folder where this gateway can read it, else what the workers published in Redis (a gateway on
+    another host)."""
     settings = service.settings
     if model not in (None, settings.model_name):
         raise NotFound(f"model {model!r}: this gateway tokenizes only its default model "
                        f"{settings.model_name!r}", param="model", code="model_not_found")
     folder = settings.tokenizer_dir
-    tok = gateway_tokenizer(str(folder)) if folder is not None else None
-    if tok is None:
-        raise Unavailable("this gateway cannot read the model's tokenizer: set INFERQ_TOKENIZER_PATH to a "
-                          "folder with its tokenizer.json", code="tokenizer_unavailable")
-    return tok.tokenizer
+    if folder is not None and (tok := gateway_tokenizer(str(folder))) is not None:
+        return tok
+    for w in await service.live_workers(settings.model_name):
+        tok = gateway_tokenizer(w.tokenizer) if w.tokenizer else None
+        if tok is not None or (tok := await service.published.wait(w.tokenizer_files)) is not None:
+            return tok
+    raise Unavailable("this gateway cannot read the model's tokenizer, and no live worker of it has "
+                      "published one: set INFERQ_TOKENIZER_PATH to a folder with its tokenizer.json",
+                      code="tokenizer_unavailable")
 
 
 async def _max_model_len(service: JobService) -> int | None:
@@ -78,20 +83,20 @@ async def _max_model_len(service: JobService) -> int | None:
 async def tokenize(req: TokenizeRequest | TokenizeChatRequest, service: Service, _: Caller) -> TokenizeResponse:
     """The token ids of a prompt, or of chat messages rendered with the model's chat template, as
     the default model's tokenizer gives them."""
-    tok = _tokenizer(service, req.model)
+    tok = await _tokenizer(service, req.model)
     if isinstance(req, TokenizeChatRequest):
-        text = render_chat(service.settings.tokenizer_dir, [m.to_chat().template_dict() for m in req.messages],
-                           req.add_generation_prompt, [t.model_dump(exclude_none=True) for t in req.tools or ()] or None)
+        text = tok.render_chat([m.to_chat().template_dict() for m in req.messages], req.add_generation_prompt,
+                               [t.model_dump(exclude_none=True) for t in req.tools or ()] or None)
     else:
         text = req.prompt
-    ids = tok.encode(text, add_special_tokens=req.add_special_tokens).ids
+    ids = tok.tokenizer.encode(text, add_special_tokens=req.add_special_tokens).ids
     return TokenizeResponse(count=len(ids), max_model_len=await _max_model_len(service), tokens=ids)
 
 
 @router.post("/detokenize", response_model=DetokenizeResponse)
 async def detokenize(req: DetokenizeRequest, service: Service, _: Caller) -> DetokenizeResponse:
     """The text of token ids (special tokens left out, as vLLM's server does)."""
-    tok = _tokenizer(service, req.model)
+    tok = (await _tokenizer(service, req.model)).tokenizer
     if any(not 0 <= t < tok.get_vocab_size() for t in req.tokens):
         raise InvalidRequest(f"tokens: every id must be from 0 to {tok.get_vocab_size() - 1}", param="tokens")
     return DetokenizeResponse(prompt=tok.decode(req.tokens, skip_special_tokens=True))

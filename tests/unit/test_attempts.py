@@ -31,7 +31,7 @@ from inferq.shared.schemas import (
 from inferq.shared.store import JobStore
 from inferq.worker.runner import JobRunner
 from inferq.worker.writer import EventWriter
-from tests.unit.test_runner import ScriptedEngine, ScriptedHost, Step, script
+from tests.unit.test_runner import ScriptedEngine, ScriptedHost, script
 
 
 @dataclass

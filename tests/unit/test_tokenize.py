@@ -44,7 +44,7 @@ def test_chat_messages_are_rendered_as_the_worker_renders_them(redis_server) -> 
     apply_chat_template on the same folder), so /tokenize counts what the engine will see."""
     from transformers import AutoTokenizer
 
-    from inferq.api.chat_template import render_chat
+    from inferq.api.chat_template import load
     from inferq.worker.models import tiny_model_dir
 
     folder = tiny_model_dir(Settings())
@@ -54,7 +54,7 @@ def test_chat_messages_are_rendered_as_the_worker_renders_them(redis_server) -> 
                 {"role": "tool", "content": "42", "tool_call_id": "c1"}]
     hf = AutoTokenizer.from_pretrained(str(folder))
     for gen in (True, False):
-        assert render_chat(folder, messages, gen, None) == hf.apply_chat_template(
+        assert load(folder).render(messages, gen, None) == hf.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=gen)
     with app(redis_server.url) as c:
         r = c.post("/tokenize", json={"messages": messages[:2]})
@@ -63,3 +63,45 @@ def test_chat_messages_are_rendered_as_the_worker_renders_them(redis_server) -> 
         assert r.json()["tokens"] == hf.encode(text, add_special_tokens=False)
         bad = c.post("/tokenize", json={"messages": []})
         assert bad.status_code == 400 and "messages" in bad.text
+
+
+def test_a_gateway_without_the_models_folder_tokenizes_with_what_a_live_worker_published(
+        redis_server, tmp_path: Path) -> None:
+    """A gateway on another host (INFERQ_TOKENIZER_PATH unreadable, the worker's folder too) answers
+    /tokenize and /detokenize with the tokenizer a live worker published in Redis."""
+    import asyncio
+    import time
+
+    from transformers import AutoTokenizer
+
+    from inferq.shared import keys
+    from inferq.shared.redis import make_redis
+    from inferq.shared.schemas import WorkerInfo
+    from inferq.worker.models import tiny_model_dir
+    from inferq.worker.tokenizer_files import files_of, publish
+
+    hf = AutoTokenizer.from_pretrained(str(tiny_model_dir(Settings())))
+    with app(redis_server.url, tokenizer_path=tmp_path) as c:
+        model = c.app.state.settings.model_name
+        assert c.post("/tokenize", json={"prompt": "x"}).status_code == 503  # no worker yet
+
+        async def register() -> None:
+            r = make_redis(redis_server.url)
+            key = await publish(r, files_of(hf))
+            now = time.time()
+            info = WorkerInfo(id="w-elsewhere", model=model, host="other", pid=1, max_model_len=512, max_num_seqs=4,
+                              tokenizer="/nowhere/on/this/host", tokenizer_files=key, started_at=now, last_seen=now)
+            await r.set(keys.worker(info.id), info.model_dump_json())
+            await r.zadd(keys.workers(model), {info.id: now})
+            await r.aclose()
+
+        asyncio.run(register())
+        r = c.post("/tokenize", json={"prompt": "The sky is blue"})
+        assert r.status_code == 200, r.text
+        assert r.json()["tokens"] == hf.encode("The sky is blue") and r.json()["max_model_len"] == 512
+        chat = [{"role": "user", "content": "Hi"}]
+        r = c.post("/tokenize", json={"messages": chat})
+        text = hf.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+        assert r.status_code == 200 and r.json()["tokens"] == hf.encode(text, add_special_tokens=False), r.text
+        back = c.post("/detokenize", json={"tokens": hf.encode("blue sky", add_special_tokens=False)})
+        assert back.json() == {"prompt": "blue sky"}
