@@ -135,16 +135,17 @@ redis.call('PUBLISH', KEYS[4], data)
 return result
 """
 
-# KEYS: per event its job hash, log and channel. ARGV: per event its attempt, seq, JSON and ttl ('' =
-# leave the TTL). Appends many events (of many jobs) in one call; per event 1 (written), 0 (that
-# attempt no longer owns the job) or an error text. An event that does not follow the last logged
+# KEYS: per event its job hash, log and channel. ARGV: per event its attempt, seq, JSON, ttl ('' =
+# leave the TTL) and the job's first_token_at to record with it ('' = none). Appends many events (of
+# many jobs) in one call; per event 1 (written), 0 (that attempt no longer owns the job) or an error text. An event that does not follow the last logged
 # one is refused: XADD refuses a seq already logged, and a seq past the next one is an error (an
 # earlier event was lost), so a log never has a hole.
 _APPEND = _LAST_SEQ + f"""
 local out = {{}}
 for i = 0, #KEYS / 3 - 1 do
   local h, log, ch = KEYS[3 * i + 1], KEYS[3 * i + 2], KEYS[3 * i + 3]
-  local attempt, seq, data, ttl = ARGV[4 * i + 1], ARGV[4 * i + 2], ARGV[4 * i + 3], ARGV[4 * i + 4]
+  local attempt, seq, data, ttl, first = ARGV[5 * i + 1], ARGV[5 * i + 2], ARGV[5 * i + 3], ARGV[5 * i + 4],
+    ARGV[5 * i + 5]
   if redis.call('HGET', h, 'status') ~= '{_Q("running")}' or redis.call('HGET', h, 'attempt') ~= attempt then
     out[i + 1] = 0
   else
@@ -159,6 +160,9 @@ for i = 0, #KEYS / 3 - 1 do
         if ttl ~= '' then
           redis.call('EXPIRE', log, ttl)
           redis.call('EXPIRE', h, ttl)
+        end
+        if first ~= '' then
+          redis.call('HSET', h, 'first_token_at', first)
         end
         redis.call('PUBLISH', ch, data)
         out[i + 1] = 1
@@ -392,10 +396,11 @@ class JobStore:
             keys=[keys.job(job_id), keys.job_log(job_id), keys.job_channel(job_id), keys.QUEUED, keys.STATS],
             args=[str(time.time()), job_id, hash_fields(error=error)["error"], self.ttl_s]))
 
-    async def append(self, items: Sequence[tuple[str, int, Event]]) -> list[Exception | bool]:
-        """Log and publish many jobs' events (job id, attempt, event) in one round trip: one script
-        call per :data:`APPEND_CHUNK` events, in order. Per item: True (written), False (that attempt
-        no longer owns the job) or the error.
+    async def append(self, items: Sequence[tuple[str, int, Event] | tuple[str, int, Event, float | None]]
+                     ) -> list[Exception | bool]:
+        """Log and publish many jobs' events (job id, attempt, event[, the job's first_token_at to
+        record with it]) in one round trip: one script call per :data:`APPEND_CHUNK` events, in
+        order. Per item: True (written), False (that attempt no longer owns the job) or the error.
 
         The calls go as plain EVALSHA in a pipeline: redis-py's pipeline of registered scripts asks
         SCRIPT EXISTS before every execute, a second round trip per batch. A Redis that lost the
@@ -405,10 +410,11 @@ class JobStore:
         for start in range(0, len(items), APPEND_CHUNK):
             ks: list[str | int] = []
             args: list[str | int] = []
-            for job_id, attempt, ev in items[start:start + APPEND_CHUNK]:
+            for job_id, attempt, ev, *first in items[start:start + APPEND_CHUNK]:
                 ks += (keys.job(job_id), keys.job_log(job_id), keys.job_channel(job_id))
                 args += (str(attempt), ev.seq, ev.model_dump_json(exclude_none=True),
-                         str(self.ttl_s) if ev.seq == 1 or ev.type != "token" else "")
+                         str(self.ttl_s) if ev.seq == 1 or ev.type != "token" else "",
+                         json.dumps(first[0]) if first and first[0] is not None else "")
             calls.append((len(ks), [*ks, *args]))
         results = await self._evalsha_all(self._append, calls)
         out: list[Exception | bool] = []

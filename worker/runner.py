@@ -366,6 +366,13 @@ class JobRunner:
         from vllm.inputs import TokensPrompt
 
         first = True
+        first_at: float | None = None  # the first output's time, until an event carries it to the record
+
+        def emit(ev: TokenEvent) -> None:
+            nonlocal first_at
+            self.writer.emit(job_id, attempt, ev, first_token_at=first_at)
+            first_at = None
+
         extra = {"priority": priority} if self.priority_scheduling else {}
         # one generation per job on this worker: an earlier attempt's must have ended (its engine
         # request aborted) before this one starts with the same request id
@@ -378,13 +385,15 @@ class JobRunner:
             async with aclosing(self.host.engine.generate(TokensPrompt(prompt_token_ids=ids), params,
                                                           request_id=job_id, **extra)) as outputs:
                 async for out in outputs:
+                    if first:
+                        first_at = time.time()
                     if (err := self.writer.error(job_id, attempt)) is not None:
                         if isinstance(err, FencedOut):
                             raise err
                         raise EventsLost(f"{type(err).__name__}: {err}")
                     if (plp := prompt.take(out)) is not None:  # in an event of their own, once
                         p.seq += 1
-                        self.writer.emit(job_id, attempt, TokenEvent(seq=p.seq, text="", prompt_logprobs=plp))
+                        emit(TokenEvent(seq=p.seq, text="", prompt_logprobs=plp))
                     for c in out.outputs:
                         tc = calls.get(c.index)
                         if tc is None and make_calls is not None:  # one parser stream per completion
@@ -401,37 +410,40 @@ class JobRunner:
                                 content, pieces = tc.feed(c.text, list(c.token_ids))
                                 if content or pieces:
                                     p.seq += 1
-                                    self.writer.emit(job_id, attempt, TokenEvent(
-                                        seq=p.seq, index=c.index, text=content, n_tokens=len(c.token_ids),
-                                        logprobs=lps, tool_calls=pieces or None))
+                                    emit(TokenEvent(seq=p.seq, index=c.index, text=content, n_tokens=len(c.token_ids),
+                                                    logprobs=lps, tool_calls=pieces or None))
                             elif not (params.logprobs is None and self.writer.extend(
                                     job_id, attempt, c.index, text, len(c.token_ids))):
                                 p.seq += 1
-                                self.writer.emit(job_id, attempt, TokenEvent(
-                                    seq=p.seq, index=c.index, text=text, n_tokens=len(c.token_ids),
-                                    logprobs=lps))
+                                emit(TokenEvent(seq=p.seq, index=c.index, text=text, n_tokens=len(c.token_ids),
+                                                logprobs=lps))
                         if c.finish_reason is not None:
                             reason = c.finish_reason
                             if tc is not None and tc.called:  # as vLLM: a parsed call ends the turn
                                 if rest := tc.finish():
                                     p.seq += 1
-                                    self.writer.emit(job_id, attempt, TokenEvent(
-                                        seq=p.seq, index=c.index, text="", tool_calls=rest))
+                                    emit(TokenEvent(seq=p.seq, index=c.index, text="", tool_calls=rest))
                                 reason = "tool_calls"
                             p.finish[c.index] = ChoiceEnd(index=c.index, finish_reason=reason,
                                                           stop_reason=c.stop_reason)
                     if first:
                         first = False
-                        self._note_first_token(job_id, attempt, time.time())
+                        self._note_first_token(job_id, attempt, first_at)
+                        first_at = None
         finally:
             del self._engine_busy[job_id]
             done.set()
 
-    def _note_first_token(self, job_id: str, attempt: int, at: float) -> None:
-        """Record when the first token came, without holding up the tokens behind it: a slow or
-        absent Redis delays this write, not the job (the writer's budget bounds it)."""
+    def _note_first_token(self, job_id: str, attempt: int, at: float | None) -> None:
+        """Record when the first token came. Usually its first event carried the time to the record
+        (``at`` None); where the first output made no event (a tool-call parser holding text back),
+        a write of its own, without holding up the tokens behind it: a slow or absent Redis delays
+        this write, not the job (the writer's budget bounds it)."""
         if (job := self.active.get(job_id)) is not None:
             job.span.event("first_token")
+        if at is None:
+            return
+
         async def note() -> None:
             try:
                 async with asyncio.timeout(self.writer.budget_s):

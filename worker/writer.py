@@ -35,7 +35,8 @@ class EventWriter:
         self.store = store
         self._batch_size, self._write_time = EVENT_BATCH.labels(model), EVENT_WRITE.labels(model)
         self.budget_s = budget_s  # a batch not written after this long (a Redis outage) is lost
-        self._queue: asyncio.Queue[tuple[str, int, Event | None, asyncio.Future[None] | None]] = asyncio.Queue()
+        self._queue: asyncio.Queue[tuple[str, int, Event | None, asyncio.Future[None] | None, float | None]] = \
+            asyncio.Queue()
         self.failed: dict[Key, Exception] = {}  # per attempt: why its events stopped being written
         self._live: set[Key] = set()  # attempts between open() and forget()
         self._task: asyncio.Task[None] | None = None
@@ -56,8 +57,9 @@ class EventWriter:
         a terminal state owns the job), or None while they are written."""
         return self.failed.get((job_id, attempt))
 
-    def emit(self, job_id: str, attempt: int, event: Event) -> None:
-        """Queue an event of the job's ``attempt``; it is written with the next batch."""
+    def emit(self, job_id: str, attempt: int, event: Event, first_token_at: float | None = None) -> None:
+        """Queue an event of the job's ``attempt``; it is written with the next batch (with
+        ``first_token_at``, that field of the job's record is written with it)."""
         key = (job_id, attempt)
         if key in self.failed:  # an earlier event is lost: this one must not follow it into the log
             return
@@ -65,7 +67,7 @@ class EventWriter:
             self._open[key] = event
         else:
             self._open.pop(key, None)
-        self._queue.put_nowait((job_id, attempt, event, None))
+        self._queue.put_nowait((job_id, attempt, event, None, first_token_at))
 
     def extend(self, job_id: str, attempt: int, index: int, text: str, n_tokens: int) -> bool:
         """Append a delta to the attempt's last token event if that is still waiting to be sent
@@ -84,7 +86,7 @@ class EventWriter:
     async def barrier(self) -> None:
         """Wait until every event emitted so far has been sent (or given up on)."""
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait(("", 0, None, fut))
+        self._queue.put_nowait(("", 0, None, fut, None))
         await fut
 
     def forget(self, job_id: str, attempt: int) -> None:
@@ -99,15 +101,15 @@ class EventWriter:
             batch = [await self._queue.get()]
             while len(batch) < MAX_BATCH and not self._queue.empty():
                 batch.append(self._queue.get_nowait())
-            events: list[tuple[str, int, Event]] = []
-            for job_id, attempt, ev, _ in batch:  # from here on these events are frozen
+            events: list[tuple[str, int, Event, float | None]] = []
+            for job_id, attempt, ev, _, first in batch:  # from here on these events are frozen
                 if ev is None:
                     continue
                 key = (job_id, attempt)
                 if self._open.get(key) is ev:
                     del self._open[key]
                 if key not in self.failed:  # queued before its attempt failed: never sent
-                    events.append((job_id, attempt, ev))
+                    events.append((job_id, attempt, ev, first))
             self._sending = True
             started = time.perf_counter()
             try:
@@ -117,23 +119,23 @@ class EventWriter:
             if events:
                 self._write_time.observe(time.perf_counter() - started)
                 self._batch_size.observe(len(events))
-            for (job_id, attempt, _), res in zip(events, results):
+            for (job_id, attempt, _, _), res in zip(events, results):
                 err = FencedOut(job_id) if res is False else (res if isinstance(res, Exception) else None)
                 key = (job_id, attempt)
                 if err is not None and not is_duplicate_id(err) and key in self._live:
                     self.failed.setdefault(key, err)
-            for _, _, ev, fut in batch:
+            for _, _, ev, fut, _ in batch:
                 if ev is None and fut is not None and not fut.done():
                     fut.set_result(None)
 
-    async def _send(self, items: list[tuple[str, int, Event]]) -> list[Exception | bool]:
+    async def _send(self, items: list[tuple[str, int, Event, float | None]]) -> list[Exception | bool]:
         try:
             async with asyncio.timeout(self.budget_s):  # a Redis that does not answer at all counts too
                 return await retried(lambda: self.store.append(items), self.budget_s)
         except Exception as e:  # Redis unreachable past the budget: these attempts cannot stream
             if isinstance(e, TimeoutError) and not str(e):
                 e = TimeoutError(f"no answer from Redis in {self.budget_s:g} s")
-            jobs = sorted({job_id for job_id, _, _ in items})
+            jobs = sorted({job_id for job_id, *_ in items})
             log.error("could not write %d events of %d jobs (%s: %s); their attempts stop: %s",
                       len(items), len(jobs), type(e).__name__, e, ", ".join(jobs[:8]))
             return [e] * len(items)

@@ -378,3 +378,12 @@ async def test_update_never_brings_back_a_record_that_is_gone(store) -> None:
     await store.create(rec)
     assert await store.update(rec.id, first_token_at=2.5) is True
     assert (await store.get(rec.id)).first_token_at == 2.5
+
+
+async def test_an_event_carries_the_first_token_time_to_the_record_while_its_attempt_owns_the_job(store) -> None:
+    job = await claimed_job(store)
+    assert await store.append([(job, 1, TokenEvent(seq=1, text="a"), 12.5), (job, 1, TokenEvent(seq=2, text="b"))]) \
+        == [True, True]
+    assert (await store.get(job)).first_token_at == 12.5
+    assert await store.append([(job, 2, TokenEvent(seq=3, text="c"), 99.0)]) == [False]  # not its attempt
+    assert (await store.get(job)).first_token_at == 12.5
