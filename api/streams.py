@@ -254,8 +254,8 @@ class StreamHub:
         """Every event of the job with ``seq > after``, exactly once and in order, up to the last.
         With ``merge``, plain token events come as :class:`PlainToken`, and those that were already
         waiting together as one (a reader that is behind gets fewer, larger deltas; their ``seq``
-        is the last one's). ``kind``: a
-        client stream of that kind (``ws``, ``sse``), counted in the gateway's metrics."""
+        is the last one's). ``kind``: a client stream of that kind (``ws``, ``sse``), counted in the
+        gateway's metrics."""
         async for batch in self.batches(job_id, after, kind):
             for ev in merged(batch) if merge else [f.event() for f in batch]:
                 yield ev
