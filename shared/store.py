@@ -137,9 +137,9 @@ return result
 
 # KEYS: per event its job hash, log and channel. ARGV: per event its attempt, seq, JSON, ttl ('' =
 # leave the TTL) and the job's first_token_at to record with it ('' = none). Appends many events (of
-# many jobs) in one call; per event 1 (written), 0 (that attempt no longer owns the job) or an error text. An event that does not follow the last logged
-# one is refused: XADD refuses a seq already logged, and a seq past the next one is an error (an
-# earlier event was lost), so a log never has a hole.
+# many jobs) in one call; per event 1 (written), 0 (that attempt no longer owns the job) or an error
+# text. An event that does not follow the last logged one is refused: XADD refuses a seq already
+# logged, and a seq past the next one is an error (an earlier event was lost), so a log never has a hole.
 _APPEND = _LAST_SEQ + f"""
 local out = {{}}
 for i = 0, #KEYS / 3 - 1 do

@@ -1,7 +1,8 @@
 """``/tokenize`` and ``/detokenize``, as vLLM's server has them, for the default model: the gateway
 reads the model's ``tokenizer.json`` itself (``Settings.tokenizer_dir``, a worker's model folder, or
-what the workers published in Redis; the ``tokenizers`` library, no vLLM), so they cost no worker time. A prompt is counted as a worker counts it; chat messages
-are rendered with the model's chat template first (``api/chat_template.py``), as the worker does.
+what the workers published in Redis; the ``tokenizers`` library, no vLLM), so they cost no worker
+time. A prompt is counted as a worker counts it; chat messages are rendered with the model's chat
+template first (``api/chat_template.py``), as the worker does.
 """
 
 from __future__ import annotations
