@@ -162,3 +162,17 @@ def test_compose_monitoring_profile_mounts_what_exists() -> None:
     for name in ("prometheus", "grafana"):
         for volume in services[name]["volumes"]:
             assert (ROOT / volume.split(":")[0]).exists(), volume
+
+
+def test_compose_prometheus_scrapes_every_process_of_the_workers_engine_group() -> None:
+    """Process i of an engine group serves its metrics on INFERQ_METRICS_PORT + i: Prometheus scrapes
+    as many ports as the compose file's default INFERQ_FRONTENDS."""
+    import re
+
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    env = compose["services"]["worker"]["environment"]
+    frontends = int(re.fullmatch(r"\$\{INFERQ_FRONTENDS:-(\d+)\}", env["INFERQ_FRONTENDS"])[1])
+    base = int(env["INFERQ_METRICS_PORT"])
+    prom = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
+    (job,) = [j for j in prom["scrape_configs"] if j["job_name"] == "inferq-worker"]
+    assert sorted(c["port"] for c in job["dns_sd_configs"]) == list(range(base, base + frontends))
