@@ -2,18 +2,43 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, TypeVar
 
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
+from redis.connection import HiredisRespSerializer
 from redis.exceptions import ConnectionError, TimeoutError
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 T = TypeVar("T")
 #: What a Redis restart or failover raises (redis-py's errors; an OSError from the socket)
 TRANSIENT = (ConnectionError, TimeoutError, OSError)
+
+_PACKER = HiredisRespSerializer()
+
+
+class _HiredisPacking:
+    """Commands packed by hiredis (C), as redis-py's synchronous client packs them when hiredis is
+    installed; its asyncio client packs in Python, about 1.8 µs per argument: 15 µs per streamed
+    token in a worker's event batches (eight arguments per event), 8x less with hiredis."""
+
+    def pack_command(self, *args: Any) -> list[bytes]:
+        return _PACKER.pack(*args)
+
+    def pack_commands(self, commands: Iterable[Iterable[Any]]) -> list[bytes]:
+        return [b"".join(_PACKER.pack(*c)[0] for c in commands)]
+
+
+_packing: dict[type, type] = {}
+
+
+def _hiredis_packing(cls: type) -> type:
+    """``cls`` (a TCP, TLS or Unix socket connection class) with :class:`_HiredisPacking`."""
+    if cls not in _packing:
+        _packing[cls] = type(f"Hiredis{cls.__name__}", (_HiredisPacking, cls), {})
+    return _packing[cls]
 
 
 def make_redis(url: str, *, max_connections: int = 64, health_check_interval: int = 15) -> Redis:
@@ -29,6 +54,7 @@ def make_redis(url: str, *, max_connections: int = 64, health_check_interval: in
         retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=5),
         retry_on_error=[ConnectionError, TimeoutError],
     )
+    pool.connection_class = _hiredis_packing(pool.connection_class)
     return Redis(connection_pool=pool)
 
 
