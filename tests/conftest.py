@@ -12,8 +12,10 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Protocol, TypeVar
 
 import httpx
+import psutil
 import pytest
 import redis
 
@@ -22,7 +24,7 @@ from inferq.cli.procs import RedisProc, free_port, http_ok, start_redis, wait_un
 from tests.otlp import Receiver
 
 ROOT = Path(__file__).resolve().parent.parent
-__all__ = ["Service", "Stack", "RedisServer", "free_port", "http_ok", "inferq_env", "spawn", "wait_for"]
+__all__ = ["Service", "Stack", "RedisServer", "ahead", "free_port", "http_ok", "inferq_env", "spawn", "wait_for"]
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float, what: str, procs: list | None = None) -> None:
@@ -97,10 +99,68 @@ def otlp() -> Iterator[Receiver]:
     receiver.stop()
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Unit tests first: they need no engine, and the session stack's engines start up beside them
+    (:func:`_boot_early`) instead of ahead of everything else (about a minute on 2 cores)."""
+    items.sort(key=lambda item: "/integration/" in str(item.path).replace(os.sep, "/"))
+
+
+class Stoppable(Protocol):
+    def stop(self) -> None: ...
+
+
+S = TypeVar("S", bound=Stoppable)
+#: fixture name -> what starts the processes it serves (without waiting for them to be ready)
+_STARTERS: dict[str, Callable[[pytest.FixtureRequest], Stoppable]] = {}
+#: what a starter started ahead of its fixture and no fixture has taken yet
+_STARTED: dict[str, Stoppable] = {}
+#: memory to keep free, and what one fixture's processes are counted to take (an engine ~2.5 GiB),
+#: when starting them ahead: a fixture that does not fit starts when its module does
+AHEAD_SPARE_BYTES, AHEAD_EACH_BYTES = 4 * 2**30, 3 * 2**30
+
+
+def ahead(fixture: str) -> Callable[[Callable[[pytest.FixtureRequest], S]], Callable[[pytest.FixtureRequest], S]]:
+    """Register a module's starter for ``fixture``: once the session stack is ready, the processes
+    of every registered fixture the run uses are started in the background (their engines start up
+    while the stack's tests run: CPU a 2-core machine has idle then); the fixture takes them with
+    :func:`take`."""
+    def register(starter: Callable[[pytest.FixtureRequest], S]) -> Callable[[pytest.FixtureRequest], S]:
+        _STARTERS[fixture] = starter
+        return starter
+    return register
+
+
+def take(fixture: str, request: pytest.FixtureRequest) -> Any:
+    """What was started ahead for ``fixture``, or what its starter starts now. The fixture owns
+    it from here (stops it)."""
+    started = _STARTED.pop(fixture, None)
+    return started if started is not None else _STARTERS[fixture](request)
+
+
+def _start_ahead(request: pytest.FixtureRequest) -> None:
+    used = {name for item in request.session.items for name in getattr(item, "fixturenames", ())}
+    budget = psutil.virtual_memory().available - AHEAD_SPARE_BYTES
+    for fixture, starter in _STARTERS.items():
+        if fixture in used and fixture not in _STARTED and budget >= AHEAD_EACH_BYTES:
+            _STARTED[fixture] = starter(request)
+            budget -= AHEAD_EACH_BYTES
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _boot_early(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Start the session stack's processes before the first test when any test of the run uses
+    it; ``stack`` then waits for them to be ready. At the end, stop what was started ahead and
+    never taken."""
+    if any("stack" in getattr(item, "fixturenames", ()) for item in request.session.items):
+        request.getfixturevalue("booting_stack")
+    yield
+    while _STARTED:
+        _STARTED.popitem()[1].stop()
+
+
 @pytest.fixture(scope="session")
-def stack(redis_server: RedisServer, logdir: Path, otlp: Receiver) -> Iterator[Stack]:
-    """Two workers on the default model's queue and one gateway, all real processes, tracing to
-    ``otlp``; the workers parse tool calls as vLLM's ``pythonic`` parser does."""
+def booting_stack(redis_server: RedisServer, logdir: Path, otlp: Receiver) -> Iterator[Stack]:
+    """The session stack's processes, started and not yet waited for (see ``stack``)."""
     py = [sys.executable, "-m", "inferq.cli"]
     port = free_port()
     st = Stack(f"http://127.0.0.1:{port}", f"ws://127.0.0.1:{port}", redis_server)
@@ -112,18 +172,28 @@ def stack(redis_server: RedisServer, logdir: Path, otlp: Receiver) -> Iterator[S
                 INFERQ_OTEL_ENDPOINT=otlp.endpoint, INFERQ_TOOL_CALL_PARSER="pythonic"), logdir)
         st.gateway = spawn("gateway", [*py, "api", "--port", str(port)],
                            inferq_env(redis_server.url, INFERQ_OTEL_ENDPOINT=otlp.endpoint), logdir)
-
-        def ready() -> bool:
-            return http_ok(f"{st.base}/readyz", lambda body: body["workers"] == 2)
-
-        try:
-            wait_for(ready, 240, "two workers and the gateway", [*st.workers.values(), st.gateway])
-        except Exception:
-            for s in [*st.workers.values(), st.gateway]:
-                print(f"--- {s.name} ---\n{s.tail()}", file=sys.stderr)
-            raise
         yield st
     finally:
         for s in [st.gateway, *st.workers.values()]:
             if s is not None:
                 s.stop()
+
+
+@pytest.fixture(scope="session")
+def stack(booting_stack: Stack, request: pytest.FixtureRequest) -> Stack:
+    """Two workers on the default model's queue and one gateway, all real processes, tracing to
+    ``otlp``; the workers parse tool calls as vLLM's ``pythonic`` parser does."""
+    st = booting_stack
+    assert st.gateway is not None
+
+    def ready() -> bool:
+        return http_ok(f"{st.base}/readyz", lambda body: body["workers"] == 2)
+
+    try:
+        wait_for(ready, 300, "two workers and the gateway", [*st.workers.values(), st.gateway])
+    except Exception:
+        for s in [*st.workers.values(), st.gateway]:
+            print(f"--- {s.name} ---\n{s.tail()}", file=sys.stderr)
+        raise
+    _start_ahead(request)
+    return st

@@ -25,7 +25,7 @@ import pytest
 import redis
 
 from bench.stack import free_port
-from tests.conftest import inferq_env
+from tests.conftest import ahead, inferq_env, take
 from tests.helpers import submit, wait_status
 
 pytestmark = pytest.mark.integration
@@ -55,6 +55,18 @@ class Up:
         for raw in self.proc.stdout:
             self.lines.append(raw.decode(errors="replace").rstrip("\n"))
 
+    def stop(self) -> None:
+        """Ctrl-C, as a user would (unless a test stopped it already); SIGKILL after a minute."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGINT)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        if self.reader is not None:
+            self.reader.join(10)
+
     def wait_until(self, condition, what: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while not condition():
@@ -72,9 +84,10 @@ def readyz(base: str) -> bool:
         return False
 
 
-@pytest.fixture(scope="module")
-def up(redis_server) -> Iterator[Up]:
-    url = f"redis://127.0.0.1:{redis_server.port}/1"
+@ahead("up")
+def start_up(request: pytest.FixtureRequest) -> Up:
+    """``inferq up`` on a database of the session's redis-server (not waited for)."""
+    url = f"redis://127.0.0.1:{request.getfixturevalue('redis_server').port}/1"
     redis.Redis.from_url(url).flushdb()
     port = free_port()
     env = inferq_env(url, PYTHONIOENCODING="utf-8")
@@ -83,18 +96,17 @@ def up(redis_server) -> Iterator[Up]:
     u = Up(proc, f"http://127.0.0.1:{port}", f"ws://127.0.0.1:{port}", env)
     u.reader = threading.Thread(target=u._read, daemon=True)
     u.reader.start()
+    return u
+
+
+@pytest.fixture(scope="module")
+def up(request: pytest.FixtureRequest) -> Iterator[Up]:
+    u = take("up", request)
     try:
         u.wait_until(lambda: READY in u.output and readyz(u.base), "it to say it is ready", 300)
         yield u
     finally:
-        if proc.poll() is None:  # the Ctrl-C test did not run or did not stop it
-            os.killpg(proc.pid, signal.SIGINT)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        u.reader.join(10)
+        u.stop()
 
 
 def cli(up: Up, *args: str) -> subprocess.CompletedProcess[bytes]:

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 
 import httpx
 import psutil
@@ -16,7 +17,7 @@ import pytest
 import redis
 
 from inferq.shared import keys
-from tests.conftest import wait_for
+from tests.conftest import ahead, take, wait_for
 from tests.fleet import Fleet
 from tests.helpers import LONG_JOB, submit, wait_status
 
@@ -24,12 +25,28 @@ pytestmark = pytest.mark.integration
 SEQS = 8  # 4 job slots per frontend
 
 
-@pytest.fixture(scope="module")
-def group(redis_server, logdir):
-    f = Fleet(logdir, extra_env=dict(INFERQ_FRONTENDS="2", INFERQ_MAX_NUM_SEQS=str(SEQS),
-                                     INFERQ_DRAIN_TIMEOUT_S="60"))
+@ahead("group")
+def start_group(request: pytest.FixtureRequest) -> Fleet:
+    """Redis, a gateway and one worker that is an engine group of 2 (not waited for)."""
+    f = Fleet(request.getfixturevalue("logdir"), extra_env=dict(
+        INFERQ_FRONTENDS="2", INFERQ_MAX_NUM_SEQS=str(SEQS), INFERQ_DRAIN_TIMEOUT_S="60"))
     try:
-        yield f.start(workers=1)
+        f.start_redis()
+        f.start_gateway()
+        f.start_worker(wait=False)
+    except BaseException:
+        f.stop()
+        raise
+    return f
+
+
+@pytest.fixture(scope="module")
+def group(request: pytest.FixtureRequest) -> Iterator[Fleet]:
+    f = take("group", request)
+    try:
+        for wid in list(f.workers):
+            f.wait_worker(wid)
+        yield f
     finally:
         f.stop()
 

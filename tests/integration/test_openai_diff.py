@@ -17,13 +17,13 @@ import re
 import os
 import sys
 from collections.abc import Iterator
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.conftest import Service, free_port, http_ok, spawn, wait_for
+from tests.conftest import Service, ahead, free_port, http_ok, spawn, take, wait_for
 
 pytestmark = pytest.mark.integration
 MODEL = "inferq-tiny"
@@ -285,9 +285,19 @@ def differences(case: str, ours: dict[str, Any], theirs: dict[str, Any], greedy:
     return out
 
 
-@pytest.fixture(scope="module")
-def vllm_server(logdir: Path) -> Iterator[str]:
-    """vLLM's own OpenAI server on the built-in model, with a worker's engine arguments."""
+@dataclass
+class VllmServer:
+    base: str
+    service: Service
+
+    def stop(self) -> None:
+        self.service.stop()
+
+
+@ahead("vllm_server")
+def start_vllm_server(request: pytest.FixtureRequest) -> VllmServer:
+    """vLLM's own OpenAI server on the built-in model, with a worker's engine arguments (not
+    waited for)."""
     from bench.inprocess import engine_args
     from bench.vllm_serve import flags
     from inferq.shared.settings import Settings
@@ -301,11 +311,17 @@ def vllm_server(logdir: Path) -> Iterator[str]:
            str(port), "--enable-auto-tool-choice", "--tool-call-parser", "pythonic",
            "--structured-outputs-config", json.dumps({"backend": "xgrammar", "disable_any_whitespace": True}),
            *flags(engine_args({"model_path": path, "settings": settings}))]
-    server: Service = spawn("vllm-openai", cmd, {**os.environ, "VLLM_NO_USAGE_STATS": "1"}, logdir)
-    base = f"http://127.0.0.1:{port}"
+    service = spawn("vllm-openai", cmd, {**os.environ, "VLLM_NO_USAGE_STATS": "1"},
+                    request.getfixturevalue("logdir"))
+    return VllmServer(f"http://127.0.0.1:{port}", service)
+
+
+@pytest.fixture(scope="module")
+def vllm_server(request: pytest.FixtureRequest) -> Iterator[str]:
+    server: VllmServer = take("vllm_server", request)
     try:
-        wait_for(lambda: http_ok(f"{base}/health"), 240, "vLLM's OpenAI server", [server])
-        yield base
+        wait_for(lambda: http_ok(f"{server.base}/health"), 240, "vLLM's OpenAI server", [server.service])
+        yield server.base
     finally:
         server.stop()
 
