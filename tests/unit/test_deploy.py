@@ -102,7 +102,7 @@ def test_workers_drain_within_their_grace_period_on_one_gpu() -> None:
     assert spec["terminationGracePeriodSeconds"] >= s.drain_timeout_s + 30
     [c] = spec["containers"]
     assert c["resources"]["requests"]["nvidia.com/gpu"] == 1 and c["resources"]["limits"]["nvidia.com/gpu"] == 1
-    [port] = c["ports"]
+    port = c["ports"][0]
     assert port["containerPort"] == s.metrics_port
     assert c["readinessProbe"]["httpGet"]["path"] == "/ready"
     assert c["readinessProbe"]["httpGet"]["port"] == port["name"]
@@ -176,3 +176,21 @@ def test_compose_prometheus_scrapes_every_process_of_the_workers_engine_group() 
     prom = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
     (job,) = [j for j in prom["scrape_configs"] if j["job_name"] == "inferq-worker"]
     assert sorted(c["port"] for c in job["dns_sd_configs"]) == list(range(base, base + frontends))
+
+
+def test_kubernetes_workers_are_engine_groups_as_in_compose_and_every_process_is_scraped() -> None:
+    """worker.yaml runs the compose file's default INFERQ_FRONTENDS, names one container port per
+    process (INFERQ_METRICS_PORT + i), and podmonitor.yaml scrapes each of them."""
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    default = re.fullmatch(r"\$\{INFERQ_FRONTENDS:-(\d+)\}", compose["services"]["worker"]["environment"]["INFERQ_FRONTENDS"])
+    [c] = _one("Deployment", "worker")["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    frontends = int(env["INFERQ_FRONTENDS"])
+    assert frontends == int(default[1])
+    assert [p["containerPort"] for p in c["ports"]] == list(range(_settings().metrics_port,
+                                                                  _settings().metrics_port + frontends))
+    monitor = yaml.safe_load((K8S / "podmonitor.yaml").read_text())
+    assert monitor["kind"] == "PodMonitor"
+    assert monitor["spec"]["selector"]["matchLabels"] == \
+        _one("Deployment", "worker")["spec"]["selector"]["matchLabels"]
+    assert [e["port"] for e in monitor["spec"]["podMetricsEndpoints"]] == [p["name"] for p in c["ports"]]
