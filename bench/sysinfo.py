@@ -68,5 +68,7 @@ def environment() -> dict[str, Any]:
         "platform": platform.platform(),
         "packages": versions,
         "redis_server": redis,
-        "git_commit": _run(["git", "rev-parse", "--short", "HEAD"]),
+        # a copy of the tree on another machine may carry stale git metadata: the caller names the
+        # commit it sent (bench/gpu/run.sh passes BENCH_GIT_COMMIT on)
+        "git_commit": os.environ.get("BENCH_GIT_COMMIT") or _run(["git", "rev-parse", "--short", "HEAD"]),
     }

@@ -6,7 +6,8 @@
 #       vllm serve, then inferq (every level 3 times); then locally:
 #       python -m bench.merge OUT.json refs-results.json inferq-results.json
 #   bench/gpu/run.sh config NAME TARGETS TAG   # bench/configs/NAME.json, those targets only
-# Results (json, md, png) are copied to $OUT (default /tmp/bench-out).
+# Results (json, md, png) are copied to $OUT (default /tmp/bench-out). The copy of the tree on the
+# GPU machine may carry stale git metadata: name the commit sent, BENCH_GIT_COMMIT=<sha> bench/gpu/run.sh ...
 set -u
 out=${OUT:-/tmp/bench-out}; mkdir -p "$out"
 # wheels the kit lacks for vLLM's own server (its SageMaker routes import these), unpacked once
