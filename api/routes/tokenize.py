@@ -16,6 +16,7 @@ from inferq.api.openai_schemas import OpenAIMessage, ToolDef
 from inferq.api.service import JobService
 from inferq.shared.errors import InvalidRequest, NotFound, Unavailable
 from inferq.shared.keys import MODEL_NAME_PATTERN
+from inferq.shared.schemas import WorkerInfo
 
 router = APIRouter(tags=["tokenize"])
 
@@ -55,49 +56,46 @@ class DetokenizeResponse(BaseModel):
     prompt: str
 
 
-async def _tokenizer(service: JobService, model: str | None) -> GatewayTokenizer:
+async def _tokenizer(service: JobService, model: str | None) -> tuple[GatewayTokenizer, list[WorkerInfo]]:
     """The default model's tokenizer: from ``INFERQ_TOKENIZER_PATH``, else a live worker's model
     folder where this gateway can read it, else what the workers published in Redis (a gateway on
-    another host)."""
+    another host); with the model's live workers (read once per request)."""
     settings = service.settings
     if model not in (None, settings.model_name):
         raise NotFound(f"model {model!r}: this gateway tokenizes only its default model "
                        f"{settings.model_name!r}", param="model", code="model_not_found")
+    workers = await service.live_workers(settings.model_name)
     folder = settings.tokenizer_dir
     if folder is not None and (tok := gateway_tokenizer(str(folder))) is not None:
-        return tok
-    for w in await service.live_workers(settings.model_name):
+        return tok, workers
+    for w in workers:
         tok = gateway_tokenizer(w.tokenizer) if w.tokenizer else None
         if tok is not None or (tok := await service.published.wait(w.tokenizer_files)) is not None:
-            return tok
+            return tok, workers
     raise Unavailable("this gateway cannot read the model's tokenizer, and no live worker of it has "
                       "published one: set INFERQ_TOKENIZER_PATH to a folder with its tokenizer.json",
                       code="tokenizer_unavailable")
-
-
-async def _max_model_len(service: JobService) -> int | None:
-    workers = await service.live_workers(service.settings.model_name)
-    return max((w.max_model_len for w in workers), default=None)
 
 
 @router.post("/tokenize", response_model=TokenizeResponse)
 async def tokenize(req: TokenizeRequest | TokenizeChatRequest, service: Service, _: Caller) -> TokenizeResponse:
     """The token ids of a prompt, or of chat messages rendered with the model's chat template, as
     the default model's tokenizer gives them."""
-    tok = await _tokenizer(service, req.model)
+    tok, workers = await _tokenizer(service, req.model)
     if isinstance(req, TokenizeChatRequest):
         text = tok.render_chat([m.to_chat().template_dict() for m in req.messages], req.add_generation_prompt,
                                [t.model_dump(exclude_none=True) for t in req.tools or ()] or None)
     else:
         text = req.prompt
     ids = tok.tokenizer.encode(text, add_special_tokens=req.add_special_tokens).ids
-    return TokenizeResponse(count=len(ids), max_model_len=await _max_model_len(service), tokens=ids)
+    return TokenizeResponse(count=len(ids), max_model_len=max((w.max_model_len for w in workers), default=None),
+                            tokens=ids)
 
 
 @router.post("/detokenize", response_model=DetokenizeResponse)
 async def detokenize(req: DetokenizeRequest, service: Service, _: Caller) -> DetokenizeResponse:
     """The text of token ids (special tokens left out, as vLLM's server does)."""
-    tok = (await _tokenizer(service, req.model)).tokenizer
+    tok = (await _tokenizer(service, req.model))[0].tokenizer
     if any(not 0 <= t < tok.get_vocab_size() for t in req.tokens):
         raise InvalidRequest(f"tokens: every id must be from 0 to {tok.get_vocab_size() - 1}", param="tokens")
     return DetokenizeResponse(prompt=tok.decode(req.tokens, skip_special_tokens=True))
