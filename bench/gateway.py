@@ -27,10 +27,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 import psutil
 
+from bench.clients import HttpClients
 from bench.stack import Procs, base_env, free_port, http_ok, py_spy, start_redis
 from bench.sysinfo import cpu_model
 from inferq.shared.redis import make_redis
@@ -76,7 +76,7 @@ def _client(kind: str, base: str, jobs: list[str] | int, k: int, ready: Any, out
                     return
                 got(ev["text"])
 
-    async def sse_follow(http: httpx.AsyncClient) -> None:
+    async def sse_follow(http: HttpClients) -> None:
         body = {"model": "inferq-tiny", "messages": [{"role": "user", "content": "x"}], "stream": True}
         opened()  # the gateway answers once the first token is there: the publisher waits for the jobs
         async with http.stream("POST", "/v1/chat/completions", json=body) as r:
@@ -89,8 +89,7 @@ def _client(kind: str, base: str, jobs: list[str] | int, k: int, ready: Any, out
 
     async def main() -> None:
         if isinstance(jobs, int):
-            async with httpx.AsyncClient(base_url=base, timeout=None,
-                                         limits=httpx.Limits(max_connections=jobs + 8)) as http:
+            async with HttpClients(base) as http:
                 await asyncio.gather(*(sse_follow(http) for _ in range(jobs)))
         else:
             await asyncio.gather(*(ws_follow(j) for j in jobs))
