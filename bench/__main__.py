@@ -1,7 +1,8 @@
 """``python -m bench run --config FILE [--out DIR] [--base-url URL]``, ``python -m bench report`` and
 ``python -m bench gateway`` (the gateway alone, see bench/gateway.py), ``python -m bench worker``
 (the worker alone, see bench/worker.py), ``python -m bench intake`` (a worker taking in waves
-of jobs, see bench/intake.py), ``python -m bench console-shot`` (docs/img/console.png)."""
+of jobs, see bench/intake.py), ``python -m bench churn`` (a gateway taking in new requests while
+it streams others, see bench/churn.py), ``python -m bench console-shot`` (docs/img/console.png)."""
 
 from __future__ import annotations
 
@@ -66,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("gateway", help="gateway alone: streamed tokens/s of one gateway process", add_help=False)
     sub.add_parser("worker", help="worker alone: CPU per streamed token of one worker process", add_help=False)
     sub.add_parser("intake", help="worker intake: how fast one worker takes in a wave of jobs", add_help=False)
+    sub.add_parser("churn", help="gateway churn: its intake while it streams, SSE or WebSocket", add_help=False)
     sub.add_parser("dashboard", help="draw the Grafana dashboard's panels from a Prometheus", add_help=False)
     sub.add_parser("console-shot", help="screenshot the browser console of a running gateway", add_help=False)
     if argv is None:
@@ -82,6 +84,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench.intake import main as intake_main
 
         return intake_main(argv[1:])
+    if argv[:1] == ["churn"]:
+        from bench.churn import main as churn_main
+
+        return churn_main(argv[1:])
     if argv[:1] == ["dashboard"]:
         from bench.dashboard import main as dashboard_main
 

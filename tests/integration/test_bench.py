@@ -122,3 +122,16 @@ def test_intake_bench_takes_in_every_job_of_each_wave(tmp_path: Path) -> None:
         assert w["succeeded"] == 6, w
         assert 0 <= w["queued_p50_ms"] <= w["queued_p90_ms"] <= w["queued_max_ms"], w
         assert w["claim_to_first_p50_ms"] is not None and w["claim_to_first_p50_ms"] >= 0, w
+
+
+@pytest.mark.parametrize("client", ["sse", "ws"])
+def test_churn_bench_streams_every_request_and_says_where_its_first_token_went(tmp_path: Path, client: str) -> None:
+    out = tmp_path / "churn.json"
+    proc = subprocess.run([sys.executable, "-m", "bench", "churn", "--client", client, "--clients", "4",
+                           "--requests", "8", "--tokens", "4", "--step-ms", "5", "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["client"] == client and doc["ok"] == doc["requests"] == 8  # each with its 4 tokens
+    assert doc["out_tok_s"] > 0 and doc["gateway_cpu_s"] > 0
+    assert all(doc["ms_p50"][k] is not None and doc["ms_p50"][k] >= 0 for k in ("ingest", "queued", "to_first_token")), doc
