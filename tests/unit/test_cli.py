@@ -7,7 +7,7 @@ import pytest
 from inferq.cli.main import main
 
 
-@pytest.mark.parametrize("argv, expect", [(["bench", "--help"], "{run,report,gateway,worker,intake,dashboard,console-shot}"),
+@pytest.mark.parametrize("argv, expect", [(["bench", "--help"], "{run,report,gateway,worker,intake,churn,dashboard,console-shot}"),
                                           (["bench", "gateway", "--help"], "--tokens-per-event"),
                                           (["bench", "worker", "--help"], "--step-ms"),
                                           (["bench", "intake", "--help"], "--chat")])
