@@ -26,11 +26,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from bench import clients
 from bench.config import Level
-from bench.intake import MODEL
+from bench.intake import MODEL, start_standin_worker
 from bench.load import RequestResult, run_level
-from bench.stack import ROOT, Procs, base_env, free_port, http_ok, py_spy, start_redis
+from bench.stack import Procs, base_env, free_port, http_ok, py_spy, start_redis
 from bench.sysinfo import cpu_model
 
 TEXT = "the quick brown fox jumps over the lazy dog " * 6
@@ -64,10 +66,11 @@ async def _drive(base: str, a: argparse.Namespace, gateway_pid: int) -> dict[str
             spy = subprocess.Popen([exe, "record", "-p", str(gateway_pid), "-r", "200", "--format", "raw",
                                     "-o", a.profile, "--nonblocking"], stdout=subprocess.DEVNULL,
                                    stderr=subprocess.DEVNULL)
-        cpu0 = _cpu_s(gateway_pid)
+        gateway = psutil.Process(gateway_pid)
+        cpu0 = sum(gateway.cpu_times()[:2])
         reqs = [(i, _body(a.client, 100_000 + i, a.tokens)) for i in range(a.requests)]
         results, wall = await run_level(level, reqs, send, 300)
-        cpu = _cpu_s(gateway_pid) - cpu0
+        cpu = sum(gateway.cpu_times()[:2]) - cpu0
         if spy is not None:
             spy.send_signal(2)
             spy.wait(30)
@@ -80,13 +83,6 @@ async def _drive(base: str, a: argparse.Namespace, gateway_pid: int) -> dict[str
             "wall_s": round(wall, 2), "out_tok_s": round(tokens / wall), "gateway_cpu_s": round(cpu, 2),
             "gateway_cpu_s_per_1k_tok": round(1e3 * cpu / tokens, 4) if tokens else None,
             "ms_p50": {f: _median_ms(ok, f) for f in ("ttft", "ingest", "queued", "to_first_token", "delivery")}}
-
-
-def _cpu_s(pid: int) -> float:
-    import psutil
-
-    t = psutil.Process(pid).cpu_times()
-    return t.user + t.system
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,14 +98,11 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     with Procs(Path(os.environ.get("TMPDIR", "/tmp"))) as procs:
         redis = procs.add(start_redis(free_port(), procs.logdir, name="redis-churn-bench"))
-        inferq = {"INFERQ_REDIS_URL": redis.url, "INFERQ_SERVED_MODEL_NAME": MODEL, "INFERQ_LOG_LEVEL": "WARNING"}
-        procs.start("worker-churn-bench", [sys.executable, "-m", "bench", "intake", "--serve"],
-                    base_env(**inferq, INFERQ_MAX_NUM_SEQS=str(a.clients), INFERQ_METRICS_PORT="0",
-                             BENCH_STEP_S=str(a.step_ms / 1000), PYTHONPATH=str(ROOT)), cwd=ROOT)
+        start_standin_worker(procs, "worker-churn-bench", redis.url, a.clients, a.step_ms)
         port = free_port()
         pin = ["taskset", "-c", "0"] if (os.cpu_count() or 1) > 1 else []
         gw = procs.start("gateway-churn-bench", [*pin, sys.executable, "-m", "inferq.cli", "api", "--port", str(port)],
-                         base_env(**inferq))
+                         base_env(INFERQ_REDIS_URL=redis.url, INFERQ_SERVED_MODEL_NAME=MODEL, INFERQ_LOG_LEVEL="WARNING"))
         base = f"http://127.0.0.1:{port}"
         procs.wait(lambda: http_ok(f"{base}/readyz", lambda body: body.get("workers") == 1), 180,
                    "the gateway and the stand-in worker")

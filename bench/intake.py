@@ -62,6 +62,15 @@ def serve() -> None:
     consume(s, s.max_num_seqs, "WARNING")
 
 
+def start_standin_worker(procs: Procs, name: str, redis_url: str, slots: int, step_ms: float, **extra: str) -> None:
+    """An ``inferq worker`` process (:func:`serve`) with ``slots`` job slots on the paced stand-in
+    engine, serving :data:`MODEL` (``extra``: more of its environment)."""
+    env = base_env(INFERQ_REDIS_URL=redis_url, INFERQ_SERVED_MODEL_NAME=MODEL, INFERQ_MAX_NUM_SEQS=str(slots),
+                   INFERQ_LOG_LEVEL="WARNING", INFERQ_METRICS_PORT="0", BENCH_STEP_S=str(step_ms / 1000),
+                   PYTHONPATH=str(ROOT), **extra)
+    procs.start(name, [sys.executable, "-m", "bench", "intake", "--serve"], env, cwd=ROOT)
+
+
 async def _waves(url: str, a: argparse.Namespace) -> list[dict[str, Any]]:
     from inferq.api.prompt_ids import gateway_tokenizer
     from inferq.shared import keys
@@ -139,10 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     extra = dict(kv.split("=", 1) for kv in a.env)
     with Procs(Path(os.environ.get("TMPDIR", "/tmp"))) as procs:
         redis = procs.add(start_redis(free_port(), procs.logdir, name="redis-intake-bench"))
-        env = base_env(INFERQ_REDIS_URL=redis.url, INFERQ_SERVED_MODEL_NAME=MODEL, INFERQ_MAX_NUM_SEQS=str(a.jobs),
-                       INFERQ_LOG_LEVEL="WARNING", INFERQ_METRICS_PORT="0", BENCH_STEP_S=str(a.step_ms / 1000),
-                       PYTHONPATH=str(ROOT), **extra)
-        procs.start("worker-intake-bench", [sys.executable, "-m", "bench", "intake", "--serve"], env, cwd=ROOT)
+        start_standin_worker(procs, "worker-intake-bench", redis.url, a.jobs, a.step_ms, **extra)
         waves = asyncio.run(_waves(redis.url, a))
     med = {k: statistics.median(w[k] for w in waves) for k in ("queued_p50_ms", "queued_p90_ms", "queued_max_ms")}
     print(f"median of {len(waves)} waves: queued p50 {med['queued_p50_ms']:.0f}, p90 {med['queued_p90_ms']:.0f}, "

@@ -137,8 +137,13 @@ def take(fixture: str, request: pytest.FixtureRequest) -> Any:
     return started if started is not None else _STARTERS[fixture](request)
 
 
+def _used(request: pytest.FixtureRequest) -> set[str]:
+    """The fixtures the run's selected tests use."""
+    return {name for item in request.session.items for name in getattr(item, "fixturenames", ())}
+
+
 def _start_ahead(request: pytest.FixtureRequest) -> None:
-    used = {name for item in request.session.items for name in getattr(item, "fixturenames", ())}
+    used = _used(request)
     budget = psutil.virtual_memory().available - AHEAD_SPARE_BYTES
     for fixture, starter in _STARTERS.items():
         if fixture in used and fixture not in _STARTED and budget >= AHEAD_EACH_BYTES:
@@ -155,7 +160,7 @@ def _boot_early(request: pytest.FixtureRequest) -> Iterator[None]:
     """Start the session stack's processes before the first test when any test of the run uses
     it; ``stack`` then waits for them to be ready. At the end, stop what was started ahead and
     never taken."""
-    if any("stack" in getattr(item, "fixturenames", ()) for item in request.session.items):
+    if "stack" in _used(request):
         request.getfixturevalue("booting_stack")
     yield
     while _STARTED:
