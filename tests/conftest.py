@@ -7,7 +7,9 @@ session, whatever happened in between.
 from __future__ import annotations
 
 import os
+import random
 import signal
+import socket
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -24,7 +26,26 @@ from inferq.cli.procs import RedisProc, free_port, http_ok, start_redis, wait_un
 from tests.otlp import Receiver
 
 ROOT = Path(__file__).resolve().parent.parent
-__all__ = ["Service", "Stack", "RedisServer", "ahead", "take", "free_port", "http_ok", "inferq_env", "spawn", "wait_for"]
+__all__ = ["Service", "Stack", "RedisServer", "ahead", "take", "free_port", "quiet_port", "http_ok", "inferq_env", "spawn",
+           "wait_for"]
+
+
+def quiet_port() -> int:
+    """A free port below the OS's ephemeral range, for a process that binds it only once it has
+    started up (a worker's metrics, after its engine): ``free_port()`` (port 0) hands out ports
+    from that range, so no other test's server can take this one in the meantime."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    while True:
+        port = random.randrange(10_000, max(low, 10_001))
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float, what: str, procs: list | None = None) -> None:
@@ -171,11 +192,11 @@ def _boot_early(request: pytest.FixtureRequest) -> Iterator[None]:
 def booting_stack(redis_server: RedisServer, logdir: Path, otlp: Receiver) -> Iterator[Stack]:
     """The session stack's processes, started and not yet waited for (see ``stack``)."""
     py = [sys.executable, "-m", "inferq.cli"]
-    port = free_port()
+    port = quiet_port()
     st = Stack(f"http://127.0.0.1:{port}", f"ws://127.0.0.1:{port}", redis_server)
     try:
         for wid in ("w1", "w2"):
-            st.metrics_ports[wid] = free_port()
+            st.metrics_ports[wid] = quiet_port()
             st.workers[wid] = spawn(f"worker-{wid}", [*py, "worker"], inferq_env(
                 redis_server.url, INFERQ_WORKER_ID=wid, INFERQ_METRICS_PORT=str(st.metrics_ports[wid]),
                 INFERQ_OTEL_ENDPOINT=otlp.endpoint, INFERQ_TOOL_CALL_PARSER="pythonic"), logdir)

@@ -24,8 +24,7 @@ import psutil
 import pytest
 import redis
 
-from bench.stack import free_port
-from tests.conftest import ahead, inferq_env, take
+from tests.conftest import ahead, inferq_env, quiet_port, take
 from tests.helpers import submit, wait_status
 
 pytestmark = pytest.mark.integration
@@ -89,7 +88,7 @@ def start_up(request: pytest.FixtureRequest) -> Up:
     """``inferq up`` on a database of the session's redis-server (not waited for)."""
     url = f"redis://127.0.0.1:{request.getfixturevalue('redis_server').port}/1"
     redis.Redis.from_url(url).flushdb()
-    port = free_port()
+    port = quiet_port()  # its process starts for a while (quiet_port)
     env = inferq_env(url, PYTHONIOENCODING="utf-8")
     proc = subprocess.Popen([*CLI, "up", "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             env=env, cwd=ROOT, process_group=0)  # see cli.procs.Proc

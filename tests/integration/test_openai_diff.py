@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import Service, ahead, free_port, http_ok, spawn, take, wait_for
+from tests.conftest import Service, ahead, http_ok, quiet_port, spawn, take, wait_for
 
 pytestmark = pytest.mark.integration
 MODEL = "inferq-tiny"
@@ -305,7 +305,7 @@ def start_vllm_server(request: pytest.FixtureRequest) -> VllmServer:
 
     settings = {"max_num_seqs": 64, "cpu_kv_cache_gib": 0.5}
     path = resolve_model(Settings(**settings))
-    port = free_port()
+    port = quiet_port()  # its process starts for a while (quiet_port)
     # a tool-call parser: vLLM serves no tool_choice but "none" without one
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1", "--port",
            str(port), "--enable-auto-tool-choice", "--tool-call-parser", "pythonic",
