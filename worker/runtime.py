@@ -76,10 +76,21 @@ class WorkerRuntime:
 
     # --- life cycle ---------------------------------------------------------------------------
     def start(self) -> None:
-        """Engine, the job path on its loop, registration (first beat), then the reaper."""
+        """Metrics and ``/ready`` first (503 until the first heartbeat: a starting engine takes
+        minutes, and a probe or a scrape meanwhile should be answered, not refused), then the
+        engine, the job path on its loop, registration (first beat), then the reaper."""
         tracing.setup(self.settings, "inferq-worker")
-        self.host.start()
-        self.host.run(self._start_job_path())
+        fe = self.host.frontend.index if self.host.frontend else 0
+        port = self.settings.metrics_port and self.settings.metrics_port + fe
+        self._metrics_close = metrics.serve(port, metrics.WorkerCollector(self, self.settings.model_name, fe),
+                                            self.ready)
+        try:
+            self.host.start()
+            self.host.run(self._start_job_path())
+        except BaseException:
+            self._metrics_close()
+            self._metrics_close = None
+            raise
         # what start-up built (torch, vLLM, the model's tokenizer) lives as long as the process:
         # out of the collector's way, a full collection under load takes milliseconds, not a
         # second that stalls every thread (heartbeat included)
@@ -87,10 +98,6 @@ class WorkerRuntime:
         gc.freeze()
         self.heartbeat.start(timeout=60)  # registered: gateways count it, Celery consumes right after
         self.reaper.start()
-        fe = self.host.frontend.index if self.host.frontend else 0
-        port = self.settings.metrics_port and self.settings.metrics_port + fe
-        self._metrics_close = metrics.serve(port, metrics.WorkerCollector(self, self.settings.model_name, fe),
-                                            self.ready)
         log.info("worker %s serving model %r from queue %s", self.id, self.settings.model_name,
                  keys.queue(self.settings.model_name))
 

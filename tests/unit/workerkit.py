@@ -108,22 +108,28 @@ class Rig:
 
 
 def start_runtime(url: str, engine: Any, tokenizer: Any = None, **settings: Any) -> Rig:
+    rig = make_runtime(url, LoopHost(engine), tokenizer, **settings)
+    rig.runtime.start()
+    return rig
+
+
+def make_runtime(url: str, host: LoopHost, tokenizer: Any = None, **settings: Any) -> Rig:
+    """The rig around ``host``, its runtime not started."""
     from inferq.shared.celery_app import make_celery
     from inferq.shared.settings import Settings
     from inferq.worker.runtime import WorkerRuntime
 
     s = Settings(**{"redis_url": url, "worker_id": f"w-{os.urandom(3).hex()}", "served_model_name": "scripted",
                     "heartbeat_s": 0.1, "worker_ttl_s": 0.6, **settings})
-    rig = Rig(None, engine)
+    rig = Rig(None, host.engine)
 
     def exit(code: int) -> None:
         rig.events.append(("exit", code))
         rig.exited.set()
 
-    rig.runtime = rt = WorkerRuntime(s, make_celery(s), host=LoopHost(engine), exit=exit)  # type: ignore[arg-type]
+    rig.runtime = rt = WorkerRuntime(s, make_celery(s), host=host, exit=exit)  # type: ignore[arg-type]
     if tokenizer is not None:  # a real one (the scripted engine's host has a stand-in)
         rt.host.tokenizer = tokenizer
     rt.send = lambda msg: rig.events.append(("sent", msg.id))
     rt.reaper.send = lambda msg: rig.resent.append(msg.id)
-    rt.start()
     return rig
