@@ -167,18 +167,20 @@ class Admission:
         return await self.queue(caller.subject, caller.key_id, reqs, ids)
 
     async def queue(self, subject: str, owner: str | None, reqs: list[JobRequest], ids: list[str],
-                    limit: int | None = None, max_depth: int | None = None) -> list[JobRecord]:
+                    limit: int | None = None, max_depth: int | None = None,
+                    all_or_none: bool = True) -> list[JobRecord]:
         """Take ``subject``'s slots for ``ids`` and queue the jobs, all or none (no rate check: a
         batch's lines are queued this way, its creation was the request that counted; ``limit``
         and ``max_depth``: fewer slots than the key has and a shallower queue than the model's, so
-        that interactive requests keep some of each)."""
+        that interactive requests keep some of each). Without ``all_or_none``, the jobs queued
+        before one failed stay queued (a batch queues the rest of its line later, by their ids)."""
         await self.reserve(subject, ids, limit)
         records: list[JobRecord] = []
         try:
             for req, job_id in zip(reqs, ids):
                 records.append(await self.service.submit(req, owner=owner, job_id=job_id, max_depth=max_depth))
         except BaseException:
-            await asyncio.shield(self._undo(subject, records, ids[len(records):]))
+            await asyncio.shield(self._undo(subject, records if all_or_none else [], ids[len(records):]))
             raise
         return records
 

@@ -35,7 +35,7 @@ from inferq.shared.schemas import (
 from inferq.shared import tracing
 from inferq.shared.request_limits import check_token_ids
 from inferq.shared.settings import Settings
-from inferq.shared.store import JobStore
+from inferq.shared.store import AlreadyQueued, JobStore
 from inferq.shared.celery_app import job_message
 
 log = logging.getLogger(__name__)
@@ -136,7 +136,8 @@ class JobService:
                      max_depth: int | None = None) -> JobRecord:
         """Queue the job: its record and its Celery message are written together, in one Redis
         script, unless the model's queue holds ``max_depth`` (default ``INFERQ_MAX_QUEUE_DEPTH``)
-        messages already (429 ``queue_full``)."""
+        messages already (429 ``queue_full``). A ``job_id`` that was queued before is not queued
+        again: its record is returned as it is (a batch's lines have ids of their own that way)."""
         model, info = await self.resolve_model(req.model)
         ids = await self.check_context(req, info) if info is not None else None
         record = JobRecord(id=job_id or new_job_id(), model=model, request=req, owner=owner)
@@ -145,7 +146,12 @@ class JobService:
         with tracing.span("inferq.submit", job_id=record.id, model=model, priority=req.priority) as span:
             record.traceparent = span.traceparent
             queue_list, message = job_message(self.celery, record.message(ids))
-            depth = await self.store.submit(record, queue_list, message, limit)
+            try:
+                depth = await self.store.submit(record, queue_list, message, limit)
+            except AlreadyQueued:
+                if (prior := await self.store.get(record.id)) is None:  # ended and expired meanwhile
+                    raise job_not_found(record.id) from None
+                return prior
         if depth is not None:
             raise RateLimited(f"model {model!r} has {depth} jobs queued (limit {limit}); retry later",
                               code="queue_full", retry_after=1.0)

@@ -253,8 +253,10 @@ return 1
 # KEYS: job hash, queued zset, stats, the message's list, then every list of the model's queue.
 # ARGV: most messages the queue may hold ('' : no limit), ttl, job id, created_at, stats field,
 # the message ('': none), then the record's fields and values. The record and its Celery message
-# together, or neither: the queue's depth when it is full, else -1.
+# together, or neither: the queue's depth when it is full, -2 when a message comes with a job that
+# already exists (a job is queued once: its record is never overwritten), else -1.
 _SUBMIT = """
+if ARGV[6] ~= '' and redis.call('EXISTS', KEYS[1]) == 1 then return -2 end
 if ARGV[1] ~= '' then
   local depth = 0
   for i = 5, #KEYS do depth = depth + redis.call('LLEN', KEYS[i]) end
@@ -275,6 +277,10 @@ _GET_VISIBLE = """
 if ARGV[1] ~= '' and redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then return {} end
 return redis.call('HGETALL', KEYS[1])
 """
+
+
+class AlreadyQueued(Exception):
+    """A job with this id was queued before (:meth:`JobStore.submit` wrote nothing)."""
 
 
 @dataclass
@@ -307,18 +313,21 @@ class JobStore:
     async def submit(self, record: JobRecord, queue_list: str, message: str, max_depth: int) -> int | None:
         """Write the job's record and put its Celery message on ``queue_list`` in one step, unless
         the model's queue already holds ``max_depth`` messages: then nothing is written and the
-        depth is returned."""
+        depth is returned. :class:`AlreadyQueued` when a job with the record's id exists: nothing
+        is written then either."""
         return await self._write(record, queue_list, message, max_depth)
 
     async def _write(self, record: JobRecord, queue_list: str | None = None, message: str = "",
                      max_depth: int | None = None) -> int | None:
         fields = [x for kv in record.to_hash().items() for x in kv]
         lists = keys.queue_lists(record.model)
-        depth = await self._submit(
+        depth = int(await self._submit(
             keys=[keys.job(record.id), keys.QUEUED, keys.STATS, queue_list or lists[0], *lists],
             args=["" if max_depth is None else max_depth, self.ttl_s, record.id, repr(record.created_at),
-                  keys.stat("submitted", record.model), message, *fields])
-        return None if int(depth) < 0 else int(depth)
+                  keys.stat("submitted", record.model), message, *fields]))
+        if depth == -2:
+            raise AlreadyQueued(record.id)
+        return None if depth < 0 else depth
 
     async def get(self, job_id: str) -> JobRecord | None:
         h = await self.redis.hgetall(keys.job(job_id))

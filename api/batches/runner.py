@@ -24,15 +24,18 @@ past its lease cannot touch the batch another gateway now advances; a line's ans
 once (``HSETNX``) and counted with it. A line's jobs run ``timeout`` = what is left of the
 completion window, not the interactive default. A batch leaves a quarter of its key's job slots
 and of its model's queue depth to interactive requests. A gateway that stops lets its step
-finish and gives its leases up; one that dies right after queueing a line's jobs but before
-recording them leaves those jobs to run unrecorded, and the line is queued again by the next
-runner (answered once, computed twice).
+finish and gives its leases up. A line's job ids follow from the batch's secret and the line's
+index (:func:`line_job_ids`), and a job id is queued once (``JobStore.submit``): a runner that
+dies after queueing a line's jobs but before recording them leaves jobs that the next runner
+finds by their ids and records, not a line queued twice; two runners that queue the same line
+at once (one stalled past its lease) queue its jobs once between them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -48,16 +51,22 @@ from inferq.api.admission import Admission
 from inferq.api.batches import lines, scripts
 from inferq.api.batches.files import FileStore
 from inferq.api.batches.schemas import ENDED, BatchError, BatchErrors, BatchRecord, OutputLine
-from inferq.api.service import new_job_id
 from inferq.shared import keys
 from inferq.shared.errors import InferqError, NotFound, RateLimited, Unavailable
-from inferq.shared.schemas import TERMINAL_STATUSES
+from inferq.shared.schemas import TERMINAL_STATUSES, JobRequest
 from inferq.shared.settings import Settings
 
 log = logging.getLogger(__name__)
 
 _MESSAGES = {"cancelled": "the batch was cancelled before this request finished",
              "expired": "the batch's completion window ended before this request finished"}
+
+
+def line_job_ids(rec: BatchRecord, index: int, n: int) -> list[str]:
+    """The ids of line ``index``'s ``n`` jobs: the same for every runner, unguessable without the
+    batch's secret."""
+    seed = rec.secret or rec.batch.id
+    return [f"job-{hashlib.sha256(f'{seed}:{index}:{k}'.encode()).hexdigest()[:32]}" for k in range(n)]
 
 
 class LeaseLost(Exception):
@@ -209,10 +218,18 @@ class BatchRunner:
         return True
 
     async def _abort(self, rec: BatchRecord) -> None:
-        for raw in (await self.redis.hgetall(keys.batch_part(rec.batch.id, "running"))).values():
-            for job_id in json.loads(raw)["jobs"]:
-                with contextlib.suppress(InferqError):
-                    await self.admission.service.cancel(job_id)
+        """Cancel the unfinished lines' jobs, and those of the next line, which a runner that died
+        may have queued without recording them."""
+        bid = rec.batch.id
+        ids = [j for raw in (await self.redis.hgetall(keys.batch_part(bid, "running"))).values()
+               for j in json.loads(raw)["jobs"]]
+        nxt = int(await self.redis.hget(keys.batch(bid), "next") or 0)
+        if (raw := await self.redis.lindex(keys.batch_part(bid, "lines"), nxt)) is not None:
+            with contextlib.suppress(Exception):  # a line its endpoint refuses never had jobs
+                ids += line_job_ids(rec, nxt, len(lines.prepare(raw, self.settings).jobs))
+        for job_id in ids:
+            with contextlib.suppress(InferqError):
+                await self.admission.service.cancel(job_id)
         rec.aborted = True
         await self._save(rec)
 
@@ -282,27 +299,41 @@ class BatchRunner:
             try:
                 prep = lines.prepare(raw, self.settings)
                 jobs = [j.model_copy(update={"timeout": timeout}) for j in prep.jobs]
-                ids = [new_job_id() for _ in jobs]
+                ids = line_job_ids(rec, index, len(jobs))
                 self._check_fits(ids)
             except Exception as e:  # what the endpoint would answer instead of running the request
                 await self._answer(bid, index, lines.refused(lines.custom_id_of(raw), e))
                 continue
             try:  # the rest of the key's slots and of the queue are left to interactive requests
-                records = await self.admission.queue(rec.subject, rec.owner, jobs, ids, limit=key_slots,
-                                                     max_depth=max_depth)
+                model = await self._queue(rec, jobs, ids, key_slots, max_depth)
             except (RateLimited, Unavailable, RedisError):  # the queue or the key is full, or Redis
                 return                                       # away: try again next poll
             except Exception as e:  # refused at submission (an unknown model, a prompt over the context)
-                await self._answer(bid, index, lines.refused(lines.custom_id_of(raw), e))
-                continue
-            entry = json.dumps({"jobs": ids, "model": records[0].model})
-            try:
-                await self._fenced("run", bid, keys.batch_part(bid, "running"), keys.batch(bid), args=(index, entry))
-            except LeaseLost:  # another gateway has the batch and will queue this line itself
-                for job_id in ids:
+                for job_id in ids:  # the line's jobs queued before the refusal do not run for nothing
                     with contextlib.suppress(InferqError):
                         await self.admission.service.cancel(job_id)
-                raise
+                await self._answer(bid, index, lines.refused(lines.custom_id_of(raw), e))
+                continue
+            # LeaseLost here: another gateway has the batch, and finds these jobs by their ids
+            await self._fenced("run", bid, keys.batch_part(bid, "running"), keys.batch(bid),
+                               args=(index, json.dumps({"jobs": ids, "model": model})))
+
+    async def _queue(self, rec: BatchRecord, jobs: list[JobRequest], ids: list[str], key_slots: int,
+                     max_depth: int) -> str:
+        """Queue the line's jobs that are not queued yet (a runner before this one may have queued
+        some or all, and died before recording them); the model they run on."""
+        async with self.redis.pipeline(transaction=False) as p:
+            for job_id in ids:
+                p.hget(keys.job(job_id), "model")
+            models = await p.execute()
+        todo = [k for k, m in enumerate(models) if m is None]
+        if todo:
+            records = await self.admission.queue(rec.subject, rec.owner, [jobs[k] for k in todo],
+                                                 [ids[k] for k in todo], limit=key_slots, max_depth=max_depth,
+                                                 all_or_none=False)
+            return records[0].model
+        log.info("batch %s: adopting the jobs %s, queued by a runner before", rec.batch.id, ids)
+        return str(json.loads(models[0]))
 
     def _check_fits(self, ids: list[str]) -> None:
         """A line with more prompts than its key may have unfinished jobs would wait forever."""

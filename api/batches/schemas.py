@@ -123,6 +123,9 @@ class BatchRecord(BaseModel):
     subject: str  # whom the batch's jobs count against (api.auth.Principal.subject)
     ending: Literal["cancelled", "expired"] | None = None  # set once the batch is being stopped
     aborted: bool = False  # its unfinished jobs were told to stop
+    # what its lines' job ids are made from (api/batches/runner.py: line_job_ids); None in batches
+    # created before it existed: their id stands in
+    secret: str | None = None
 
 
 class InputLine(BaseModel):

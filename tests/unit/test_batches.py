@@ -16,8 +16,8 @@ from inferq.api.admission import Admission
 from inferq.api.auth import Principal
 from inferq.api.batches import lines
 from inferq.api.batches.files import FileStore
-from inferq.api.batches.runner import BatchRunner, LeaseLost
-from inferq.api.batches.schemas import BatchCreate, OutputLine
+from inferq.api.batches.runner import BatchRunner, LeaseLost, line_job_ids
+from inferq.api.batches.schemas import BatchCreate, BatchRecord, OutputLine
 from inferq.api.batches.service import BatchService
 from inferq.api.queue_metrics import exposition, snapshot
 from inferq.api.service import JobService
@@ -25,7 +25,8 @@ from inferq.shared import keys
 from inferq.shared.celery_app import make_celery
 from inferq.shared.errors import InvalidRequest, NotFound
 from inferq.shared.settings import Settings
-from inferq.shared.store import JobStore
+from inferq.shared.schemas import JobRequest
+from inferq.shared.store import AlreadyQueued, JobStore
 
 CHAT = "/v1/chat/completions"
 ALICE = Principal(key_id="alice", name=None, ip="1.2.3.4")
@@ -202,3 +203,60 @@ async def test_only_the_lease_holder_changes_a_batch_and_a_line_counts_once(
     with pytest.raises(LeaseLost):
         await other._answer(bid, 1, out)
     assert await r.hget(keys.batch_part(bid, "results"), "1") is None
+
+
+async def queued_messages(r: redis.asyncio.Redis, model: str = "inferq-tiny") -> int:
+    return sum([await r.llen(q) for q in keys.queue_lists(model)])
+
+
+async def test_a_line_a_dead_runner_queued_but_never_recorded_is_adopted_not_queued_again(
+        r: redis.asyncio.Redis, own_redis: str) -> None:
+    runner, batches, s = await make_runner(r, redis_url=own_redis, batch_window=2)
+    text = line(0, url="/v1/completions", prompt=["a", "b"]) + "\n" + line(1, url="/v1/completions") + "\n"
+    f = await batches.files.create("alice", "batch", "in.jsonl", text.encode())
+    bid = (await batches.create(BatchCreate(input_file_id=f.id, endpoint="/v1/completions",
+                                            completion_window="24h"), ALICE)).id
+    rec = BatchRecord.model_validate_json(await r.hget(keys.batch(bid), "record"))
+    assert rec.secret and len(rec.secret) == 32
+    # a runner before this one queued the first of line 0's two jobs, then died: nothing recorded
+    ids = line_job_ids(rec, 0, 2)
+    assert ids == line_job_ids(rec, 0, 2) and len(set(ids)) == 2 and all(keys.is_job_id(i) for i in ids)
+    assert ids != line_job_ids(rec.model_copy(update={"secret": "x" * 32}), 0, 2), "the secret makes them"
+    first = lines.prepare(line(0, url="/v1/completions", prompt=["a", "b"]), s).jobs[0]
+    [dead] = await runner.admission.queue(rec.subject, rec.owner, [first], ids[:1])
+    assert await queued_messages(r) == 1
+
+    await runner.advance(bid)
+    running = {int(i): json.loads(v) for i, v in (await r.hgetall(keys.batch_part(bid, "running"))).items()}
+    assert running[0]["jobs"] == ids, "line 0 runs as the jobs its ids name"
+    assert (await runner.store.get(ids[0])).created_at == dead.created_at, "the dead runner's job, not a new one"
+    assert json.loads(await r.hget(keys.job(ids[1]), "request"))["prompt"] == "b"
+    assert await queued_messages(r) == 3, "line 0's two jobs and line 1's one, each queued once"
+
+
+async def test_a_job_id_is_queued_once(r: redis.asyncio.Redis, own_redis: str) -> None:
+    runner, _, _ = await make_runner(r, redis_url=own_redis)
+    service = runner.admission.service
+    await r.delete(*keys.queue_lists("inferq-tiny"))
+    req = JobRequest(prompt="one", max_tokens=2)
+    a = await service.submit(req, owner="alice", job_id="job-" + "a" * 32)
+    b = await service.submit(JobRequest(prompt="two", max_tokens=2), owner="bob", job_id=a.id)
+    assert (b.id, b.created_at, b.owner, b.request.prompt) == (a.id, a.created_at, "alice", "one")
+    assert await queued_messages(r) == 1
+    with pytest.raises(AlreadyQueued):
+        await runner.store.submit(a, keys.queue_lists("inferq-tiny")[0], "message", 100)
+
+
+async def test_cancelling_a_batch_stops_the_jobs_a_dead_runner_queued_unrecorded(
+        r: redis.asyncio.Redis, own_redis: str) -> None:
+    runner, batches, s = await make_runner(r, redis_url=own_redis, batch_window=1)
+    bid = await create(batches, 3)
+    await runner.advance(bid)  # line 0 runs
+    rec = BatchRecord.model_validate_json(await r.hget(keys.batch(bid), "record"))
+    orphan = line_job_ids(rec, 1, 1)  # line 1, queued by a runner that died before recording it
+    await runner.admission.queue(rec.subject, rec.owner, lines.prepare(line(1, max_tokens=4), s).jobs, orphan)
+    await batches.cancel(bid, ALICE)
+    await runner.advance(bid)
+    b = await batches.get(bid, ALICE)
+    assert b.status == "cancelled" and b.request_counts.failed == 3
+    assert json.loads(await r.hget(keys.job(orphan[0]), "status")) == "cancelled"
