@@ -147,6 +147,8 @@ def stat(kind: str, *labels: str) -> str:
 
 #: set: the batches not yet ended; every gateway's runner looks here for work.
 BATCHES_ACTIVE = f"{PREFIX}:batches:active"
+#: zset: the files that expire, scored by when; every gateway's batch runner deletes those due.
+FILES_EXPIRING = f"{PREFIX}:files:expiring"
 #: File and batch ids: a prefix and 24 hex digits (96 random bits), as OpenAI's are prefixed.
 FILE_ID_PATTERN = r"file-[0-9a-f]{24}"
 BATCH_ID_PATTERN = r"batch_[0-9a-f]{24}"

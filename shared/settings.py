@@ -104,6 +104,10 @@ class Settings(BaseSettings):
         "are kept in; unset: file contents live in Redis, each at most max_file_bytes.")
     max_file_bytes: int = Field(default=64 << 20, ge=1024, description="Largest file upload (POST /v1/files).")
     max_batch_lines: int = Field(default=50_000, ge=1, description="Most requests in one batch's input file.")
+    file_ttl_s: int = Field(default=30 * 86400, ge=0, description="An uploaded file expires this long after "
+                            "its upload unless the upload names its own expires_after (OpenAI's default for "
+                            "batch files: 30 days); 0: kept until deleted. A batch's output files expire as "
+                            "its output_expires_after says, else are kept.")
     batch_priority: int = Field(default=9, ge=0, le=9, description="Priority of a batch's jobs (0 runs "
                                 "first): above the default 5, interactive requests go first.")
     batch_window: int = Field(default=256, ge=1, description="Most unfinished jobs one batch has queued "

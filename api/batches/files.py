@@ -3,8 +3,9 @@
 Every file's metadata and owner sit in the hash ``keys.file(id)``, and its id in the owner's
 listing. Its contents (UTF-8 text: JSONL) are the hash's ``content`` field, or, with
 ``INFERQ_FILES_DIR``, the file ``{files_dir}/{id}.jsonl``: a folder every gateway mounts (a
-shared volume), which keeps large files out of Redis' memory. Files do not expire (as OpenAI's
-do not, by default): ``DELETE /v1/files/{id}`` removes one.
+shared volume), which keeps large files out of Redis' memory. ``DELETE /v1/files/{id}`` removes
+one; a file with ``expires_at`` is not found from then on, and the next batch runner's poll
+deletes it (:meth:`FileStore.sweep`).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class FileStore:
     def __init__(self, settings: Settings, redis: Redis) -> None:
         self.redis = redis
         self.max_bytes = settings.max_file_bytes
+        self.ttl_s = settings.file_ttl_s  # an upload's, unless it names its own
         self.dir = settings.files_dir
         if self.dir is not None:
             self.dir.mkdir(parents=True, exist_ok=True)
@@ -50,9 +52,10 @@ class FileStore:
         return self.dir / f"{file_id}.jsonl"
 
     async def create(self, owner: str | None, purpose: FilePurpose, filename: str, data: bytes,
-                     limited: bool = True) -> FileObject:
-        """Keep ``data`` as a new file of ``owner``'s; 400 when it is too large (an upload:
-        ``limited``) or not UTF-8. A batch's output is written whatever its size."""
+                     limited: bool = True, ttl_s: int | None = None) -> FileObject:
+        """Keep ``data`` as a new file of ``owner``'s, for ``ttl_s`` seconds (None: until deleted);
+        400 when it is too large (an upload: ``limited``) or not UTF-8. A batch's output is
+        written whatever its size."""
         if limited and len(data) > self.max_bytes:
             raise InvalidRequest(f"the file has {len(data)} bytes; at most {self.max_bytes} "
                                  "(INFERQ_MAX_FILE_BYTES)", param="file", code="file_too_large")
@@ -61,8 +64,9 @@ class FileStore:
         except UnicodeDecodeError as e:
             raise InvalidRequest(f"the file is not UTF-8 text (byte {e.start}); a batch input file is "
                                  "JSONL", param="file", code="invalid_file_format") from None
-        meta = FileObject(id=new_file_id(), bytes=len(data), created_at=int(time.time()),
-                          filename=filename[:255] or "file.jsonl", purpose=purpose)
+        now = int(time.time())
+        meta = FileObject(id=new_file_id(), bytes=len(data), created_at=now, filename=filename[:255] or "file.jsonl",
+                          purpose=purpose, expires_at=now + ttl_s if ttl_s else None)
         fields = {"meta": meta.model_dump_json(), "owner": json.dumps(owner)}
         if self.dir is None:
             fields["content"] = text
@@ -71,6 +75,8 @@ class FileStore:
         async with self.redis.pipeline(transaction=True) as p:
             p.hset(keys.file(meta.id), mapping=fields)
             p.zadd(keys.files(owner), {meta.id: time.time()})
+            if meta.expires_at is not None:
+                p.zadd(keys.FILES_EXPIRING, {meta.id: meta.expires_at})
             await p.execute()
         return meta
 
@@ -80,7 +86,10 @@ class FileStore:
                        if _FILE_ID.fullmatch(file_id) else (None, None))
         if meta is None or not caller.may_see(json.loads(owner)):
             raise file_not_found(file_id)
-        return FileObject.model_validate_json(meta)
+        f = FileObject.model_validate_json(meta)
+        if _expired(f):  # not yet swept
+            raise file_not_found(file_id)
+        return f
 
     async def content(self, file_id: str, caller: Principal) -> str:
         await self.get(file_id, caller)
@@ -100,13 +109,26 @@ class FileStore:
 
     async def delete(self, file_id: str, caller: Principal) -> None:
         await self.get(file_id, caller)
+        await self._remove(file_id)
+
+    async def _remove(self, file_id: str) -> None:
         owner = json.loads(await self.redis.hget(keys.file(file_id), "owner") or "null")
+        if self.dir is not None:
+            await run_in_threadpool(self._path(file_id).unlink, True)
         async with self.redis.pipeline(transaction=True) as p:
             p.delete(keys.file(file_id))
             p.zrem(keys.files(owner), file_id)
+            p.zrem(keys.FILES_EXPIRING, file_id)
             await p.execute()
-        if self.dir is not None:
-            await run_in_threadpool(self._path(file_id).unlink, True)
+
+    async def sweep(self, now: float | None = None, most: int = 100) -> int:
+        """Delete up to ``most`` files whose time is up; how many (every gateway's batch runner
+        calls this each poll: two that delete one file at once both succeed)."""
+        due = await self.redis.zrangebyscore(keys.FILES_EXPIRING, "-inf", time.time() if now is None else now,
+                                             start=0, num=most)
+        for file_id in due:
+            await self._remove(file_id)  # off the expiring set last: a failed delete is tried again
+        return len(due)
 
     async def list(self, caller: Principal, purpose: str | None, limit: int, after: str | None,
                    newest_first: bool = True) -> FileList:
@@ -120,13 +142,17 @@ class FileStore:
                 for i in chunk:
                     p.hget(keys.file(i), "meta")
                 metas = await p.execute()
-            found = [FileObject.model_validate_json(m) for m in metas if m]
+            found = [f for f in (FileObject.model_validate_json(m) for m in metas if m) if not _expired(f)]
             out += [f for f in found if purpose is None or f.purpose == purpose]
             if len(out) > limit:
                 break
         page = out[:limit]
         return FileList(data=page, has_more=len(out) > limit,
                         first_id=page[0].id if page else None, last_id=page[-1].id if page else None)
+
+
+def _expired(f: FileObject) -> bool:
+    return f.expires_at is not None and f.expires_at <= time.time()
 
 
 def _write_atomically(path: Path, data: bytes) -> None:

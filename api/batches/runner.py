@@ -106,6 +106,10 @@ class BatchRunner:
     async def _loop(self) -> None:
         while not self._stopping:
             try:
+                await self.files.sweep()
+            except Exception:  # Redis away: next poll
+                log.warning("batch runner: cannot delete the expired files", exc_info=True)
+            try:
                 active = await self.redis.smembers(keys.BATCHES_ACTIVE)
             except Exception:  # Redis away: try again next poll
                 log.warning("batch runner: cannot read the active batches", exc_info=True)
@@ -369,7 +373,7 @@ class BatchRunner:
         for part, name, attr in ((output, "output", "output_file_id"), (errors, "error", "error_file_id")):
             if part and getattr(b, attr) is None:
                 f = await self.files.create(rec.owner, "batch_output", f"{bid}_{name}.jsonl",
-                                            ("\n".join(part) + "\n").encode(), limited=False)
+                                            ("\n".join(part) + "\n").encode(), limited=False, ttl_s=rec.output_ttl_s)
                 setattr(b, attr, f.id)
                 await self._save(rec)
         now = int(time.time())

@@ -54,6 +54,18 @@ def _check_metadata(value: dict[str, str] | None) -> dict[str, str] | None:
     return value
 
 
+#: The shortest and longest expiry a file may be given (OpenAI's limits).
+MIN_EXPIRY_S, MAX_EXPIRY_S = 3600, 30 * 86400
+
+
+class ExpiresAfter(BaseModel):
+    """When a file expires: ``seconds`` after its ``anchor`` (its creation)."""
+
+    model_config = ConfigDict(extra="forbid")
+    anchor: Literal["created_at"]
+    seconds: int = Field(ge=MIN_EXPIRY_S, le=MAX_EXPIRY_S)
+
+
 class BatchCreate(BaseModel):
     """``POST /v1/batches``."""
 
@@ -62,6 +74,7 @@ class BatchCreate(BaseModel):
     endpoint: BatchEndpoint
     completion_window: Literal["24h"]
     metadata: dict[str, str] | None = None
+    output_expires_after: ExpiresAfter | None = None  # of its output and error files
 
     _metadata = field_validator("metadata")(_check_metadata)
 
@@ -126,6 +139,7 @@ class BatchRecord(BaseModel):
     # what its lines' job ids are made from (api/batches/runner.py: line_job_ids); None in batches
     # created before it existed: their id stands in
     secret: str | None = None
+    output_ttl_s: int | None = None  # its output and error files expire this long after they are written
 
 
 class InputLine(BaseModel):

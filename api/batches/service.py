@@ -60,7 +60,9 @@ class BatchService:
         now = int(time.time())
         b = Batch(id=new_batch_id(), endpoint=req.endpoint, input_file_id=meta.id, created_at=now,
                   expires_at=now + COMPLETION_WINDOW_S, metadata=req.metadata)
-        rec = BatchRecord(batch=b, owner=caller.key_id, subject=caller.subject, secret=secrets.token_hex(16))
+        ttl = req.output_expires_after.seconds if req.output_expires_after is not None else None
+        rec = BatchRecord(batch=b, owner=caller.key_id, subject=caller.subject, secret=secrets.token_hex(16),
+                          output_ttl_s=ttl)
         async with self.redis.pipeline(transaction=True) as p:
             p.hset(keys.batch(b.id), mapping={"record": rec.model_dump_json(), "next": 0, "ok": 0, "err": 0})
             p.zadd(keys.batches(caller.key_id), {b.id: time.time()})

@@ -177,6 +177,22 @@ def test_files_api_round_trip_and_refusals(stack, client) -> None:
     data = jsonl([chat_line(1)])
     up = client.files.create(file=("one.jsonl", data), purpose="batch")
     assert client.files.retrieve(up.id).bytes == len(data)
+    assert up.expires_at == up.created_at + 30 * 86400, "batch files expire after 30 days by default, as OpenAI's"
+    hour = client.files.create(file=("hour.jsonl", data), purpose="batch",
+                               expires_after={"anchor": "created_at", "seconds": 3600})
+    assert client.files.retrieve(hour.id).expires_at == hour.created_at + 3600
+    for bad in ({"anchor": "created_at", "seconds": 60}, {"anchor": "created_at", "seconds": "soon"}):
+        with pytest.raises(openai.BadRequestError, match=r"expires_after\[seconds\]: must be an integer from 3600"):
+            client.files.create(file=("x.jsonl", data), purpose="batch", expires_after=bad)  # type: ignore[arg-type]
+    with pytest.raises(openai.BadRequestError, match=r"expires_after\[anchor\]"):
+        client.files.create(file=("x.jsonl", data), purpose="batch",
+                            expires_after={"anchor": "last_active_at", "seconds": 3600})  # type: ignore[typeddict-item]
+    later = client.batches.create(input_file_id=hour.id, endpoint=CHAT, completion_window="24h",
+                                  output_expires_after={"anchor": "created_at", "seconds": 86400})
+    assert later.status == "validating"
+    with pytest.raises(openai.BadRequestError, match="output_expires_after"):
+        client.batches.create(input_file_id=hour.id, endpoint=CHAT, completion_window="24h",
+                              output_expires_after={"anchor": "created_at", "seconds": 10})
     assert up.id in [f.id for f in client.files.list(purpose="batch")]
     with pytest.raises(openai.BadRequestError, match="purpose"):
         client.files.create(file=("x.jsonl", data), purpose="fine-tune")

@@ -101,6 +101,32 @@ async def test_file_store_in_a_folder(r: redis.asyncio.Redis, tmp_path: Path) ->
         await files.content(f.id, ALICE)
 
 
+async def test_files_expire_and_the_sweep_deletes_them(r: redis.asyncio.Redis, tmp_path: Path) -> None:
+    files = FileStore(Settings(files_dir=tmp_path / "files"), r)
+    keep = await files.create("alice", "batch", "keep.jsonl", b"{}\n")
+    f = await files.create("alice", "batch", "in.jsonl", b"{}\n", ttl_s=3600)
+    assert keep.expires_at is None and f.expires_at == f.created_at + 3600
+    assert (await files.get(f.id, ALICE)).expires_at == f.expires_at
+    assert await files.sweep(now=f.expires_at - 1) == 0, "not due yet"
+    assert await files.content(f.id, ALICE) == "{}\n"
+
+    assert await files.sweep(now=f.expires_at + 1) == 1
+    with pytest.raises(NotFound):
+        await files.get(f.id, ALICE)
+    assert not (tmp_path / "files" / f"{f.id}.jsonl").exists()
+    assert not await r.exists(keys.file(f.id)) and await r.zscore(keys.files("alice"), f.id) is None
+    assert await r.zcard(keys.FILES_EXPIRING) == 0
+    assert [x.id for x in (await files.list(ALICE, None, 10, None)).data] == [keep.id], "the other file stays"
+
+    # due but not yet swept (no runner polled since): already gone for clients
+    g = await files.create("alice", "batch", "g.jsonl", b"{}\n", ttl_s=3600)
+    meta = json.loads(await r.hget(keys.file(g.id), "meta"))
+    await r.hset(keys.file(g.id), "meta", json.dumps({**meta, "expires_at": int(time.time()) - 1}))
+    with pytest.raises(NotFound):
+        await files.content(g.id, ALICE)
+    assert [x.id for x in (await files.list(ALICE, None, 10, None)).data] == [keep.id]
+
+
 async def make_runner(r: redis.asyncio.Redis, **settings: object) -> tuple[BatchRunner, BatchService, Settings]:
     s = Settings(**settings)  # redis_url: the module's server, where the Celery messages go
     store = JobStore(r, 600)
@@ -260,3 +286,20 @@ async def test_cancelling_a_batch_stops_the_jobs_a_dead_runner_queued_unrecorded
     b = await batches.get(bid, ALICE)
     assert b.status == "cancelled" and b.request_counts.failed == 3
     assert json.loads(await r.hget(keys.job(orphan[0]), "status")) == "cancelled"
+
+
+async def test_a_batchs_output_files_expire_as_it_asked(r: redis.asyncio.Redis, own_redis: str) -> None:
+    runner, batches, _ = await make_runner(r, redis_url=own_redis)
+    f = await batches.files.create("alice", "batch", "in.jsonl", (line(0) + "\n").encode())
+    b = await batches.create(BatchCreate(input_file_id=f.id, endpoint=CHAT, completion_window="24h",
+                                         output_expires_after={"anchor": "created_at", "seconds": 7200}), ALICE)
+    await runner.advance(b.id)
+    await batches.cancel(b.id, ALICE)
+    await runner.advance(b.id)
+    done = await batches.get(b.id, ALICE)
+    assert done.status == "cancelled" and done.error_file_id is not None
+    out = await batches.files.get(done.error_file_id, ALICE)
+    assert out.purpose == "batch_output" and out.expires_at == out.created_at + 7200
+    with pytest.raises(ValidationError, match="seconds"):
+        BatchCreate(input_file_id=f.id, endpoint=CHAT, completion_window="24h",
+                    output_expires_after={"anchor": "created_at", "seconds": 60})
