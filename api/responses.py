@@ -141,7 +141,7 @@ def response(rec: JobRecord, text: str | None = None, status: str | None = None)
     item_status = "completed" if status == "completed" else "incomplete" if done else "in_progress"
     output = [] if status == "queued" else [{
         "type": "message", "id": f"msg_{hexid}", "status": item_status, "role": "assistant",
-        "content": [{"type": "output_text", "text": text, "annotations": []}]}]
+        "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": None}]}]
     err = rec.error
     return {
         "id": response_id(rec.id), "object": "response", "created_at": int(rec.created_at), "status": status,
@@ -149,7 +149,8 @@ def response(rec: JobRecord, text: str | None = None, status: str | None = None)
         "max_output_tokens": req.max_tokens, "temperature": req.temperature, "top_p": req.top_p,
         "previous_response_id": None, "metadata": req.metadata or {}, "user": req.user,
         "parallel_tool_calls": True, "tool_choice": "auto", "tools": [], "text": {"format": {"type": "text"}},
-        "truncation": "disabled", "background": None, "incomplete_details": incomplete, "usage": usage,
+        "truncation": "disabled", "background": None, "service_tier": "auto", "incomplete_details": incomplete,
+        "usage": usage,
         "error": {"code": err.code or err.type, "message": err.message} if err is not None and done else None,
     }
 

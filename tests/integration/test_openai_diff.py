@@ -155,6 +155,12 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
         "messages": CONTINUED, "continue_final_message": True, "add_generation_prompt": True, **G}),
     "chat continue_final_message alone": ("/v1/chat/completions", {"messages": CONTINUED,
                                                                    "continue_final_message": True, **G}),
+    "responses": ("/v1/responses", {"input": "Say hi", "instructions": "You are terse.", "temperature": 0,
+                                    "max_output_tokens": 8}),
+    "responses messages": ("/v1/responses", {"input": CHAT[1:], "temperature": 0, "max_output_tokens": 8}),
+    "responses stream": ("/v1/responses", {"input": "Say hi", "temperature": 0, "max_output_tokens": 8,
+                                           "stream": True}),
+    "responses max_output_tokens 0": ("/v1/responses", {"input": "Say hi", "max_output_tokens": 0}),
     "tokenize": ("/tokenize", {"prompt": "The sky is blue"}),
     "tokenize no special tokens": ("/tokenize", {"prompt": "The sky is blue", "add_special_tokens": False}),
     "tokenize messages": ("/tokenize", {"messages": CHAT}),
@@ -179,6 +185,11 @@ _REFUSED_FIRST = ("refused before the stream starts (400 and the error body, as 
 _ECHO_IDS = ("vLLM's streamed echo also sends the prompt's token ids in the first chunk (code it shares with "
              "`return_token_ids`, which inferq does not serve); inferq sends what echo asks for: the text "
              "and, with logprobs, the log-probs")
+_OPENAI_SHAPE = "as OpenAI's Responses API answers: metadata {} and text.format when none were given"
+_VLLM_RESPONSES = ("vLLM's own additions to a Response: per-turn and tool usage counts (its multi-turn tool "
+                   "loop, which inferq does not run) and the penalties its /v1/responses takes (inferq's, as "
+                   "OpenAI's, takes none)")
+_RESPONSE_CASES = ("responses", "responses messages")
 # (case, path) -> why inferq differs on purpose.
 INTENDED: dict[tuple[str, str], str] = {
     ("models", "shape .data[0].root"): _ROOT,
@@ -190,6 +201,16 @@ INTENDED: dict[tuple[str, str], str] = {
     **{(case, key): _REFUSED_FIRST for case in ("completion token id out of vocab stream",
                                                 "chat logit_bias out of vocab stream")
        for key in ("status", "error", "done", "first chunk", "finish_reasons", "text", "usage chunk")},
+    **{(case, f"{where}{p}"): _OPENAI_SHAPE for case, where in (*((c, "shape ") for c in _RESPONSE_CASES),
+                                                               ("responses stream", "first chunk .response"))
+       for p in (".metadata", ".text", ".text.format", ".text.format.type")},
+    **{(case, f"shape {p}"): _VLLM_RESPONSES for case in _RESPONSE_CASES for p in (
+        ".frequency_penalty", ".presence_penalty", ".usage.input_tokens_details.cache_write_tokens",
+        ".usage.input_tokens_details.cached_tokens_per_turn", ".usage.input_tokens_details.input_tokens_per_turn",
+        ".usage.output_tokens_details.output_tokens_per_turn", ".usage.output_tokens_details.tool_output_tokens",
+        ".usage.output_tokens_details.tool_output_tokens_per_turn")},
+    **{("responses stream", f"first chunk .response.{p}"): _VLLM_RESPONSES
+       for p in ("frequency_penalty", "presence_penalty")},
     **{(case, f"first chunk .choices[0].prompt_token_ids{i}"): _ECHO_IDS
        for case in ("completion echo stream", "completion echo logprobs stream") for i in ("", "[0]", "[1]", "[2]")},
 }
@@ -198,7 +219,10 @@ INTENDED: dict[tuple[str, str], str] = {
 _LATER_TOKEN = re.compile(r"\.logprobs\.(tokens|token_logprobs|text_offset|top_logprobs|content)\[[1-9][0-9]*\]")
 
 # (case, path) -> not matched yet (the record of what is left to do).
-NOT_YET: dict[tuple[str, str], str] = {}
+NOT_YET: dict[tuple[str, str], str] = {
+    ("responses stream", "first chunk .response.background"): "whether a response was asked for in the "
+    "background is not kept with its job, so its objects say null (vLLM: false)",
+}
 
 
 def shape(v: Any, path: str = "") -> dict[str, str]:
@@ -260,6 +284,9 @@ def summary(a: dict[str, Any]) -> dict[str, Any]:
     out["values"] = {k: body[k] for k in ("tokens", "count", "prompt", "max_model_len") if k in body}
     out["finish_reasons"] = [c.get("finish_reason") for c in body.get("choices", [])]
     out["texts"] = [c.get("text", (c.get("message") or {}).get("content")) for c in body.get("choices", [])]
+    if isinstance(body.get("output"), list):  # a response (/v1/responses): its output text and status
+        out["texts"] = [p.get("text") for item in body["output"] for p in item.get("content") or []]
+        out["values"] = {"status": body.get("status")}
     return out
 
 
