@@ -163,10 +163,11 @@ def _event(kind: str, seq: int, **fields: Any) -> Payload:
     return Payload(json.dumps({"type": kind, "sequence_number": seq, **fields}), event=kind)
 
 
-async def stream_events(hub: StreamHub, rec: JobRecord, after: int = -1,
-                        finished: Any = None) -> AsyncIterator[Payload]:
+async def stream_events(hub: StreamHub, rec: JobRecord, after: int = -1, finished: Any = None,
+                        known: dict[str, Any] | None = None) -> AsyncIterator[Payload]:
     """The response's stream events with ``sequence_number`` above ``after``. ``finished()``
-    (async) reads the record again for the final response object."""
+    (async) reads the record again for the final response object; ``known``: what the request
+    said that the job does not keep (``background``, ``previous_response_id``), for the first ones."""
     item = f"msg_{rec.id.removeprefix('job-')}"
     seq, text = -1, ""
 
@@ -175,8 +176,8 @@ async def stream_events(hub: StreamHub, rec: JobRecord, after: int = -1,
         seq += 1
         return _event(kind, seq, **fields) if seq > after else None
 
-    pending = [nxt("response.created", response=response(rec, "", "queued")),
-               nxt("response.in_progress", response=response(rec, "", "in_progress")),
+    pending = [nxt("response.created", response={**response(rec, "", "queued"), **(known or {})}),
+               nxt("response.in_progress", response={**response(rec, "", "in_progress"), **(known or {})}),
                nxt("response.output_item.added", output_index=0, item={
                    "type": "message", "id": item, "status": "in_progress", "role": "assistant", "content": []}),
                nxt("response.content_part.added", item_id=item, output_index=0, content_index=0,

@@ -35,7 +35,7 @@ async def create_response(req: rs.ResponsesRequest, request: Request, service: S
         return {**rs.response(await service.record(rec.id, caller)), **extra}
 
     if req.stream:
-        return await _stream(request, rs.stream_events(hub, rec, -1, final), service, cancel, headers)
+        return await _stream(request, rs.stream_events(hub, rec, -1, final, extra), service, cancel, headers)
     if req.background:
         return JSONResponse({**rs.response(rec), **extra}, headers=headers)
     got = await _unless_disconnected(request, oc.collect(hub, rec.id, 1), service, cancel)

@@ -219,10 +219,7 @@ INTENDED: dict[tuple[str, str], str] = {
 _LATER_TOKEN = re.compile(r"\.logprobs\.(tokens|token_logprobs|text_offset|top_logprobs|content)\[[1-9][0-9]*\]")
 
 # (case, path) -> not matched yet (the record of what is left to do).
-NOT_YET: dict[tuple[str, str], str] = {
-    ("responses stream", "first chunk .response.background"): "whether a response was asked for in the "
-    "background is not kept with its job, so its objects say null (vLLM: false)",
-}
+NOT_YET: dict[tuple[str, str], str] = {}
 
 
 def shape(v: Any, path: str = "") -> dict[str, str]:
