@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from types import SimpleNamespace
 
 import pytest
 import redis.asyncio
@@ -9,6 +10,15 @@ from inferq.shared.redis import make_redis
 from inferq.shared.store import JobStore
 
 from tests.unit.workerkit import start_redis
+
+
+@pytest.fixture(scope="session")
+def unit_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
+    """A redis-server the unit tests share, apart from the session stack's: a unit test that kills
+    pub/sub connections or leaves queued records behind must not reach the stack's workers (they
+    would reconnect, and re-send jobs that look queued with no message)."""
+    for url in start_redis(tmp_path_factory.mktemp("unit-redis")):
+        yield SimpleNamespace(url=url)
 
 
 @pytest.fixture(scope="module")

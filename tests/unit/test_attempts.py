@@ -61,8 +61,8 @@ class TrackingEngine(ScriptedEngine):
 
 
 @pytest.fixture
-async def store(redis_server):
-    r = make_redis(redis_server.url)
+async def store(unit_redis):
+    r = make_redis(unit_redis.url)
     yield JobStore(r, ttl_s=60)
     await r.aclose()
 

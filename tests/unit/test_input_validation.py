@@ -88,9 +88,9 @@ def test_idempotency_key_out_of_bounds(value: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def app(redis_server) -> Iterator[TestClient]:
+def app(unit_redis) -> Iterator[TestClient]:
     model = f"door-{uuid.uuid4().hex[:6]}"  # no worker serves it: accepted jobs stay queued
-    settings = Settings(redis_url=redis_server.url, served_model_name=model, api_keys="")
+    settings = Settings(redis_url=unit_redis.url, served_model_name=model, api_keys="")
     with TestClient(create_app(settings)) as client:
         yield client
 

@@ -26,9 +26,9 @@ UNKNOWN = "job-" + "0" * 32
 
 
 @pytest.fixture(scope="module")
-def app(redis_server) -> Iterator[TestClient]:
+def app(unit_redis) -> Iterator[TestClient]:
     model = f"access-{uuid.uuid4().hex[:6]}"  # no worker serves it: submitted jobs stay queued
-    settings = Settings(redis_url=redis_server.url, served_model_name=model, api_keys=f"{ALICE},{BOB}")
+    settings = Settings(redis_url=unit_redis.url, served_model_name=model, api_keys=f"{ALICE},{BOB}")
     with TestClient(create_app(settings)) as client:
         yield client
 
@@ -78,10 +78,10 @@ def test_another_keys_job_an_unknown_and_a_malformed_id_answer_byte_for_byte_ali
     assert r.status_code == 200 and r.json()["status"] == "queued"
 
 
-def test_a_job_whose_record_is_gone_is_not_found_for_anybody(app, redis_server) -> None:
+def test_a_job_whose_record_is_gone_is_not_found_for_anybody(app, unit_redis) -> None:
     """Expiry simulated with DEL: the log is still there, and nobody may read it."""
     job = submit(app, ALICE)
-    r = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    r = redis.Redis.from_url(unit_redis.url, decode_responses=True)
     r.xadd(keys.job_log(job), {"e": TokenEvent(seq=1, text="secret").model_dump_json()}, id="1-0")
     r.xadd(keys.job_log(job), {"e": DoneEvent(seq=2, finish_reason="stop").model_dump_json()}, id="2-0")
     ws_before, code = ws(app, f"/v1/jobs/{job}/stream", ALICE)
@@ -110,9 +110,9 @@ def test_a_bad_after_is_a_400_naming_it_and_closes_1008(app, after) -> None:
             (0, "invalid_request_error", "invalid_value", "after")]
 
 
-def test_after_up_to_2_to_the_53_is_accepted(app, redis_server) -> None:
+def test_after_up_to_2_to_the_53_is_accepted(app, unit_redis) -> None:
     job = submit(app, ALICE)
-    r = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    r = redis.Redis.from_url(unit_redis.url, decode_responses=True)
     r.xadd(keys.job_log(job), {"e": DoneEvent(seq=1, finish_reason="stop").model_dump_json()}, id="1-0")
     r.hset(keys.job(job), "status", json.dumps("succeeded"))
     for after in ("0", "00", str(2**53)):
@@ -120,9 +120,9 @@ def test_after_up_to_2_to_the_53_is_accepted(app, redis_server) -> None:
         assert code == 1000 and [e["seq"] for e in events] == ([1] if int(after) == 0 else [])
 
 
-async def test_the_record_lives_as_long_as_its_log(redis_server) -> None:
+async def test_the_record_lives_as_long_as_its_log(unit_redis) -> None:
     """Every script that sets the log's TTL sets the record's to the same."""
-    r = make_redis(redis_server.url)
+    r = make_redis(unit_redis.url)
     store = JobStore(r, ttl_s=5000)
     try:
         async def job() -> str:
@@ -161,8 +161,8 @@ async def test_the_record_lives_as_long_as_its_log(redis_server) -> None:
         await r.aclose()
 
 
-async def test_get_visible_follows_the_ownership_rule(redis_server) -> None:
-    r = make_redis(redis_server.url)
+async def test_get_visible_follows_the_ownership_rule(unit_redis) -> None:
+    r = make_redis(unit_redis.url)
     store = JobStore(r, ttl_s=120)
     try:
         owned = JobRecord(id=f"job-{uuid.uuid4().hex}", model="m", request=JobRequest(prompt="p"), owner="key-a")

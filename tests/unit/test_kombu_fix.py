@@ -24,19 +24,19 @@ def _collected_channel_with_an_unacked_message(url: str):
 
 
 @pytest.mark.parametrize("use", ["close", "ack"])
-def test_a_collected_channel_fails_without_the_guard(redis_server, monkeypatch, use: str) -> None:
+def test_a_collected_channel_fails_without_the_guard(unit_redis, monkeypatch, use: str) -> None:
     for name in ("restore_unacked", "ack"):
         method = getattr(kombu_redis.QoS, name)
         monkeypatch.setattr(kombu_redis.QoS, name, getattr(method, "__wrapped__", method))
-    channel, message = _collected_channel_with_an_unacked_message(redis_server.url)
+    channel, message = _collected_channel_with_an_unacked_message(unit_redis.url)
     with pytest.raises(AttributeError, match="NoneType"):
         channel.close() if use == "close" else message.ack()
 
 
 @pytest.mark.parametrize("use", ["close", "ack"])
-def test_with_the_guard_a_collected_channel_closes_and_acks(redis_server, use: str) -> None:
+def test_with_the_guard_a_collected_channel_closes_and_acks(unit_redis, use: str) -> None:
     kombu_fix.install()
-    channel, message = _collected_channel_with_an_unacked_message(redis_server.url)
+    channel, message = _collected_channel_with_an_unacked_message(unit_redis.url)
     assert kombu_fix.transport_gone(channel.qos)
     if use == "ack":
         message.ack()
@@ -44,9 +44,9 @@ def test_with_the_guard_a_collected_channel_closes_and_acks(redis_server, use: s
     channel.close()
 
 
-def test_the_guard_leaves_a_live_channel_alone(redis_server) -> None:
+def test_the_guard_leaves_a_live_channel_alone(unit_redis) -> None:
     kombu_fix.install()
-    conn = Connection(redis_server.url)
+    conn = Connection(unit_redis.url)
     queue = conn.SimpleQueue("inferq-kombu-fix-live", channel=conn.default_channel)
     queue.put({"x": 2})
     message = queue.get(timeout=2)

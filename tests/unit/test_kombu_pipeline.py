@@ -13,10 +13,10 @@ from inferq.worker import kombu_fix, kombu_pipeline
 
 
 @pytest.fixture
-def conn(redis_server):
+def conn(unit_redis):
     kombu_pipeline.install()
     kombu_fix.install()
-    c = Connection(redis_server.url)
+    c = Connection(unit_redis.url)
     yield c
     c.close()
 
@@ -48,11 +48,11 @@ def test_an_ack_sent_right_after_its_append_leaves_nothing(conn) -> None:
     assert message.acknowledged and message.delivery_tag in channel.qos._dirty  # forgotten locally
 
 
-def test_closing_the_channel_restores_a_message_whose_append_was_not_read_yet(conn, redis_server) -> None:
+def test_closing_the_channel_restores_a_message_whose_append_was_not_read_yet(conn, unit_redis) -> None:
     queue, message = _delivered(conn, "kp-restore", {"x": 3})
     assert conn.default_channel.qos._inferq_writer.pending == 2
     conn.close()  # restore_unacked reads the unacked hash: it must see the append
-    other = Connection(redis_server.url)
+    other = Connection(unit_redis.url)
     try:
         again = other.SimpleQueue("kp-restore").get(timeout=2)
         assert again.payload == {"x": 3}

@@ -25,14 +25,14 @@ def client(url: str, origins: str) -> TestClient:
 
 
 @pytest.fixture(scope="module")
-def listed(redis_server) -> Iterator[TestClient]:
-    with client(redis_server.url, f"{APP}, https://second.example/") as c:
+def listed(unit_redis) -> Iterator[TestClient]:
+    with client(unit_redis.url, f"{APP}, https://second.example/") as c:
         yield c
 
 
 @pytest.fixture(scope="module")
-def open_app(redis_server) -> Iterator[TestClient]:
-    with client(redis_server.url, "") as c:
+def open_app(unit_redis) -> Iterator[TestClient]:
+    with client(unit_redis.url, "") as c:
         yield c
 
 

@@ -46,8 +46,8 @@ class ScriptedHost:
 
 
 @pytest.fixture
-async def rig(redis_server):
-    r = make_redis(redis_server.url)
+async def rig(unit_redis):
+    r = make_redis(unit_redis.url)
     store = JobStore(r, ttl_s=60)
     writer = EventWriter(store)
     writer.start()

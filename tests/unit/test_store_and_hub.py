@@ -19,8 +19,8 @@ from inferq.shared.store import JobStore, is_duplicate_id
 
 
 @pytest.fixture
-async def store(redis_server):
-    r = make_redis(redis_server.url)
+async def store(unit_redis):
+    r = make_redis(unit_redis.url)
     yield JobStore(r, ttl_s=120)
     await r.aclose()
 
@@ -187,8 +187,8 @@ async def claimed_job(store: JobStore) -> str:
     return job
 
 
-async def test_hub_replays_then_follows_live_exactly_once(store, redis_server) -> None:
-    async with running_hub(redis_server.url, store, 0.3) as hub:
+async def test_hub_replays_then_follows_live_exactly_once(store, unit_redis) -> None:
+    async with running_hub(unit_redis.url, store, 0.3) as hub:
         job = await claimed_job(store)
         await store.append([(job, 1, TokenEvent(seq=i, text=str(i))) for i in (1, 2, 3)])
         events = hub.events(job, after=1)
@@ -210,10 +210,10 @@ async def test_hub_replays_then_follows_live_exactly_once(store, redis_server) -
         assert hub.channels == 0  # unsubscribed once the last listener left
 
 
-async def test_hub_fills_a_gap_from_the_log(store, redis_server) -> None:
+async def test_hub_fills_a_gap_from_the_log(store, unit_redis) -> None:
     """A reader following live gets an event whose seq skips one (logged, its publish missed):
     it goes back to the log for the missing one."""
-    async with running_hub(redis_server.url, store, 600.0) as hub:  # no idle check: only the gap reads the log
+    async with running_hub(unit_redis.url, store, 600.0) as hub:  # no idle check: only the gap reads the log
         job = await claimed_job(store)
         events = hub.events(job)
         first = asyncio.ensure_future(anext(events))
@@ -232,14 +232,14 @@ async def test_hub_fills_a_gap_from_the_log(store, redis_server) -> None:
         assert hub.gaps == 1  # seq 3 showed the gap
 
 
-async def test_hub_unknown_job_raises_not_found(store, redis_server) -> None:
-    async with running_hub(redis_server.url, store) as hub:
+async def test_hub_unknown_job_raises_not_found(store, unit_redis) -> None:
+    async with running_hub(unit_redis.url, store) as hub:
         with pytest.raises(NotFound):
             await collect(hub, "job-missing")
 
 
-async def test_hub_after_the_last_event_of_a_finished_job_ends_at_once(store, redis_server) -> None:
-    async with running_hub(redis_server.url, store, 5.0) as hub:
+async def test_hub_after_the_last_event_of_a_finished_job_ends_at_once(store, unit_redis) -> None:
+    async with running_hub(unit_redis.url, store, 5.0) as hub:
         job = await claimed_job(store)
         await store.append([(job, 1, TokenEvent(seq=1, text="a"))])
         await store.finish(job, "w", 1, DoneEvent(seq=2, finish_reason="stop"), status=JobStatus.succeeded)
@@ -247,9 +247,9 @@ async def test_hub_after_the_last_event_of_a_finished_job_ends_at_once(store, re
             assert await asyncio.wait_for(collect(hub, job, after=after), 2) == []
 
 
-async def test_hub_resubscribes_after_its_connection_is_killed(store, redis_server) -> None:
+async def test_hub_resubscribes_after_its_connection_is_killed(store, unit_redis) -> None:
     """Redis drops the hub's pub/sub connection mid-stream: the stream still ends complete."""
-    async with running_hub(redis_server.url, store, 600.0) as hub:
+    async with running_hub(unit_redis.url, store, 600.0) as hub:
         job = await claimed_job(store)
         events = hub.events(job)
         first = asyncio.ensure_future(anext(events))
@@ -274,8 +274,8 @@ def test_frame_reads_type_and_seq_of_every_event_form() -> None:
     assert frame(DoneEvent(seq=3, finish_reason="stop").model_dump_json()).terminal
 
 
-async def test_hub_forgets_a_listener_that_leaves_while_subscribing(store, redis_server) -> None:
-    async with running_hub(redis_server.url, store) as hub:
+async def test_hub_forgets_a_listener_that_leaves_while_subscribing(store, unit_redis) -> None:
+    async with running_hub(unit_redis.url, store) as hub:
         job = await claimed_job(store)
         reader = asyncio.create_task(collect(hub, job))
         # registered (its subscribe is under way), seen at the reader's first pause
@@ -345,8 +345,8 @@ def test_merged_joins_consecutive_plain_deltas_of_one_completion() -> None:
     assert got[0].event() == TokenEvent(seq=2, text="ab", n_tokens=3) and got[2].logprobs == lp
 
 
-async def test_hub_batches_what_waited_and_merges_on_request(store, redis_server) -> None:
-    async with running_hub(redis_server.url, store, 5.0) as hub:
+async def test_hub_batches_what_waited_and_merges_on_request(store, unit_redis) -> None:
+    async with running_hub(unit_redis.url, store, 5.0) as hub:
         job = await claimed_job(store)
         await store.append([(job, 1, TokenEvent(seq=i, text=str(i), n_tokens=1)) for i in range(1, 5)])
         it = hub.batches(job)

@@ -18,8 +18,8 @@ def app(url: str, **settings: object) -> TestClient:
                                           **settings)))
 
 
-def test_tokenize_round_trip_and_refusals(redis_server) -> None:
-    with app(redis_server.url) as c:
+def test_tokenize_round_trip_and_refusals(unit_redis) -> None:
+    with app(unit_redis.url) as c:
         model = c.app.state.settings.model_name
         tok = c.post("/tokenize", json={"model": model, "prompt": "The sky is blue"})
         assert tok.status_code == 200, tok.text
@@ -33,13 +33,13 @@ def test_tokenize_round_trip_and_refusals(redis_server) -> None:
         assert (bad.status_code, bad.json()["error"]["param"]) == (400, "tokens")
 
 
-def test_without_a_tokenizer_it_is_503(redis_server, tmp_path: Path) -> None:
-    with app(redis_server.url, tokenizer_path=tmp_path) as c:
+def test_without_a_tokenizer_it_is_503(unit_redis, tmp_path: Path) -> None:
+    with app(unit_redis.url, tokenizer_path=tmp_path) as c:
         r = c.post("/tokenize", json={"prompt": "x"})
         assert (r.status_code, r.json()["error"]["code"]) == (503, "tokenizer_unavailable")
 
 
-def test_chat_messages_are_rendered_as_the_worker_renders_them(redis_server) -> None:
+def test_chat_messages_are_rendered_as_the_worker_renders_them(unit_redis) -> None:
     """The gateway's template rendering gives the text the worker's tokenizer gives (transformers'
     apply_chat_template on the same folder), so /tokenize counts what the engine will see."""
     from transformers import AutoTokenizer
@@ -56,7 +56,7 @@ def test_chat_messages_are_rendered_as_the_worker_renders_them(redis_server) -> 
     for gen in (True, False):
         assert load(folder).render(messages, gen, None) == hf.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=gen)
-    with app(redis_server.url) as c:
+    with app(unit_redis.url) as c:
         r = c.post("/tokenize", json={"messages": messages[:2]})
         assert r.status_code == 200, r.text
         text = hf.apply_chat_template(messages[:2], tokenize=False, add_generation_prompt=True)
@@ -66,7 +66,7 @@ def test_chat_messages_are_rendered_as_the_worker_renders_them(redis_server) -> 
 
 
 def test_a_gateway_without_the_models_folder_tokenizes_with_what_a_live_worker_published(
-        redis_server, tmp_path: Path) -> None:
+        unit_redis, tmp_path: Path) -> None:
     """A gateway on another host (INFERQ_TOKENIZER_PATH unreadable, the worker's folder too) answers
     /tokenize and /detokenize with the tokenizer a live worker published in Redis."""
     import asyncio
@@ -81,12 +81,12 @@ def test_a_gateway_without_the_models_folder_tokenizes_with_what_a_live_worker_p
     from inferq.worker.tokenizer_files import files_of, publish
 
     hf = AutoTokenizer.from_pretrained(str(tiny_model_dir(Settings())))
-    with app(redis_server.url, tokenizer_path=tmp_path) as c:
+    with app(unit_redis.url, tokenizer_path=tmp_path) as c:
         model = c.app.state.settings.model_name
         assert c.post("/tokenize", json={"prompt": "x"}).status_code == 503  # no worker yet
 
         async def register() -> None:
-            r = make_redis(redis_server.url)
+            r = make_redis(unit_redis.url)
             key = await publish(r, files_of(hf))
             now = time.time()
             info = WorkerInfo(id="w-elsewhere", model=model, host="other", pid=1, max_model_len=512, max_num_seqs=4,
