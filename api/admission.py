@@ -177,7 +177,7 @@ class Admission:
         await self.reserve(subject, ids, limit)
         records: list[JobRecord] = []
         try:
-            for req, job_id in zip(reqs, ids):
+            for req, job_id in zip(reqs, ids, strict=True):
                 records.append(await self.service.submit(req, owner=owner, job_id=job_id, max_depth=max_depth))
         except BaseException:
             await asyncio.shield(self._undo(subject, records if all_or_none else [], ids[len(records):]))

@@ -22,10 +22,10 @@ from inferq.api.routes import batches, console, files, health, jobs, metrics, op
 from inferq.api.service import JobService
 from inferq.api.streams import StreamHub
 from inferq.shared import logs, tracing
+from inferq.shared.celery_app import make_celery
 from inferq.shared.redis import make_redis
 from inferq.shared.settings import Settings, get_settings
 from inferq.shared.store import JobStore
-from inferq.shared.celery_app import make_celery
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:

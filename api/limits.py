@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from inferq.api.errors import PassThrough, to_response
 from inferq.shared.errors import BodyTooLarge

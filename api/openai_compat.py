@@ -15,6 +15,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from inferq.api import openai_tools as tools
+from inferq.api.chunk_template import TextTemplate
+from inferq.api.errors import error_body
 from inferq.api.openai_schemas import (
     AssistantMessage,
     ChatChoice,
@@ -33,9 +36,6 @@ from inferq.api.openai_schemas import (
     ToolCallDelta,
     TopLogprobOut,
 )
-from inferq.api import openai_tools as tools
-from inferq.api.chunk_template import TextTemplate
-from inferq.api.errors import error_body
 from inferq.api.streams import PlainToken, StreamHub, merged
 from inferq.shared.errors import InferqError, Unavailable, error_from
 from inferq.shared.request_limits import check_json

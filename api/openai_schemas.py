@@ -20,12 +20,20 @@ both).
 from __future__ import annotations
 
 import json
-
 from typing import Annotated, Any, Literal
 
-from pydantic import (BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, ValidationError,
-                      ValidationInfo, ValidatorFunctionWrapHandler, field_validator, model_serializer,
-                      model_validator)
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    ValidationInfo,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from inferq.shared.keys import MODEL_NAME_PATTERN
 from inferq.shared.schemas import NO_CONTROL_CHARS, STRUCTURE_MAX_CHARS, ChatMessage, PromptLogprobs, ToolCall, Usage

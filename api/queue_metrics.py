@@ -69,7 +69,7 @@ async def snapshot(redis: Redis, default_model: str, ttl_s: float, window_s: flo
             p.eval(_OLDEST, len(lists) + 1, *lists, keys.QUEUED)
             p.zrangebyscore(keys.workers(model), now - ttl_s, "+inf")
             *lengths, oldest, wids = await p.execute()
-        snap.depth.update({(model, prio): n for prio, n in zip(keys.PRIORITIES, lengths)})
+        snap.depth.update({(model, prio): n for prio, n in zip(keys.PRIORITIES, lengths, strict=True)})
         if oldest is not None:
             snap.oldest[model] = float(oldest)
         infos = [WorkerInfo.model_validate_json(r) for r in await redis.mget([keys.worker(w) for w in wids]) if r] \

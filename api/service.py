@@ -20,8 +20,10 @@ from redis.asyncio import Redis
 from inferq.api.auth import Principal
 from inferq.api.metrics import PROMPTS
 from inferq.api.prompt_ids import Published, tokenize
-from inferq.shared import keys
+from inferq.shared import keys, tracing
+from inferq.shared.celery_app import job_message
 from inferq.shared.errors import ContextLengthExceeded, InvalidRequest, NotFound, RateLimited, job_not_found
+from inferq.shared.request_limits import check_token_ids
 from inferq.shared.schemas import (
     ChoiceView,
     ControlMessage,
@@ -32,11 +34,8 @@ from inferq.shared.schemas import (
     JobView,
     WorkerInfo,
 )
-from inferq.shared import tracing
-from inferq.shared.request_limits import check_token_ids
 from inferq.shared.settings import Settings
 from inferq.shared.store import AlreadyQueued, JobStore
-from inferq.shared.celery_app import job_message
 
 log = logging.getLogger(__name__)
 

@@ -44,7 +44,7 @@ def draw(prometheus: str, minutes: float, out: Path, end: float | None = None) -
     rows = math.ceil(len(panels) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(cols * 5.2, rows * 3.0), squeeze=False)
     drawn = 0
-    for ax, panel in zip(axes.flat, panels):
+    for ax, panel in zip(axes.flat, panels, strict=False):
         for target in panel["targets"]:
             for series in query_range(prometheus, target["expr"], start, end, step):
                 xs = [(float(t) - start) / 60 for t, _ in series["values"]]

@@ -138,7 +138,7 @@ async def _publish(store: JobStore, job_ids: list[str], rate: float, per_job: in
 async def _jobs(store: JobStore, n: int, tag: str) -> list[str]:
     """``n`` jobs, each claimed by the publisher (running, attempt 1), as a worker would."""
     ids = []
-    for i in range(n):
+    for _ in range(n):
         rec = JobRecord(id=f"job-{secrets.token_hex(16)}", model="bench", request=JobRequest(prompt="x", max_tokens=1))
         await store.create(rec)
         ids.append(rec.id)

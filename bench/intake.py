@@ -37,13 +37,14 @@ MODEL = "bench-intake"
 
 def serve() -> None:
     """The worker process: ``inferq worker`` with the paced stand-in engine and the real tokenizer."""
+    from transformers import AutoTokenizer
+
     from bench.standin import LoopHost
     from bench.worker import PacedEngine
     from inferq.shared.settings import get_settings
     from inferq.worker import tasks
     from inferq.worker.main import consume
     from inferq.worker.models import resolve_model
-    from transformers import AutoTokenizer
 
     s = get_settings()
     tokenizer = AutoTokenizer.from_pretrained(str(resolve_model(s)))
@@ -76,7 +77,7 @@ async def _waves(url: str, a: argparse.Namespace) -> list[dict[str, Any]]:
     from inferq.shared import keys
     from inferq.shared.celery_app import job_message, make_celery
     from inferq.shared.redis import make_redis
-    from inferq.shared.schemas import JobRecord, JobRequest, TERMINAL_STATUSES
+    from inferq.shared.schemas import TERMINAL_STATUSES, JobRecord, JobRequest
     from inferq.shared.settings import Settings
     from inferq.shared.store import JobStore
     from inferq.worker.models import resolve_model
@@ -103,7 +104,7 @@ async def _waves(url: str, a: argparse.Namespace) -> list[dict[str, Any]]:
         for rec in recs:
             rec.created_at = t0
         messages = [job_message(app, rec.message(tok.encode(rec.request) if tok else None)) for rec in recs]
-        await asyncio.gather(*(store.submit(rec, q, m, 1 << 30) for rec, (q, m) in zip(recs, messages)))
+        await asyncio.gather(*(store.submit(rec, q, m, 1 << 30) for rec, (q, m) in zip(recs, messages, strict=True)))
         while True:
             await asyncio.sleep(0.25)
             async with redis.pipeline(transaction=False) as p:

@@ -16,7 +16,6 @@ from typing import Any
 from bench import cpu
 from bench.config import Level
 
-
 STAGES = ("ingest", "queued", "to_first_token", "delivery")
 
 
@@ -87,7 +86,7 @@ async def _one(send: Send, index: int, request: Any, timeout: float, t_level: fl
     start = time.perf_counter() - t_level
     try:
         r = await asyncio.wait_for(send(index, request), timeout)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         r = RequestResult(index=index, error=f"timed out after {timeout:g} s")
     except Exception as e:  # a failed request, not a failed benchmark
         r = RequestResult(index=index, error=f"{type(e).__name__}: {e}"[:500])

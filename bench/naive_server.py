@@ -118,13 +118,13 @@ def create_app(gen: Generator, mode: str, batch_size: int, window_s: float) -> A
             while len(batch) < batch_size and (left := deadline - time.perf_counter()) > 0:
                 try:
                     batch.append(await asyncio.wait_for(pending.get(), left))
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     break
             state["batches"] += 1
             state["batched_requests"] += len(batch)
             try:
                 results = await asyncio.to_thread(gen.generate, batch)
-                for j, res in zip(batch, results):
+                for j, res in zip(batch, results, strict=True):
                     j.future.set_result(res)
             except Exception as e:
                 for j in batch:

@@ -47,7 +47,7 @@ def word_pool(tok: Any, size: int = POOL_SIZE) -> list[str]:
             cands.append(w)
     cands = sorted(set(cands))
     ids = tok([" " + w for w in cands], add_special_tokens=False)["input_ids"]
-    pool = [w for w, t in zip(cands, ids) if len(t) == 1]
+    pool = [w for w, t in zip(cands, ids, strict=False) if len(t) == 1]
     if len(pool) < 64:
         pool = cands  # unusual tokenizer: lengths are still fitted exactly below
     if len(pool) < 16:

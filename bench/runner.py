@@ -23,8 +23,8 @@ from bench.load import drive
 from bench.metrics import add_ratios, combine_runs, summarize_level, summary_rows
 from bench.prompts import PromptBuilder, load_tokenizer, resolve_model_path
 from bench.stack import ROOT, Procs, base_env, start_inferq, start_naive
-from bench.vllm_serve import settings_for, start_vllm_serve
 from bench.sysinfo import environment
+from bench.vllm_serve import settings_for, start_vllm_serve
 
 
 class Prompts:

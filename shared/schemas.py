@@ -12,10 +12,9 @@ from __future__ import annotations
 import json
 import time
 from enum import Enum
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
-from pydantic import (BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_serializer,
-                      model_validator)
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_serializer, model_validator
 
 from inferq.shared.errors import ErrorType, InferqError, classify
 from inferq.shared.keys import MODEL_NAME_PATTERN
@@ -26,7 +25,7 @@ NO_CONTROL_CHARS = r"^[^\x00-\x1f\x7f]*$"
 STRUCTURE_MAX_CHARS = 16_384
 
 
-class JobStatus(str, Enum):
+class JobStatus(str, Enum):  # noqa: UP042 (StrEnum would change str() and f-strings of it)
     queued = "queued"
     running = "running"
     succeeded = "succeeded"
@@ -348,7 +347,7 @@ class RestartEvent(BaseModel):
     reason: str
 
 
-StreamEvent = Annotated[Union[TokenEvent, DoneEvent, ErrorEvent, RestartEvent], Field(discriminator="type")]
+StreamEvent = Annotated[TokenEvent | DoneEvent | ErrorEvent | RestartEvent, Field(discriminator="type")]
 _EVENT = TypeAdapter(StreamEvent)
 
 

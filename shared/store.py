@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
@@ -338,7 +339,7 @@ class JobStore:
         ``Principal.may_see``: ``None`` sees every job, a key only its own); else None, after the
         same work whether the job is missing or another owner's."""
         flat = await self._get_visible(keys=[keys.job(job_id)], args=[_Q(owner) if owner is not None else ""])
-        h = dict(zip(flat[::2], flat[1::2]))
+        h = dict(zip(flat[::2], flat[1::2], strict=False))
         return JobRecord.from_hash(h) if h else None
 
     async def claim(self, job_id: str, worker_id: str, token: str = "") -> Claim | None:
@@ -427,7 +428,7 @@ class JobStore:
             calls.append((len(ks), [*ks, *args]))
         results = await self._evalsha_all(self._append, calls)
         out: list[Exception | bool] = []
-        for chunk, res in zip(range(0, len(items), APPEND_CHUNK), results):
+        for chunk, res in zip(range(0, len(items), APPEND_CHUNK), results, strict=False):
             n = len(items[chunk:chunk + APPEND_CHUNK])
             if isinstance(res, Exception):  # the whole call failed (e.g. Redis restarted mid-way)
                 out += [res] * n

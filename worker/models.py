@@ -18,7 +18,7 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
-from inferq.shared.settings import Settings, TINY_VERSION
+from inferq.shared.settings import TINY_VERSION, Settings
 
 log = logging.getLogger(__name__)
 

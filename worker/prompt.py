@@ -58,7 +58,7 @@ def sampled_logprobs(c: Any, tokenizer: Any, k: int) -> list[TokenLogprob] | Non
     """The sampled tokens' log-probs of one completion output, ``k`` alternatives each."""
     if not c.logprobs:
         return None
-    return [token_logprob(tid, entry, tokenizer, k) for tid, entry in zip(c.token_ids, c.logprobs)]
+    return [token_logprob(tid, entry, tokenizer, k) for tid, entry in zip(c.token_ids, c.logprobs, strict=False)]
 
 
 def wire(positions: Sequence[Mapping[int, Any] | None]) -> PromptLogprobs:
@@ -112,5 +112,5 @@ class PromptReturn:
         if self._echo_logprobs is None:
             positions = self.positions or [None] * len(self.ids)
             self._echo_logprobs = [token_logprob(tid, pos, self.tokenizer, self.k)
-                                   for tid, pos in zip(self.ids, positions)]
+                                   for tid, pos in zip(self.ids, positions, strict=False)]
         return self.echo_text, list(self._echo_logprobs)

@@ -27,7 +27,11 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from inferq.shared import tracing
 from inferq.shared.errors import ContextLengthExceeded, DeadlineExceeded, EngineError, InferqError, InvalidRequest
+from inferq.shared.logs import job_context
+from inferq.shared.redis import TRANSIENT, retried
+from inferq.shared.request_limits import check_token_ids
 from inferq.shared.schemas import (
     ChoiceEnd,
     ChoiceView,
@@ -39,10 +43,6 @@ from inferq.shared.schemas import (
     TokenEvent,
     Usage,
 )
-from inferq.shared import tracing
-from inferq.shared.logs import job_context
-from inferq.shared.redis import TRANSIENT, retried
-from inferq.shared.request_limits import check_token_ids
 from inferq.shared.store import JobStore
 from inferq.worker.engine import EngineHost
 from inferq.worker.metrics import JOBS_CLAIMED, JOBS_FINISHED

@@ -30,13 +30,12 @@ from celery import Celery
 from celery.exceptions import Reject
 from redis.asyncio import Redis
 
-from inferq.shared import keys
+from inferq.shared import keys, logs, tracing
 from inferq.shared.celery_app import send_job
 from inferq.shared.redis import make_redis
 from inferq.shared.schemas import JobMessage, JobStatus, WorkerInfo
 from inferq.shared.settings import Settings
 from inferq.shared.store import JobStore
-from inferq.shared import logs, tracing
 from inferq.worker import control, metrics, tokenizer_files
 from inferq.worker.death import EngineDeath, hard_exit
 from inferq.worker.engine import EngineHost

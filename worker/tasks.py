@@ -17,10 +17,10 @@ from celery import Task, signals
 from celery.exceptions import Reject
 
 from inferq.shared import keys
+from inferq.shared.celery_app import make_celery
 from inferq.shared.schemas import JobMessage, JobStatus
 from inferq.shared.settings import get_settings
 from inferq.worker import group, kombu_fix, kombu_pipeline
-from inferq.shared.celery_app import make_celery
 from inferq.worker.death import kill_children
 from inferq.worker.engine import EngineHost
 from inferq.worker.runtime import WorkerRuntime
@@ -72,7 +72,7 @@ def generate(self: Task, payload: str) -> str | None:
             log.error("dropped a malformed job message that names no job: %s", e)
             return None
         if _runtime is None:
-            raise Reject("engine not started", requeue=True)
+            raise Reject("engine not started", requeue=True) from e
         failed = _runtime.fail_undecodable(job_id, e)
         return JobStatus.failed.value if failed else None
     if _runtime is None:  # not reachable once worker_init succeeded; never lose the job

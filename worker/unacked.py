@@ -45,7 +45,7 @@ class UnackedEntries:
     async def _parse(self, tags: list[str]) -> None:
         missing = [t for t in tags if t not in self._ids]
         if missing:
-            for tag, raw in zip(missing, await self.redis.hmget(keys.KOMBU_UNACKED, missing)):
+            for tag, raw in zip(missing, await self.redis.hmget(keys.KOMBU_UNACKED, missing), strict=True):
                 self._ids[tag] = job_id_of(raw)
 
     async def delivered_before(self, when: float) -> dict[str, str | None]:

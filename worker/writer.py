@@ -119,7 +119,7 @@ class EventWriter:
             if events:
                 self._write_time.observe(time.perf_counter() - started)
                 self._batch_size.observe(len(events))
-            for (job_id, attempt, _, _), res in zip(events, results):
+            for (job_id, attempt, _, _), res in zip(events, results, strict=False):
                 err = FencedOut(job_id) if res is False else (res if isinstance(res, Exception) else None)
                 key = (job_id, attempt)
                 if err is not None and not is_duplicate_id(err) and key in self._live:

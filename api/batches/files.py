@@ -26,7 +26,6 @@ from inferq.shared import keys
 from inferq.shared.errors import InvalidRequest, NotFound
 from inferq.shared.settings import Settings
 
-
 _FILE_ID = re.compile(keys.FILE_ID_PATTERN)
 
 

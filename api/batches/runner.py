@@ -257,7 +257,7 @@ class BatchRunner:
         async with self.redis.pipeline(transaction=False) as p:
             for j in ids:
                 p.hget(keys.job(j), "status")
-            status = {j: json.loads(s) if s else None for j, s in zip(ids, await p.execute())}
+            status = {j: json.loads(s) if s else None for j, s in zip(ids, await p.execute(), strict=True)}
         for index, entry in sorted(running.items()):
             states = [status[j] for j in entry["jobs"]]
             if any(s is not None and s not in TERMINAL_STATUSES for s in states):

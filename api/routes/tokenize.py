@@ -11,8 +11,8 @@ from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
 from inferq.api.deps import Caller, Service
-from inferq.api.prompt_ids import GatewayTokenizer, gateway_tokenizer
 from inferq.api.openai_schemas import OpenAIMessage, ToolDef
+from inferq.api.prompt_ids import GatewayTokenizer, gateway_tokenizer
 from inferq.api.service import JobService
 from inferq.shared.errors import InvalidRequest, NotFound, Unavailable
 from inferq.shared.keys import MODEL_NAME_PATTERN

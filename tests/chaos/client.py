@@ -131,7 +131,7 @@ class Client:
                             return f
             except ConnectionClosed as e:
                 f.bare_closes += e.rcvd is None
-            except (OSError, WebSocketException, asyncio.TimeoutError):
+            except (TimeoutError, OSError, WebSocketException):
                 pass
             await asyncio.sleep(0.3)
         return f
@@ -148,7 +148,7 @@ class Client:
                     events.append(ev)
                     if ev["type"] in ("done", "error"):
                         break
-        except (OSError, WebSocketException, asyncio.TimeoutError):
+        except (TimeoutError, OSError, WebSocketException):
             return None
         return events
 

@@ -104,7 +104,7 @@ def test_200_lines_through_the_sdk_while_interactive_requests_go_first(stack, cl
     # The error file holds what the endpoint answers for those bodies, status and error alike.
     assert [e["custom_id"] for e in errs] == ["req-1000", "req-1001"]
     with stack.http() as http:
-        for e, row in zip(errs, (rows[7], rows[50])):
+        for e, row in zip(errs, (rows[7], rows[50]), strict=True):
             direct = http.post(CHAT, json=row["body"])
             assert e["response"]["status_code"] == direct.status_code and direct.status_code in (400, 404)
             assert e["response"]["body"] == direct.json()

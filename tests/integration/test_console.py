@@ -160,7 +160,7 @@ def test_send_streams_tokens_while_the_job_runs(stack: Stack, browser: WebDriver
             page.send("def stream():", LONG)
             job_id = page.job_id(previous=job_id)
 
-            def shown_or_over() -> bool:
+            def shown_or_over(job_id: str = job_id) -> bool:
                 nonlocal partial
                 out = page.text("output")  # read first: if the job still runs after, it ran then
                 status = http.get(f"/v1/jobs/{job_id}").json()["status"]
@@ -174,7 +174,7 @@ def test_send_streams_tokens_while_the_job_runs(stack: Stack, browser: WebDriver
             assert view["status"] == page.text("status") == "succeeded", view
             assert view["usage"]["completion_tokens"] == LONG
             assert page.text("output") == view["text"]  # every token, in order, nothing else
-            page.wait(lambda: page.listed_status(job_id) == "succeeded", "the jobs list to say succeeded")
+            page.wait(lambda job_id=job_id: page.listed_status(job_id) == "succeeded", "the jobs list to say succeeded")
             if partial:
                 break
         assert partial, f"the output never showed while the job ran ({TRIES} tries)"
@@ -242,7 +242,7 @@ def test_workers_and_queue_are_live(stack: Stack, browser: WebDriver) -> None:
         for _ in range(TRIES):
             job_id = submit(http, prompt="def busy():", max_tokens=LONG_JOB, ignore_eos=True)
 
-            def running_or_over() -> str | None:
+            def running_or_over(job_id: str = job_id) -> str | None:
                 queue = int(page.js(f"return document.querySelector(\"{model} .running\").textContent"))
                 if queue and any(int(r["running"]) for r in rows().values()):
                     return "running"

@@ -90,7 +90,7 @@ async def test_many_concurrent_live_streams_are_exact(stack) -> None:
     with stack.http() as http:
         ids = [submit(http, prompt=f"x = {i}", max_tokens=48, ignore_eos=True) for i in range(16)]
         results = await asyncio.gather(*(ws_events(f"{stack.ws}/v1/jobs/{i}/stream") for i in ids))
-        for job_id, events in zip(ids, results):
+        for job_id, events in zip(ids, results, strict=True):
             assert_seq_exact(events)
             assert token_text(events) == wait_status(http, job_id)["text"]
 

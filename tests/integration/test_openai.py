@@ -93,7 +93,7 @@ def test_completion_logprobs(client) -> None:
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 4
     # the 2 most likely tokens and, as vLLM gives it, the sampled one (when it is not among them)
     assert lp.text_offset[0] == 0 and all(len(t) in (2, 3) for t in lp.top_logprobs)
-    assert all(tok in top for tok, top in zip(lp.tokens, lp.top_logprobs))
+    assert all(tok in top for tok, top in zip(lp.tokens, lp.top_logprobs, strict=True))
 
 
 def test_json_schema_response_parses(client) -> None:
@@ -212,7 +212,7 @@ def test_prompt_logprobs_as_vllm_returns_them(client, stack) -> None:
     r = client.completions.create(model=MODEL, prompt=ids, max_tokens=2, extra_body={"prompt_logprobs": 2})
     plp = r.choices[0].model_extra["prompt_logprobs"]
     assert len(plp) == len(ids) == r.usage.prompt_tokens and plp[0] is None
-    for tid, pos in zip(ids[1:], plp[1:]):  # the prompt's token at each position, and the 2 most likely
+    for tid, pos in zip(ids[1:], plp[1:], strict=True):  # the prompt's token at each position, and the 2 most likely
         assert str(tid) in pos and 2 <= len(pos) <= 3, pos
         assert all(v["logprob"] <= 0 and v["rank"] >= 1 and isinstance(v["decoded_token"], str)
                    for v in pos.values())

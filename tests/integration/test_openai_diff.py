@@ -13,8 +13,8 @@ record of what is left).
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass

@@ -8,7 +8,6 @@ import redis.asyncio
 
 from inferq.shared.redis import make_redis
 from inferq.shared.store import JobStore
-
 from tests.unit.workerkit import start_redis
 
 

@@ -24,8 +24,8 @@ from inferq.api.service import JobService
 from inferq.shared import keys
 from inferq.shared.celery_app import make_celery
 from inferq.shared.errors import InvalidRequest, NotFound
-from inferq.shared.settings import Settings
 from inferq.shared.schemas import JobRequest
+from inferq.shared.settings import Settings
 from inferq.shared.store import AlreadyQueued, JobStore
 
 CHAT = "/v1/chat/completions"

@@ -75,7 +75,7 @@ def imported_names(path: Path) -> Iterator[tuple[int, str]]:
                 yield node.lineno, node.args[0].value
         elif isinstance(node, ast.List | ast.Tuple):
             items = node.elts
-            for a, b in zip(items, items[1:]):
+            for a, b in zip(items, items[1:], strict=False):
                 if isinstance(a, ast.Constant) and a.value == "-m" and isinstance(b, ast.Constant) \
                         and isinstance(b.value, str):
                     yield node.lineno, b.value

@@ -6,9 +6,9 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from bench.standin import Out, ScriptedTokenizer, Step
 from inferq.shared.schemas import JobStatus
 from inferq.shared.store import JobStore
-from bench.standin import Out, ScriptedTokenizer, Step
 from tests.unit.workerkit import queued_job, start_runtime
 
 

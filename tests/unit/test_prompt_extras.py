@@ -19,8 +19,7 @@ from inferq.api.service import JobService
 from inferq.api.streams import frame, merged
 from inferq.shared.errors import ContextLengthExceeded, InvalidRequest
 from inferq.shared.request_limits import check_limits
-from inferq.shared.schemas import (DoneEvent, JobMessage, JobRequest, PromptLogprob, TokenEvent, TokenLogprob,
-                                   WorkerInfo)
+from inferq.shared.schemas import DoneEvent, JobMessage, JobRequest, PromptLogprob, TokenEvent, TokenLogprob, WorkerInfo
 from inferq.shared.settings import Settings
 from inferq.worker.prompt import PromptReturn
 from inferq.worker.runner import JobRunner

@@ -9,13 +9,12 @@ from types import SimpleNamespace
 
 import pytest
 
+from bench.standin import Out, ScriptedTokenizer, Step
 from inferq.shared.redis import make_redis
 from inferq.shared.schemas import EngineStats, JobMessage, JobRecord, JobRequest, JobStatus
 from inferq.shared.store import JobStore
 from inferq.worker.runner import JobRunner
 from inferq.worker.writer import EventWriter
-
-from bench.standin import Out, ScriptedTokenizer, Step
 
 
 @dataclass

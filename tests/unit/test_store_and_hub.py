@@ -290,8 +290,8 @@ async def test_hub_forgets_a_listener_that_leaves_while_subscribing(store, unit_
 async def test_subscriber_error_replies_force_a_reconnect_with_backoff(tmp_path) -> None:
     """A Redis that answers with errors (here NOAUTH: no password given) is not taken for a
     working connection; with the password it is."""
-    from inferq.api.pubsub import Subscriber
     from bench.stack import Proc, free_port
+    from inferq.api.pubsub import Subscriber
 
     port = free_port()
     server = Proc("redis-auth", ["redis-server", "--port", str(port), "--save", "", "--requirepass", "sekrit"],

@@ -18,10 +18,10 @@ from typing import Any
 import vllm  # noqa: F401  (the runner imports it on its first job: not inside a test's deadline)
 from vllm.v1.engine.exceptions import EngineDeadError
 
+from bench.standin import LoopHost, Out, Step
 from inferq.cli import procs
 from inferq.shared.schemas import JobMessage, JobRecord, JobRequest
 from inferq.shared.store import JobStore
-from bench.standin import LoopHost, Out, Step
 
 
 def start_redis(logdir: Path) -> Iterator[str]:
