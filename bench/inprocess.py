@@ -25,7 +25,7 @@ def engine_args(spec: dict[str, Any]) -> Any:
 
     settings = Settings(**spec["settings"])
     try:
-        from inferq.worker.engine import EngineHost
+        from inferq.worker.engine.host import EngineHost
 
         host = EngineHost(settings)
         host.model_path = spec["model_path"]

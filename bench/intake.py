@@ -44,7 +44,7 @@ def serve() -> None:
     from inferq.shared.settings import get_settings
     from inferq.worker import tasks
     from inferq.worker.main import consume
-    from inferq.worker.models import resolve_model
+    from inferq.worker.engine.models import resolve_model
 
     s = get_settings()
     tokenizer = AutoTokenizer.from_pretrained(str(resolve_model(s)))
@@ -80,7 +80,7 @@ async def _waves(url: str, a: argparse.Namespace) -> list[dict[str, Any]]:
     from inferq.shared.schemas import TERMINAL_STATUSES, JobRecord, JobRequest
     from inferq.shared.settings import Settings
     from inferq.shared.store import JobStore
-    from inferq.worker.models import resolve_model
+    from inferq.worker.engine.models import resolve_model
 
     s = Settings(redis_url=url, served_model_name=MODEL)
     tok = gateway_tokenizer(resolve_model(s)) if a.ids else None

@@ -24,7 +24,7 @@ def resolve_model_path(model: str | None) -> str:
     if model:
         return model
     from inferq.shared.settings import Settings
-    from inferq.worker.models import tiny_model_dir
+    from inferq.worker.engine.models import tiny_model_dir
 
     return str(tiny_model_dir(Settings()))
 

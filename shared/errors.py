@@ -8,10 +8,7 @@ below; the gateway maps them to HTTP responses, SSE payloads and WebSocket event
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar, Literal, get_args
-
-if TYPE_CHECKING:
-    from inferq.shared.schemas import ErrorInfo
+from typing import ClassVar, Literal, Protocol, get_args
 
 ErrorType = Literal["invalid_request_error", "authentication_error", "permission_error", "not_found_error",
                     "conflict_error",
@@ -167,7 +164,16 @@ BY_TYPE: dict[str, type[InferqError]] = {cls.type: cls for cls in (
 STATUS: dict[str, int] = {t: cls.status for t, cls in BY_TYPE.items()}
 
 
-def error_from(info: ErrorInfo) -> InferqError:
+class StoredError(Protocol):
+    """An error as a job record or an ``error`` event stores it (``shared.schemas.ErrorInfo``)."""
+
+    type: str
+    code: str | None
+    message: str
+    param: str | None
+
+
+def error_from(info: StoredError) -> InferqError:
     """The typed error a stored or streamed ``ErrorInfo`` stands for: a job that failed
     ``deadline_exceeded`` is a 504 ``timeout_error``, ``worker_lost`` a 503, and so on."""
     type_, code = classify(info.type, info.code)

@@ -13,7 +13,7 @@ from websockets.exceptions import ConnectionClosedError
 
 from inferq.shared import keys
 from inferq.shared.schemas import TERMINAL_STATUSES
-from inferq.worker.models import TINY_MAX_LEN
+from inferq.worker.engine.models import TINY_MAX_LEN
 
 #: max_tokens of a job (with ignore_eos) that is still running when a test acts on it: about 17 s
 #: alone on the 2-core machine; a test that cancels it, or waits for its deadline, ends it long

@@ -1,5 +1,5 @@
 """``inferq worker``: a Celery worker (threads pool) that feeds one vLLM engine, or an engine group
-(``INFERQ_FRONTENDS`` > 1: several such workers as clients of one EngineCore, worker/group.py)."""
+(``INFERQ_FRONTENDS`` > 1: several such workers as clients of one EngineCore, worker/engine/group.py)."""
 
 from __future__ import annotations
 
@@ -8,17 +8,24 @@ import sys
 
 from inferq.shared import keys
 from inferq.shared.settings import Settings, get_settings
+from inferq.worker.engine.group import Frontend, become_frontend
 
 
 def run_worker(loglevel: str = "INFO") -> int:
     """Serve until stopped; the exit code."""
     s = get_settings()
     if s.frontends > 1:
-        from inferq.worker.group import run_group
+        from inferq.worker.engine.group import run_group
 
-        return run_group(s, loglevel)
+        return run_group(s, loglevel, frontend_main)
     consume(s, s.max_num_seqs, loglevel)
     return 0
+
+
+def frontend_main(frontend: Frontend, loglevel: str) -> None:
+    """Entry point of a frontend process of an engine group (spawned): a worker whose engine is the group's."""
+    s = get_settings()
+    consume(s, become_frontend(frontend, s), loglevel)
 
 
 def consume(s: Settings, slots: int, loglevel: str) -> None:

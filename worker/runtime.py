@@ -2,12 +2,12 @@
 
 Threads and what runs on them:
 
-- the engine loop (``worker/engine.py``): the engine, the job runner, the batched event writer,
-  the control listener (``worker/control.py``) and this worker's own hand-backs
-  (``worker/handback.py``);
-- the heartbeat (``worker/heartbeat.py``) and the reaper (``worker/reaper.py``): a loop and a Redis
-  client each, so that neither waits for a busy engine loop nor for the other;
-- on engine death, ``worker/death.py`` hands every job back and exits with code 4;
+- the engine loop (``engine/host.py``): the engine, the job runner, the batched event writer,
+  the control listener (``jobs/control.py``) and this worker's own hand-backs
+  (``liveness/handback.py``);
+- the heartbeat (``liveness/heartbeat.py``) and the reaper (``liveness/reaper.py``): a loop and a
+  Redis client each, so that neither waits for a busy engine loop nor for the other;
+- on engine death, ``liveness/death.py`` hands every job back and exits with code 4;
 - on SIGTERM, :meth:`WorkerRuntime.drain` runs on a thread of Celery's shutdown.
 
 Created once per process from Celery's ``worker_init`` signal.
@@ -36,15 +36,18 @@ from inferq.shared.redis import make_redis
 from inferq.shared.schemas import JobMessage, JobStatus, WorkerInfo
 from inferq.shared.settings import Settings
 from inferq.shared.store import JobStore
-from inferq.worker import control, metrics, tokenizer_files
-from inferq.worker.death import EngineDeath, hard_exit
-from inferq.worker.engine import EngineHost
-from inferq.worker.handback import LocalHandBack
-from inferq.worker.heartbeat import Heartbeat
-from inferq.worker.reaper import Reaper
-from inferq.worker.runner import JobRunner, Prepared
-from inferq.worker.undecodable import fail_undecodable
-from inferq.worker.writer import EventWriter
+from inferq.worker import metrics
+from inferq.worker.engine import tokenizer_files
+from inferq.worker.engine.host import EngineHost
+from inferq.worker.jobs import control
+from inferq.worker.jobs.prepare import Prepared
+from inferq.worker.jobs.runner import JobRunner
+from inferq.worker.jobs.undecodable import fail_undecodable
+from inferq.worker.jobs.writer import EventWriter
+from inferq.worker.liveness.death import EngineDeath, hard_exit
+from inferq.worker.liveness.handback import LocalHandBack
+from inferq.worker.liveness.heartbeat import Heartbeat
+from inferq.worker.liveness.reaper import Reaper
 
 log = logging.getLogger(__name__)
 
@@ -110,8 +113,8 @@ class WorkerRuntime:
                                 priority_scheduling=s.scheduling_policy == "priority",
                                 on_engine_dead=self._engine_died_under, max_attempts=s.max_attempts,
                                 hand_back=self._hand_back_one, tool_call_parser=s.tool_call_parser)
-        self.handback = LocalHandBack(self.runner, store, self.send, self.id, s.max_attempts)
-        self._control = asyncio.get_running_loop().create_task(control.listen(self.redis, self.runner))
+        self.handback = LocalHandBack(self.runner.attempts, store, self.send, self.id, s.max_attempts)
+        self._control = asyncio.get_running_loop().create_task(control.listen(self.redis, self.runner.cancel))
         if (files := tokenizer_files.files_of(self.host.tokenizer)) is not None:
             try:
                 self.tokenizer_key = await tokenizer_files.publish(self.redis, files)
@@ -148,7 +151,7 @@ class WorkerRuntime:
         self.heartbeat.poke()
         if self.runner is None or self.runner.idle.wait(self.settings.drain_timeout_s):
             return
-        log.warning("drain timeout: handing %d jobs back to the queue", len(self.runner.active))
+        log.warning("drain timeout: handing %d jobs back to the queue", len(self.runner.attempts))
         self.host.run(self._hand_back_all("worker_shutdown"))
 
     def stop(self) -> None:
@@ -213,14 +216,13 @@ class WorkerRuntime:
                 and not self.draining and not self.death.triggered)
 
     def held_jobs(self) -> int:
-        return len(self.runner.active) if self.runner is not None else 0
+        return len(self.runner.attempts) if self.runner is not None else 0
 
     def last_beat(self) -> float | None:
         return self.heartbeat.last_ok
 
     def claimed(self) -> dict[str, int]:
-        active = dict(self.runner.active) if self.runner is not None else {}  # one C-level copy
-        return {job_id: job.attempt for job_id, job in active.items() if job.attempt and not job.handed_back}
+        return self.runner.attempts.attempts() if self.runner is not None else {}
 
     def lost(self, job_id: str, attempt: int) -> None:
         if self.handback is not None:

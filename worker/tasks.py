@@ -20,11 +20,12 @@ from inferq.shared import keys
 from inferq.shared.celery_app import make_celery
 from inferq.shared.schemas import JobMessage, JobStatus
 from inferq.shared.settings import get_settings
-from inferq.worker import group, kombu_fix, kombu_pipeline
-from inferq.worker.death import kill_children
-from inferq.worker.engine import EngineHost
+from inferq.worker import kombu_fix, kombu_pipeline
+from inferq.worker.engine import group
+from inferq.worker.engine.host import EngineHost
+from inferq.worker.jobs.undecodable import undecodable_job_id
+from inferq.worker.liveness.death import kill_children
 from inferq.worker.runtime import WorkerRuntime
-from inferq.worker.undecodable import undecodable_job_id
 
 log = logging.getLogger(__name__)
 kombu_pipeline.install()  # first: kombu_fix's guards wrap what it installs

@@ -7,7 +7,7 @@ import json
 import pytest
 from websockets.asyncio.client import connect
 
-from inferq.worker.models import TINY_MAX_LEN
+from inferq.worker.engine.models import TINY_MAX_LEN
 from tests.helpers import submit, wait_status, ws_events
 
 pytestmark = pytest.mark.integration

@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from inferq.shared import keys
-from inferq.worker.models import TINY_MAX_LEN
+from inferq.worker.engine.models import TINY_MAX_LEN
 from tests.helpers import LONG_JOB, ran_out_first, wait_status
 
 pytestmark = pytest.mark.integration

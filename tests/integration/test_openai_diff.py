@@ -325,7 +325,7 @@ def start_vllm_server(request: pytest.FixtureRequest) -> VllmServer:
     from bench.inprocess import engine_args
     from bench.vllm_serve import flags
     from inferq.shared.settings import Settings
-    from inferq.worker.models import resolve_model
+    from inferq.worker.engine.models import resolve_model
 
     settings = {"max_num_seqs": 64, "cpu_kv_cache_gib": 0.5}
     path = resolve_model(Settings(**settings))

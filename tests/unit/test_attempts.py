@@ -29,8 +29,8 @@ from inferq.shared.schemas import (
     TokenEvent,
 )
 from inferq.shared.store import JobStore
-from inferq.worker.runner import JobRunner
-from inferq.worker.writer import EventWriter
+from inferq.worker.jobs.runner import JobRunner
+from inferq.worker.jobs.writer import EventWriter
 from tests.unit.test_runner import ScriptedEngine, ScriptedHost, script
 
 

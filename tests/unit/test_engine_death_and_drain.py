@@ -102,25 +102,24 @@ async def test_drain_returns_as_soon_as_the_last_job_ends(store, own_redis) -> N
 
 
 async def test_a_job_that_ends_during_its_hand_back_is_not_cancelled_while_ending(store) -> None:
-    from types import SimpleNamespace
+    from inferq.worker.jobs.attempts import Attempt, AttemptTable
+    from inferq.worker.liveness.handback import LocalHandBack
 
-    from inferq.worker.handback import LocalHandBack
-    from inferq.worker.runner import ActiveJob
-
+    table = AttemptTable()
     runs = {}
     for name in ("ends", "runs"):
         msg = await queued_job(store, "scripted")
         await store.claim(msg.id, "w")
-        runs[name] = (msg.id, ActiveJob(task=asyncio.ensure_future(asyncio.Event().wait()), attempt=1))
-    runner = SimpleNamespace(active=dict(runs.values()))
-    ends_id, _ = runs["ends"]
+        runs[name] = (msg.id, Attempt(task=asyncio.ensure_future(asyncio.Event().wait()), attempt=1))
+        assert table.take_over(*runs[name])
+    ends_id, ends = runs["ends"]
 
     def send(msg: JobMessage) -> None:  # meanwhile, one run ends on its own and starts writing its end
-        runner.active.pop(ends_id, None)
+        table.done(ends_id, ends)
 
-    await LocalHandBack(runner, store, send, "w", max_attempts=3).all("worker_shutdown")  # type: ignore[arg-type]
+    await LocalHandBack(table, store, send, "w", max_attempts=3).all("worker_shutdown")
     for job_id, job in runs.values():
-        assert job.handed_back and await handed_back(store, job_id, "worker_shutdown")
+        assert job.released and await handed_back(store, job_id, "worker_shutdown")
     ending, running = runs["ends"][1].task, runs["runs"][1].task
     await asyncio.gather(running, return_exceptions=True)
     assert running.cancelled() and not ending.done(), "only the run still in progress was cancelled"

@@ -1,4 +1,4 @@
-"""The dtype a worker's engine runs in (worker/engine.py:engine_dtype): the demo model in float32
+"""The dtype a worker's engine runs in (worker/engine/args.py:engine_dtype): the demo model in float32
 on a CPU without native bfloat16, everything else as configured."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from inferq.shared.settings import Settings
-from inferq.worker.engine import engine_dtype
+from inferq.worker.engine.args import engine_dtype
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from inferq.shared.settings import Settings
-from inferq.worker.group import Frontend, _Stopping, _supervise, frontend_slots
+from inferq.worker.engine.group import Frontend, _Stopping, _supervise, frontend_slots
 
 CTX = multiprocessing.get_context("fork")
 

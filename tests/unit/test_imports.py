@@ -126,7 +126,7 @@ def test_nothing_imports_a_part_by_its_bare_name() -> None:
 
 
 @pytest.mark.parametrize("part, source, bad", [
-    ("api", "from inferq.worker.runner import JobRunner\n", "inferq.worker.runner.JobRunner"),
+    ("api", "from inferq.worker.jobs.runner import JobRunner\n", "inferq.worker.jobs.runner.JobRunner"),
     ("api", "def f():\n    import inferq.cli.main\n", "inferq.cli.main"),
     ("api", "from inferq import worker\n", "inferq.worker"),
     ("api", "from ...worker import tasks\n", "inferq.worker.tasks"),
@@ -208,6 +208,6 @@ def test_building_the_gateway_loads_no_engine(body: str) -> None:
 def test_the_engine_check_sees_an_engine_import() -> None:
     """The subprocess check above sees vLLM when the gateway's process loads it (here through
     a worker function that imports vLLM when called)."""
-    loaded = engine_modules_after(_BUILD_GATEWAY + "from inferq.worker.runner import _engine_dead\n"
-                                                   "_engine_dead(ValueError())\n")
+    loaded = engine_modules_after(_BUILD_GATEWAY + "from inferq.worker.jobs.sampling import engine_dead\n"
+                                                   "engine_dead(ValueError())\n")
     assert "vllm" in loaded and "torch" in loaded

@@ -16,8 +16,8 @@ from inferq.api.service import JobService
 from inferq.shared.errors import InvalidRequest
 from inferq.shared.schemas import JobMessage, JobRequest, WorkerInfo
 from inferq.shared.settings import Settings
-from inferq.worker.runner import JobRunner
-from inferq.worker.toolcalls import parser_class
+from inferq.worker.jobs.prepare import Preparer
+from inferq.worker.jobs.toolcalls import parser_class
 
 CHAT = [{"role": "user", "content": "hi"}]
 
@@ -65,8 +65,8 @@ def test_message_name_reaches_the_chat_template() -> None:
             return [1, 2]
 
     host = SimpleNamespace(tokenizer=Tokenizer())
-    runner = JobRunner(host, store=None, writer=None, worker_id="w", default_max_tokens=4)  # type: ignore[arg-type]
-    assert runner.prompt_ids(JobMessage(id="job-1", model="m", request=job, created_at=0.0)) == [1, 2]
+    preparer = Preparer(host)  # type: ignore[arg-type]
+    assert preparer.prompt_ids(JobMessage(id="job-1", model="m", request=job, created_at=0.0)) == [1, 2]
     # an unset name is absent, not None: templates test `message.name is defined`
     assert seen == [[{"role": "system", "content": "be brief", "name": "ops"},
                      {"role": "user", "content": "hi", "name": "alice"},

@@ -21,8 +21,8 @@ from inferq.shared.errors import ContextLengthExceeded, InvalidRequest
 from inferq.shared.request_limits import check_limits
 from inferq.shared.schemas import DoneEvent, JobMessage, JobRequest, PromptLogprob, TokenEvent, TokenLogprob, WorkerInfo
 from inferq.shared.settings import Settings
-from inferq.worker.prompt import PromptReturn
-from inferq.worker.runner import JobRunner
+from inferq.worker.jobs.prepare import Preparer
+from inferq.worker.jobs.prompt import PromptReturn
 
 CHAT = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello the"}]
 
@@ -111,9 +111,9 @@ class Tokenizer:
         return "".join(f"<{i}>" for i in ids)
 
 
-def runner(tokenizer: Tokenizer | None = None, vocab_size: int = 10) -> JobRunner:
-    host = SimpleNamespace(tokenizer=tokenizer or Tokenizer(), vocab_size=vocab_size)
-    return JobRunner(host, store=None, writer=None, worker_id="w", default_max_tokens=4)  # type: ignore[arg-type]
+def runner(tokenizer: Tokenizer | None = None, vocab_size: int = 10) -> Preparer:
+    """What the worker makes of a job's prompt (the runner's preparer)."""
+    return Preparer(SimpleNamespace(tokenizer=tokenizer or Tokenizer(), vocab_size=vocab_size))  # type: ignore[arg-type]
 
 
 def message(**req: Any) -> JobMessage:

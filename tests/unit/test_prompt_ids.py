@@ -28,10 +28,10 @@ from inferq.shared.prompt_probe import CHAT, PROMPT, digests
 from inferq.shared.schemas import JobMessage, JobRequest, WorkerInfo
 from inferq.shared.settings import Settings
 from inferq.shared.store import JobStore
-from inferq.worker.models import CHAT_TEMPLATE, tiny_model_dir
-from inferq.worker.prompt import encode_request
-from inferq.worker.runner import JobRunner
-from inferq.worker.tokenizer_files import TTL_S, files_of, publish
+from inferq.worker.engine.encode import encode_request
+from inferq.worker.engine.models import CHAT_TEMPLATE, tiny_model_dir
+from inferq.worker.engine.tokenizer_files import TTL_S, files_of, publish
+from inferq.worker.jobs.prepare import Preparer
 from tests.unit.workerkit import GatedEngine, eventually, start_runtime
 
 CHAT_TURNS = [{"role": "system", "content": "Be brief.", "name": "ops"}, {"role": "user", "content": "Hi  there\n"},
@@ -177,8 +177,7 @@ def test_the_worker_runs_the_gateways_ids_as_they_are_checked_against_the_vocabu
         def encode(self, *a: Any, **k: Any) -> list[int]:
             raise AssertionError("the worker tokenized a prompt the gateway had tokenized")
 
-    runner = JobRunner(SimpleNamespace(tokenizer=Refuses(), vocab_size=10), store=None, writer=None,  # type: ignore[arg-type]
-                       worker_id="w", default_max_tokens=4)
+    runner = Preparer(SimpleNamespace(tokenizer=Refuses(), vocab_size=10))  # type: ignore[arg-type]
     msg = JobMessage(id="job-1", model="m", request=JobRequest(prompt="a b c"), created_at=0.0, prompt_ids=[3, 4])
     assert runner.prompt_ids(msg) == [3, 4]
     with pytest.raises(InvalidRequest) as e:

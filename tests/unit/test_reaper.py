@@ -12,7 +12,7 @@ from inferq.shared import keys
 from inferq.shared.schemas import JobMessage, JobRecord, JobRequest, JobStatus
 from inferq.shared.settings import Settings
 from inferq.shared.store import JobStore
-from inferq.worker.reaper import Budget, Reaper
+from inferq.worker.liveness.reaper import Budget, Reaper
 
 
 def make_reaper(url: str, model: str, sent: list[str], **settings: object) -> Reaper:

@@ -13,8 +13,8 @@ from bench.standin import Out, ScriptedTokenizer, Step
 from inferq.shared.redis import make_redis
 from inferq.shared.schemas import EngineStats, JobMessage, JobRecord, JobRequest, JobStatus
 from inferq.shared.store import JobStore
-from inferq.worker.runner import JobRunner
-from inferq.worker.writer import EventWriter
+from inferq.worker.jobs.runner import JobRunner
+from inferq.worker.jobs.writer import EventWriter
 
 
 @dataclass

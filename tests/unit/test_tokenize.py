@@ -45,7 +45,7 @@ def test_chat_messages_are_rendered_as_the_worker_renders_them(unit_redis) -> No
     from transformers import AutoTokenizer
 
     from inferq.api.chat_template import load
-    from inferq.worker.models import tiny_model_dir
+    from inferq.worker.engine.models import tiny_model_dir
 
     folder = tiny_model_dir(Settings())
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
@@ -77,8 +77,8 @@ def test_a_gateway_without_the_models_folder_tokenizes_with_what_a_live_worker_p
     from inferq.shared import keys
     from inferq.shared.redis import make_redis
     from inferq.shared.schemas import WorkerInfo
-    from inferq.worker.models import tiny_model_dir
-    from inferq.worker.tokenizer_files import files_of, publish
+    from inferq.worker.engine.models import tiny_model_dir
+    from inferq.worker.engine.tokenizer_files import files_of, publish
 
     hf = AutoTokenizer.from_pretrained(str(tiny_model_dir(Settings())))
     with app(unit_redis.url, tokenizer_path=tmp_path) as c:

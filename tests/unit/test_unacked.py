@@ -16,8 +16,8 @@ from inferq.shared.celery_app import make_celery, send_job
 from inferq.shared.schemas import JobRecord, JobRequest, JobStatus
 from inferq.shared.settings import Settings
 from inferq.shared.store import JobStore
-from inferq.worker import unacked
-from inferq.worker.unacked import UnackedEntries, job_id_of, sweep_queued, sweep_unacked
+from inferq.worker.liveness import unacked
+from inferq.worker.liveness.unacked import UnackedEntries, job_id_of, sweep_queued, sweep_unacked
 
 
 async def job(store: JobStore, model: str, status: JobStatus = JobStatus.queued) -> str:

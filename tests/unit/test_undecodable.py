@@ -12,7 +12,8 @@ import pytest
 from inferq.shared import keys
 from inferq.shared.schemas import JobMessage, JobRecord, JobRequest, JobStatus
 from inferq.shared.store import JobStore
-from inferq.worker import tasks, undecodable
+from inferq.worker import tasks
+from inferq.worker.jobs import undecodable
 from tests.unit.workerkit import GatedEngine, start_runtime
 
 

@@ -25,9 +25,9 @@ from inferq.shared import keys
 from inferq.shared.redis import make_redis
 from inferq.shared.schemas import WorkerInfo
 from inferq.shared.settings import Settings
-from inferq.worker import tokenizer_files
+from inferq.worker.engine import tokenizer_files
+from inferq.worker.liveness.reaper import forget_worker
 from inferq.worker.loopthread import LoopThread
-from inferq.worker.reaper import forget_worker
 
 log = logging.getLogger(__name__)
 

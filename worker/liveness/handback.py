@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Protocol
 
 from inferq.shared.redis import retried
 from inferq.shared.store import JobStore
-from inferq.worker.runner import ActiveJob, JobRunner
-from inferq.worker.unacked import Send
+from inferq.worker.liveness.unacked import Send
 
 log = logging.getLogger(__name__)
 
@@ -34,15 +34,28 @@ async def hand_back(store: JobStore, send: Send, job_id: str, worker_id: str, at
     return outcome
 
 
+class RunningJobs(Protocol):
+    """The attempts this worker runs, as hand-backs see and change them (on the engine loop)."""
+
+    def attempts(self, released: bool = False) -> dict[str, int]:
+        """Job id -> attempt of the claimed jobs (with ``released``, also those given up)."""
+
+    def release(self, job_id: str, attempt: int) -> bool:
+        """Give the attempt up (its run writes no end); False if not running here or given up before."""
+
+    def stop(self, job_id: str, attempt: int) -> None:
+        """End the attempt's run if it still holds the job here."""
+
+
 class LocalHandBack:
-    """This worker's own hand-backs. Runs on the engine loop (the runner's ``active`` lives there).
+    """This worker's own hand-backs. Runs on the engine loop (the running jobs live there).
 
     One hand-back per job attempt at a time: a job that hands itself back (its engine died under
     it) and the engine-death path that hands back everything share it, so :meth:`all` returns only
     once every message is sent."""
 
-    def __init__(self, runner: JobRunner, store: JobStore, send: Send, worker_id: str, max_attempts: int) -> None:
-        self.runner = runner
+    def __init__(self, jobs: RunningJobs, store: JobStore, send: Send, worker_id: str, max_attempts: int) -> None:
+        self.jobs = jobs
         self.store = store
         self.send = send
         self.worker_id = worker_id
@@ -66,22 +79,20 @@ class LocalHandBack:
     async def all(self, reason: str) -> None:
         """Hand back every active job and end its run (no end written); return when every
         hand-back in flight, including those jobs started themselves, is done."""
-        jobs = list(self.runner.active.items())
-        await asyncio.gather(*(self._give_up(job_id, job, reason) for job_id, job in jobs),
+        jobs = self.jobs.attempts(released=True)
+        await asyncio.gather(*(self._give_up(job_id, attempt, reason) for job_id, attempt in jobs.items()),
                              return_exceptions=True)
         await self.settle()
 
-    async def _give_up(self, job_id: str, job: ActiveJob, reason: str) -> None:
-        ending = job.handed_back  # the job is already handing itself back: leave its task alone
-        job.handed_back = True
+    async def _give_up(self, job_id: str, attempt: int, reason: str) -> None:
+        fresh = self.jobs.release(job_id, attempt)  # False: it hands itself back already, leave its run be
         try:
-            await self.job(job_id, job.attempt, reason)
+            await self.job(job_id, attempt, reason)
         except Exception:
             log.exception("job %s: could not hand it back (%s)", job_id, reason)
         finally:
-            # a run that already left its active entry is writing its end (refused now): leave it be
-            if not ending and self.runner.active.get(job_id) is job and job.task is not None:
-                job.task.cancel()
+            if fresh:
+                self.jobs.stop(job_id, attempt)
 
     async def settle(self) -> None:
         """Wait for every hand-back in flight."""
@@ -91,11 +102,8 @@ class LocalHandBack:
     def fence(self, job_id: str, attempt: int) -> bool:
         """This attempt no longer owns the job (another worker's reaper took it back): end its
         run without writing an end; Celery then acks its message. Call on the engine loop."""
-        job = self.runner.active.get(job_id)
-        if job is None or job.attempt != attempt or job.handed_back:
+        if not self.jobs.release(job_id, attempt):
             return False
         log.warning("job %s: attempt %d was taken back from this worker; stopping it", job_id, attempt)
-        job.handed_back = True
-        if job.task is not None:
-            job.task.cancel()
+        self.jobs.stop(job_id, attempt)
         return True

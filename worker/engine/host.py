@@ -1,13 +1,10 @@
 """EngineHost: one vLLM ``AsyncLLM`` per worker process, on a background asyncio loop.
 
-vLLM is imported in four modules of inferq, all in worker/ and always inside functions (importing
-them does not load vLLM): here (the engine, its arguments, the stat logger), worker/group.py (an
-EngineCore shared by several frontend processes), worker/runner.py (sampling and
-structured-output parameters, ``TokensPrompt``, ``EngineDeadError``) and worker/toolcalls.py
-(vLLM's tool-call parsers).
-Celery's threads pool hands each job to :meth:`EngineHost.run`, which schedules the job's coroutine
-on the engine's loop; every coroutine shares the one engine, so new requests join the running
-batch at the next step.
+vLLM is imported only in worker/, always inside functions (importing a module does not load it):
+the engine layer (this module, ``args``, ``group``) and the job path's ``sampling``, ``runner``
+and ``toolcalls``. Celery's threads pool hands each job to :meth:`EngineHost.submit`, which
+schedules the job's coroutine on the engine's loop; every coroutine shares the one engine, so new
+requests join the running batch at the next step.
 """
 
 from __future__ import annotations
@@ -25,9 +22,10 @@ from typing import Any, TypeVar
 from inferq.shared import prompt_probe
 from inferq.shared.schemas import EngineStats
 from inferq.shared.settings import Settings
-from inferq.worker.group import Frontend
-from inferq.worker.models import resolve_model
-from inferq.worker.prompt import encode_request
+from inferq.worker.engine.args import engine_args_for
+from inferq.worker.engine.encode import encode_request
+from inferq.worker.engine.group import Frontend
+from inferq.worker.engine.models import resolve_model
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -59,25 +57,12 @@ def _stats_logger_class(stats: EngineStats) -> type:
     return InferqStatLogger
 
 
-def engine_dtype(settings: Settings, cpu: bool) -> str:
-    """The dtype the engine runs in: ``INFERQ_DTYPE``, except that the built-in demo model runs in
-    float32 on a CPU without native bfloat16 (AVX-512 BF16 or AMX). There, vLLM's CPU build runs a
-    bfloat16 model on emulated kernels, ~4x slower at a batch of 64 on the demo model, and float32
-    costs the 2-layer model nothing in memory. A model of the user's own keeps vLLM's choice."""
-    if settings.dtype != "auto" or settings.model or not cpu:
-        return settings.dtype
-    import torch
-
-    native = any(getattr(torch.cpu, f"_is_{isa}_supported", lambda: False)() for isa in ("avx512_bf16", "amx_tile"))
-    return "auto" if native else "float32"
-
-
 class EngineHost:
     """Owns the engine, its event loop thread, and the model's tokenizer."""
 
     def __init__(self, settings: Settings, frontend: Frontend | None = None) -> None:
         self.settings = settings
-        self.frontend = frontend  # set: a frontend of an engine group (worker/group.py)
+        self.frontend = frontend  # set: a frontend of an engine group (``group``)
         self.stats = EngineStats()
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="engine-loop", daemon=True)
@@ -95,36 +80,8 @@ class EngineHost:
         log.info("engine ready: model=%s max_model_len=%d max_num_seqs=%d", self.model_path,
                  self.max_model_len, self.settings.max_num_seqs)
 
-    @staticmethod
-    def engine_args_for(settings: Settings, model_path: str) -> Any:
-        """vLLM's ``AsyncEngineArgs`` for ``settings``, serving ``model_path``."""
-        from vllm.config import StructuredOutputsConfig
-        from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.platforms import current_platform
-
-        s = settings
-        cpu = current_platform.is_cpu()
-        kv_bytes = int(s.cpu_kv_cache_gib * (1 << 30)) if cpu else None
-        return AsyncEngineArgs(
-            model=model_path,
-            served_model_name=[s.model_name],
-            max_model_len=s.max_model_len,
-            gpu_memory_utilization=s.gpu_memory_utilization,
-            kv_cache_memory_bytes=kv_bytes,
-            tensor_parallel_size=s.tensor_parallel_size,
-            max_num_seqs=s.max_num_seqs,
-            max_num_batched_tokens=s.max_num_batched_tokens,
-            dtype=engine_dtype(s, cpu),
-            load_format=s.load_format,
-            enforce_eager=cpu if s.enforce_eager is None else s.enforce_eager,
-            disable_log_stats=False,
-            scheduling_policy=s.scheduling_policy,
-            # JSON modes emit compact JSON: a model is never steered into endless whitespace
-            structured_outputs_config=StructuredOutputsConfig(backend="xgrammar", disable_any_whitespace=True),
-        )
-
     def engine_args(self) -> Any:
-        return self.engine_args_for(self.settings, self.model_path)
+        return engine_args_for(self.settings, self.model_path)
 
     async def _create(self) -> None:
         from vllm.v1.engine.async_llm import AsyncLLM

@@ -29,9 +29,9 @@ from inferq.shared import keys
 from inferq.shared.redis import make_redis
 from inferq.shared.settings import Settings
 from inferq.shared.store import JobStore
-from inferq.worker.handback import hand_back
+from inferq.worker.liveness.handback import hand_back
+from inferq.worker.liveness.unacked import Send, UnackedEntries, sweep_queued, sweep_unacked
 from inferq.worker.loopthread import LoopThread
-from inferq.worker.unacked import Send, UnackedEntries, sweep_queued, sweep_unacked
 
 log = logging.getLogger(__name__)
 

@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from redis.asyncio import Redis
 
 from inferq.shared import keys
 from inferq.shared.schemas import ControlMessage
-from inferq.worker.runner import JobRunner
 
 log = logging.getLogger(__name__)
 
 
-async def listen(redis: Redis, runner: JobRunner, retry_s: float = 0.5) -> None:
-    """Abort the jobs that clients cancel, until cancelled; resubscribe after a lost connection."""
+async def listen(redis: Redis, cancel: Callable[[str], bool], retry_s: float = 0.5) -> None:
+    """Abort the jobs that clients cancel (``cancel(job id)``: True if this worker runs it), until
+    cancelled; resubscribe after a lost connection."""
     while True:
         try:
             async with redis.pubsub(ignore_subscribe_messages=True) as ps:
@@ -28,7 +29,7 @@ async def listen(redis: Redis, runner: JobRunner, retry_s: float = 0.5) -> None:
                     except ValueError:
                         log.warning("ignored malformed control message")
                         continue
-                    if msg.type == "cancel" and runner.cancel(msg.job_id):
+                    if msg.type == "cancel" and cancel(msg.job_id):
                         log.info("job %s: cancel requested, aborting", msg.job_id)
         except asyncio.CancelledError:
             raise

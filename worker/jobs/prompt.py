@@ -1,5 +1,4 @@
-"""A job's prompt as token ids; log-probs in the job's wire form, and what a job gives back of its
-prompt.
+"""Log-probs in the job's wire form, and what a job gives back of its prompt.
 
 vLLM reports log-probs per position as ``{token id: Logprob(logprob, rank, decoded_token)}``.
 The sampled tokens' become :class:`TokenLogprob` entries; the prompt's (``prompt_logprobs``) are
@@ -12,26 +11,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from inferq.shared.errors import InvalidRequest
-from inferq.shared.schemas import JobRequest, PromptLogprob, PromptLogprobs, TokenLogprob, TopLogprob
+from inferq.shared.schemas import PromptLogprob, PromptLogprobs, TokenLogprob, TopLogprob
 
 #: What vLLM's server sends for a log-prob of minus infinity (JSON has no infinity).
 LOGPROB_FLOOR = -9999.0
-
-
-def encode_request(tok: Any, req: JobRequest) -> list[int]:
-    """The token ids of ``req``'s text prompt as the model's tokenizer ``tok`` gives them: ``prompt``
-    encoded with the tokenizer's special tokens, or ``messages`` rendered with its chat template."""
-    if req.messages is None:
-        return list(tok.encode(req.prompt))
-    # only when set: a tokenizer without the argument renders every other request
-    cont = {"continue_final_message": True} if req.continue_final_message else {}
-    try:
-        text = tok.apply_chat_template(req.chat_messages(), tools=req.tools, tokenize=False,
-                                       add_generation_prompt=req.add_generation_prompt, **cont)
-    except Exception as e:  # the template raised (raise_exception) or refused the options
-        raise InvalidRequest(f"the model's chat template refused these messages: {e}", param="messages") from e
-    return list(tok.encode(text, add_special_tokens=False))
 
 
 def _tok(lp: Any, tid: int, tokenizer: Any) -> str:

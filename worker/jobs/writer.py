@@ -30,6 +30,11 @@ class FencedOut(Exception):
     """This worker's attempt no longer owns the job (it was requeued, cancelled or finished)."""
 
 
+class EventsLost(Exception):
+    """Events of this attempt could not be logged (Redis away past the write budget): nothing
+    after them may be logged, so the attempt stops and the job goes back to the queue."""
+
+
 class EventWriter:
     def __init__(self, store: JobStore, budget_s: float = 30.0, model: str = "") -> None:
         self.store = store
@@ -82,6 +87,18 @@ class EventWriter:
         ev.text += text
         ev.n_tokens += n_tokens
         return True
+
+    def sink(self, job_id: str, attempt: int) -> AttemptSink:
+        """The attempt's events as an :class:`~inferq.worker.jobs.outputs.EventSink`."""
+        return AttemptSink(self, job_id, attempt)
+
+    async def note_first_token(self, job_id: str, at: float) -> None:
+        """Write the job's ``first_token_at`` on its own, within the budget; a failure is logged."""
+        try:
+            async with asyncio.timeout(self.budget_s):
+                await self.store.update(job_id, first_token_at=at)
+        except Exception as e:  # a timestamp is not worth failing the job for
+            log.warning("job %s: could not record first_token_at: %s", job_id, e or type(e).__name__)
 
     async def barrier(self) -> None:
         """Wait until every event emitted so far has been sent (or given up on)."""
@@ -143,3 +160,45 @@ class EventWriter:
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
+
+
+class AttemptSink:
+    """One attempt's side of the writer. The first event emitted after :meth:`first_output`
+    carries the first output's time to the job's record (``first_token_at``)."""
+
+    def __init__(self, writer: EventWriter, job_id: str, attempt: int) -> None:
+        self.writer, self.job_id, self.attempt = writer, job_id, attempt
+        self.first_at: float | None = None  # the first output's time, until an event carries it
+        self._note: asyncio.Task[None] | None = None
+
+    def first_output(self) -> None:
+        """The first output came (call before feeding it)."""
+        self.first_at = time.time()
+
+    def first_output_fed(self) -> None:
+        """The first output is fed. Usually its first event carried the time to the record; where
+        it made no event (a tool-call parser holding text back), a write of its own, without
+        holding up the tokens behind it: a slow or absent Redis delays this write, not the job."""
+        at, self.first_at = self.first_at, None
+        if at is not None:
+            self._note = asyncio.get_running_loop().create_task(self.writer.note_first_token(self.job_id, at))
+
+    async def settle(self) -> None:
+        """Wait for the first-token write, if one was made (bounded by the budget; never raises)."""
+        if self._note is not None:
+            await self._note
+
+    def emit(self, event: TokenEvent) -> None:
+        self.writer.emit(self.job_id, self.attempt, event, first_token_at=self.first_at)
+        self.first_at = None
+
+    def extend(self, index: int, text: str, n_tokens: int) -> bool:
+        return self.writer.extend(self.job_id, self.attempt, index, text, n_tokens)
+
+    def check(self) -> None:
+        """Raise if the attempt's events stopped being written: :class:`FencedOut` (another attempt
+        or a terminal state owns the job) or :class:`EventsLost`."""
+        if (err := self.writer.error(self.job_id, self.attempt)) is not None:
+            if isinstance(err, FencedOut):
+                raise err
+            raise EventsLost(f"{type(err).__name__}: {err}")

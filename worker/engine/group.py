@@ -32,7 +32,7 @@ import multiprocessing.connection
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from typing import Any
@@ -79,26 +79,26 @@ def frontend_slots(max_num_seqs: int, frontends: int) -> int:
 FRONTEND: Frontend | None = None
 
 
-def _frontend_main(frontend: Frontend, loglevel: str) -> None:
-    """Entry point of a frontend process (spawned): a worker whose engine is the group's."""
+def become_frontend(frontend: Frontend, settings: Settings) -> int:
+    """Make this (spawned) process frontend ``frontend`` of its group; returns its job slots."""
     global FRONTEND
-    from inferq.shared.settings import get_settings
-    from inferq.worker.main import consume
-
     FRONTEND = frontend
     frontend.vllm_config.parallel_config._api_process_rank = frontend.index  # as vLLM's API servers
-    s = get_settings()
-    logs.setup(s, "worker", prefix=f"frontend-{frontend.index} ")
+    logs.setup(settings, "worker", prefix=f"frontend-{frontend.index} ")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the group, which sends SIGTERM
-    consume(s, frontend_slots(s.max_num_seqs, frontend.count), loglevel)
+    return frontend_slots(settings.max_num_seqs, frontend.count)
 
 
-def run_group(settings: Settings, loglevel: str) -> int:
-    """Start the EngineCore and ``settings.frontends`` frontends; return when all have exited."""
+FrontendMain = Callable[[Frontend, str], None]  # a frontend process's entry point: (frontend, loglevel)
+
+
+def run_group(settings: Settings, loglevel: str, frontend_main: FrontendMain) -> int:
+    """Start the EngineCore and ``settings.frontends`` frontends, each spawned to run
+    ``frontend_main`` (a module-level function: it is pickled by name); return when all have exited."""
     from vllm.usage.usage_lib import UsageContext
 
-    from inferq.worker.engine import EngineHost
-    from inferq.worker.models import resolve_model
+    from inferq.worker.engine.args import engine_args_for
+    from inferq.worker.engine.models import resolve_model
 
     n = settings.frontends
     spawn = multiprocessing.get_context("spawn")
@@ -108,14 +108,14 @@ def run_group(settings: Settings, loglevel: str) -> int:
     signal.signal(signal.SIGINT, stopping.handle)
     try:
         model_path = resolve_model(settings)
-        args = EngineHost.engine_args_for(settings, model_path)
+        args = engine_args_for(settings, model_path)
         args._api_process_count, args._api_process_rank = n, -1  # as vLLM's multi-API-server launcher
         config = args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
         with _core_engine(config, n) as core:  # the engine's start-up handshake runs as the block ends
             engine_pids = [p.pid for p in core.processes]
             for i in range(n):
                 fe = Frontend(i, n, model_path, config, core.addresses(i), engine_pids, os.getpid())
-                proc = spawn.Process(target=_frontend_main, args=(fe, loglevel), name=f"inferq-frontend-{i}")
+                proc = spawn.Process(target=frontend_main, args=(fe, loglevel), name=f"inferq-frontend-{i}")
                 proc.start()
                 frontends.append(proc)
                 core.started(i)

@@ -1,0 +1,50 @@
+"""vLLM's engine arguments for a worker's settings, and the dtype its engine runs in.
+
+Shared by a lone worker's engine (``host``) and an engine group's EngineCore (``group``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from inferq.shared.settings import Settings
+
+
+def engine_dtype(settings: Settings, cpu: bool) -> str:
+    """The dtype the engine runs in: ``INFERQ_DTYPE``, except that the built-in demo model runs in
+    float32 on a CPU without native bfloat16 (AVX-512 BF16 or AMX). There, vLLM's CPU build runs a
+    bfloat16 model on emulated kernels, ~4x slower at a batch of 64 on the demo model, and float32
+    costs the 2-layer model nothing in memory. A model of the user's own keeps vLLM's choice."""
+    if settings.dtype != "auto" or settings.model or not cpu:
+        return settings.dtype
+    import torch
+
+    native = any(getattr(torch.cpu, f"_is_{isa}_supported", lambda: False)() for isa in ("avx512_bf16", "amx_tile"))
+    return "auto" if native else "float32"
+
+def engine_args_for(settings: Settings, model_path: str) -> Any:
+    """vLLM's ``AsyncEngineArgs`` for ``settings``, serving ``model_path``."""
+    from vllm.config import StructuredOutputsConfig
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.platforms import current_platform
+
+    s = settings
+    cpu = current_platform.is_cpu()
+    kv_bytes = int(s.cpu_kv_cache_gib * (1 << 30)) if cpu else None
+    return AsyncEngineArgs(
+        model=model_path,
+        served_model_name=[s.model_name],
+        max_model_len=s.max_model_len,
+        gpu_memory_utilization=s.gpu_memory_utilization,
+        kv_cache_memory_bytes=kv_bytes,
+        tensor_parallel_size=s.tensor_parallel_size,
+        max_num_seqs=s.max_num_seqs,
+        max_num_batched_tokens=s.max_num_batched_tokens,
+        dtype=engine_dtype(s, cpu),
+        load_format=s.load_format,
+        enforce_eager=cpu if s.enforce_eager is None else s.enforce_eager,
+        disable_log_stats=False,
+        scheduling_policy=s.scheduling_policy,
+        # JSON modes emit compact JSON: a model is never steered into endless whitespace
+        structured_outputs_config=StructuredOutputsConfig(backend="xgrammar", disable_any_whitespace=True),
+    )
+

@@ -1,0 +1,67 @@
+"""A job's prompt as the engine takes it: token ids (as the gateway tokenized it, as the client
+gave them, or tokenized here), and with ``echo`` its text. CPU work for a thread, never the loop."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from inferq.shared.request_limits import check_token_ids
+from inferq.shared.schemas import JobMessage
+from inferq.worker.engine.encode import encode_request
+
+
+class TokenizerHost(Protocol):
+    """What preparing reads of the engine host (set once its engine has started)."""
+
+    tokenizer: Any
+    vocab_size: int  # token ids from 0 to this (excluded) are the model's; 0: unknown
+
+
+@dataclass
+class Prepared:
+    """A job's prompt as the engine takes it: its token ids and, with ``echo``, its text."""
+
+    ids: list[int]
+    echo: str | None = None
+
+
+class Preparer:
+    """Tokenizes jobs' prompts with the engine's tokenizer, one at a time (it is not thread-safe)."""
+
+    def __init__(self, host: TokenizerHost) -> None:
+        self.host = host
+        self._lock = threading.Lock()
+
+    def prepare(self, msg: JobMessage) -> Prepared:
+        """The job's token ids and, with ``echo``, its prompt's text."""
+        ids = self.prompt_ids(msg)
+        return Prepared(ids, self.echo_text(msg, ids) if msg.request.echo else None)
+
+    def prompt_ids(self, msg: JobMessage) -> list[int]:
+        """The job's prompt as token ids: as the gateway tokenized it, as given, or tokenized here."""
+        req = msg.request
+        if msg.prompt_ids is not None:
+            return self._checked(msg.prompt_ids)
+        if req.prompt_token_ids is not None:
+            return self._checked(req.prompt_token_ids)
+        with self._lock:
+            return encode_request(self.host.tokenizer, req)
+
+    def _checked(self, ids: list[int]) -> list[int]:
+        """A prompt given as token ids, each in the model's vocabulary (vLLM refuses others too,
+        without naming the field)."""
+        if self.host.vocab_size:  # 0: unknown (the engine still checks, naming no field)
+            check_token_ids(ids, self.host.vocab_size)
+        return list(ids)
+
+    def echo_text(self, msg: JobMessage, ids: list[int]) -> str | None:
+        """With ``echo``, the prompt's text: as given, or its token ids decoded (as vLLM does)."""
+        req = msg.request
+        if not req.echo:
+            return None
+        if req.prompt is not None:
+            return req.prompt
+        with self._lock:
+            return str(self.host.tokenizer.decode(ids))

@@ -1,0 +1,235 @@
+"""JobRunner: runs one attempt of a job on the shared engine, from its claim to its end.
+
+Life of a job on a worker: claim it (queued -> running; a cancelled or taken job is skipped),
+tokenize and check it against the context window (``prepare``, ``sampling``), stream the engine's
+DELTA outputs as ``token`` events (``outputs``, through the batched ``writer``), and, whatever
+happens, write the terminal state and the final ``done``/``error`` event in ``finally``
+(``ending``). Cancellation is one mechanism: cancelling the job's asyncio task, which makes vLLM's
+``generate`` abort the request in the engine and free its KV blocks.
+
+Ownership is per attempt: the claim makes this run attempt N of the job, and everything it does
+afterwards (events, the end, the writer's state) is keyed by (job, N). A worker runs at most one
+attempt of a job (``attempts``): a later attempt that wins its claim here stops the earlier one,
+and its engine request starts only after the earlier one's has been aborted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from contextlib import aclosing
+from functools import partial
+from typing import Any
+
+from inferq.shared import tracing
+from inferq.shared.errors import DeadlineExceeded, EngineError, InvalidRequest
+from inferq.shared.logs import job_context
+from inferq.shared.redis import retried
+from inferq.shared.schemas import ErrorInfo, JobMessage, JobStatus
+from inferq.shared.store import JobStore
+from inferq.worker.engine.host import EngineHost
+from inferq.worker.jobs.attempts import Attempt, AttemptTable
+from inferq.worker.jobs.ending import Ending, HandBack, Outcome, outcome_of
+from inferq.worker.jobs.outputs import OutputEvents, Progress
+from inferq.worker.jobs.prepare import Prepared, Preparer
+from inferq.worker.jobs.prompt import PromptReturn
+from inferq.worker.jobs.sampling import sampling_params
+from inferq.worker.jobs.toolcalls import ToolCallStream, parser_class
+from inferq.worker.jobs.writer import AttemptSink, EventWriter
+from inferq.worker.metrics import JOBS_CLAIMED, JOBS_FINISHED
+
+log = logging.getLogger(__name__)
+
+
+class JobRunner:
+    def __init__(self, host: EngineHost, store: JobStore, writer: EventWriter, worker_id: str,
+                 default_max_tokens: int, priority_scheduling: bool = False,
+                 on_engine_dead: Callable[[str, int], Awaitable[None]] | None = None,
+                 hand_back: HandBack | None = None, max_attempts: int = 3,
+                 tool_call_parser: str | None = None) -> None:
+        self.host = host
+        # vLLM's tool-call parser for tool_choice "auto" (an unknown name fails the worker's start)
+        self.tool_parser = parser_class(tool_call_parser) if tool_call_parser else None
+        self.store = store
+        self.writer = writer
+        self.worker_id = worker_id
+        self.default_max_tokens = default_max_tokens
+        self.priority_scheduling = priority_scheduling
+        self.on_engine_dead = on_engine_dead
+        self.attempts = AttemptTable()
+        self.preparer = Preparer(host)
+        self.ending = Ending(store, writer, worker_id, host.stats, hand_back, max_attempts)
+        self._engine_busy: dict[str, asyncio.Event] = {}  # job id -> set when its generation ends
+        self._runs = 0  # runs in progress, claimed or not
+        self.idle = threading.Event()  # set while no run is in progress (a drain waits for it)
+        self.idle.set()
+
+    @property
+    def active(self) -> dict[str, Attempt]:
+        """Job id -> the attempt of it this worker runs (read it; change it through ``attempts``)."""
+        return self.attempts.active
+
+    def cancel(self, job_id: str) -> bool:
+        """Cancel whatever attempt of the job this worker runs (on the engine loop)."""
+        return self.attempts.cancel(job_id)
+
+    def prepare(self, msg: JobMessage) -> Prepared:
+        """Tokenize the job's prompt (and render its echo): CPU work for a thread, never the loop."""
+        return self.preparer.prepare(msg)
+
+    async def run(self, msg: JobMessage,
+                  prepared: concurrent.futures.Future[Prepared] | None = None) -> JobStatus | None:
+        """Run the job to a terminal state. Returns the state written, or None if it was not this
+        run's to end (skipped, fenced out, superseded or handed back). ``prepared``: the job's
+        :meth:`prepare`, made by the caller's thread while the claim is in flight (without it,
+        the runner tokenizes on a thread of its own after the claim)."""
+        run = Attempt(task=asyncio.current_task())
+        self._runs += 1
+        self.idle.clear()
+        written: JobStatus | None = None
+        try:
+            with job_context(msg.id), tracing.span("inferq.job", parent=msg.traceparent, job_id=msg.id,
+                                                   model=msg.model) as span:
+                run.span = span
+                written = await self._run(msg, run, prepared)
+                span.set("inferq.attempt", run.attempt)
+                span.set("inferq.status", written.value if written else "not_ended")
+            return written
+        finally:
+            if run.attempt:  # this run claimed the job
+                outcome = written.value if written else "not_ended"
+                JOBS_FINISHED.labels(msg.model, outcome).inc()
+                log.info("job %s attempt %d: %s", msg.id, run.attempt, written.value if written else
+                         "not ended here", extra={"job_id": msg.id})
+            self._runs -= 1
+            if not self._runs:
+                self.idle.set()
+
+    async def _run(self, msg: JobMessage, run: Attempt,
+                   prepared: concurrent.futures.Future[Prepared] | None) -> JobStatus | None:
+        progress = Progress()
+        outcome = Outcome(None)
+        sink: AttemptSink | None = None  # set once the claim is won
+        try:
+            if not await self._claim(msg, run, progress):
+                return None
+            sink = self.writer.sink(msg.id, run.attempt)
+            if not self.attempts.take_over(msg.id, run):
+                return None
+            outcome.status = JobStatus.running
+            await self._execute(msg, run, prepared, progress, sink)
+            outcome.status = JobStatus.succeeded
+        except (asyncio.CancelledError, Exception) as e:
+            outcome = outcome_of(e, msg.id, run.attempt, run.writes_end)
+            if outcome.engine_dead:
+                outcome = await self._engine_died(msg.id, run, e)
+        finally:
+            self.attempts.done(msg.id, run)
+            written = None
+            try:
+                if sink is not None and run.writes_end:
+                    await sink.settle()  # the first-token write goes before the end
+                    written = await self.ending.end(msg.id, run.attempt, outcome, progress)
+            finally:
+                if sink is not None:
+                    self.writer.forget(msg.id, run.attempt)
+        return written
+
+    async def _claim(self, msg: JobMessage, run: Attempt, progress: Progress) -> bool:
+        """Claim the job (queued -> running) as a new attempt; False if it was not queued."""
+        token = secrets.token_hex(8)  # a retried claim whose answer was lost is still ours
+        self.attempts.claiming(msg.id, run)
+        try:
+            claim = await retried(lambda: self.store.claim(msg.id, self.worker_id, token))
+        finally:
+            self.attempts.claimed(msg.id, run)
+        if claim is None or claim.previous is not JobStatus.queued:
+            log.info("job %s skipped: status %s", msg.id, claim and claim.previous.value)
+            return False
+        run.attempt, progress.seq = claim.attempt, claim.last_seq
+        JOBS_CLAIMED.labels(msg.model).inc()
+        run.span.event("claimed", attempt=run.attempt, worker=self.worker_id)
+        self.writer.open(msg.id, run.attempt)
+        return True
+
+    async def _execute(self, msg: JobMessage, run: Attempt, prepared: concurrent.futures.Future[Prepared] | None,
+                       progress: Progress, sink: AttemptSink) -> None:
+        """Generate the claimed job to its end (raises on a deadline, a cancel or any failure)."""
+        self.host.stats.jobs_started += 1
+        left = (msg.deadline or float("inf")) - time.time()
+        if left <= 0:
+            raise DeadlineExceeded("the job was still queued at its deadline; it never started")
+        if run.cancel_requested:
+            raise asyncio.CancelledError
+        pre = await self._prepared(msg, prepared)
+        progress.prompt_tokens = len(pre.ids)
+        req = msg.request
+        params = sampling_params(req, len(pre.ids), self.host.max_model_len, self.default_max_tokens)
+        events = OutputEvents(progress, PromptReturn(pre.ids, pre.echo, req.logprobs, self.host.tokenizer),
+                              self.host.tokenizer, params.logprobs, sink, self._tool_calls(msg))
+        try:
+            async with asyncio.timeout(left if left != float("inf") else None):
+                await self._generate(msg.id, run, pre.ids, params, req.priority, events, sink)
+        except TimeoutError:
+            raise DeadlineExceeded("the job ran past its deadline and was aborted") from None
+
+    async def _prepared(self, msg: JobMessage, fut: concurrent.futures.Future[Prepared] | None) -> Prepared:
+        """The job's prompt: from the caller's thread if it made it (usually done by the time the
+        claim is back: no hand-off at all), else tokenized on a thread now. Raises what
+        :meth:`prepare` raised (a refused chat template, token ids outside the vocabulary)."""
+        if fut is None:
+            return await asyncio.to_thread(self.prepare, msg)
+        if not fut.done():
+            await asyncio.wrap_future(fut)
+        return fut.result()
+
+    def _tool_calls(self, msg: JobMessage) -> Callable[[], ToolCallStream] | None:
+        """For tool_choice "auto": a maker of one parser stream per completion; else None."""
+        if not msg.request.parse_tool_calls:
+            return None
+        if self.tool_parser is None:
+            raise InvalidRequest('tool_choice "auto" needs a tool-call parser, and this worker has none '
+                                 "(INFERQ_TOOL_CALL_PARSER)", param="tool_choice")
+        return partial(ToolCallStream, self.tool_parser, self.host.tokenizer, msg.request)
+
+    async def _generate(self, job_id: str, run: Attempt, ids: list[int], params: Any, priority: int,
+                        events: OutputEvents, sink: AttemptSink) -> None:
+        from vllm.inputs import TokensPrompt
+
+        extra = {"priority": priority} if self.priority_scheduling else {}
+        # one generation per job on this worker: an earlier attempt's must have ended (its engine
+        # request aborted) before this one starts with the same request id
+        while (busy := self._engine_busy.get(job_id)) is not None:
+            await busy.wait()
+        done = self._engine_busy[job_id] = asyncio.Event()
+        first = True
+        try:
+            # closing the generator (on any exit) is what aborts the engine request
+            async with aclosing(self.host.engine.generate(TokensPrompt(prompt_token_ids=ids), params,
+                                                          request_id=job_id, **extra)) as outputs:
+                async for out in outputs:
+                    if first:
+                        sink.first_output()
+                    sink.check()
+                    events.feed(out)
+                    if first:
+                        first = False
+                        sink.first_output_fed()
+                        run.span.event("first_token")
+        finally:
+            del self._engine_busy[job_id]
+            done.set()
+
+    async def _engine_died(self, job_id: str, run: Attempt, e: BaseException) -> Outcome:
+        """The engine died under the job: hand it back (the caller's exit path starts), or, with
+        nobody to tell, fail it."""
+        if self.on_engine_dead is None:
+            return Outcome(JobStatus.failed, ErrorInfo.of(EngineError(f"{type(e).__name__}: {e}")))
+        run.released = True
+        await self.on_engine_dead(job_id, run.attempt)
+        return Outcome(None)
