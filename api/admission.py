@@ -34,63 +34,16 @@ from redis.asyncio import Redis
 
 from inferq.api.auth import Principal
 from inferq.api.service import JobService, new_job_id
-from inferq.shared import keys
+from inferq.shared import keys, lua
 from inferq.shared.errors import Conflict, InvalidRequest, NotFound, RateLimited
 from inferq.shared.request_limits import check_limits
-from inferq.shared.schemas import TERMINAL_STATUSES, JobRecord, JobRequest
+from inferq.shared.schemas import JobRecord, JobRequest
 from inferq.shared.settings import Settings
 
 log = logging.getLogger(__name__)
 WINDOW_S = 60
 #: A job id admitted this recently may not have its record yet: not "gone".
 _CREATE_GRACE_S = 60
-#: The terminal statuses as the job hash stores them (JSON strings), for the Lua script below.
-_TERMINAL_JSON = json.dumps(sorted(json.dumps(s) for s in TERMINAL_STATUSES))
-
-# KEYS[1]=rate zset. ARGV[1]=limit, ARGV[2]=window s, ARGV[3]=unique member.
-# Returns nil when admitted, else the seconds until the oldest entry leaves the window.
-_RATE = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
-local window = tonumber(ARGV[2])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)
-if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then
-  local oldest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-  return tostring(tonumber(oldest[2]) + window - now)
-end
-redis.call('ZADD', KEYS[1], now, ARGV[3])
-redis.call('EXPIRE', KEYS[1], window + 1)
-return nil
-"""
-
-# KEYS[1]=active zset. ARGV[1]=limit, ARGV[2]=grace s, ARGV[3]=job key prefix, ARGV[4]=ttl,
-# ARGV[5..]=new job ids. Returns -1 when admitted, else the number of unfinished jobs.
-_RESERVE = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
-local terminal = {}
-for _, s in ipairs(cjson.decode(ARGV[5])) do terminal[s] = true end
-local rows = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
-for i = 1, #rows, 2 do
-  local st = redis.call('HGET', ARGV[3] .. rows[i], 'status')
-  if (st and terminal[st]) or (not st and tonumber(rows[i + 1]) < now - tonumber(ARGV[2])) then
-    redis.call('ZREM', KEYS[1], rows[i])
-  end
-end
-local n = redis.call('ZCARD', KEYS[1])
-if n + #ARGV - 5 > tonumber(ARGV[1]) then return n end
-for i = 6, #ARGV do redis.call('ZADD', KEYS[1], now, ARGV[i]) end
-redis.call('EXPIRE', KEYS[1], ARGV[4])
-return -1
-"""
-
-# KEYS[1]=idempotency key. ARGV[1]=the value this request set. Deletes it only if still ours.
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
-
-
 @dataclass
 class Admitted:
     records: list[JobRecord]
@@ -118,9 +71,9 @@ class Admission:
         self.redis = redis
         self.service = service
         self.replay_wait_s = replay_wait_s
-        self._rate = redis.register_script(_RATE)
-        self._reserve = redis.register_script(_RESERVE)
-        self._release = redis.register_script(_RELEASE)
+        self._rate = lua.register(redis, "rate")
+        self._reserve = lua.register(redis, "reserve")
+        self._release = lua.register(redis, "lock_release")
 
     async def submit(self, caller: Principal, reqs: list[JobRequest], *, idempotency_key: str | None = None,
                      fingerprint: Callable[[], str] | None = None) -> Admitted:
@@ -210,8 +163,7 @@ class Admission:
         if not limit:
             return
         n = await self._reserve(keys=[keys.active_jobs(subject)],
-                                args=[limit, _CREATE_GRACE_S, keys.job(""), self.settings.job_ttl_s,
-                                      _TERMINAL_JSON, *job_ids])
+                                args=[limit, _CREATE_GRACE_S, keys.job(""), self.settings.job_ttl_s, *job_ids])
         if int(n) >= 0:
             raise RateLimited(f"too many unfinished jobs: {n} of at most {limit} (this request adds "
                               f"{len(job_ids)}); retry when one ends", code="too_many_jobs",

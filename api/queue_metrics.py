@@ -18,26 +18,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from redis.asyncio import Redis
 
-from inferq.shared import keys
+from inferq.shared import keys, lua
 from inferq.shared.schemas import WorkerInfo
-
-# KEYS: a model's priority lists, then the queued zset. The oldest message of each list (kombu
-# pushes on the left, workers pop on the right) -> its job's (re)queue time; returns the earliest.
-_OLDEST = """
-local oldest = false
-for i = 1, #KEYS - 1 do
-  local raw = redis.call('LINDEX', KEYS[i], -1)
-  if raw then
-    local ok, msg = pcall(cjson.decode, raw)
-    local id = ok and type(msg) == 'table' and type(msg.headers) == 'table' and msg.headers.id
-    local at = type(id) == 'string' and redis.call('ZSCORE', KEYS[#KEYS], id)
-    if at and (not oldest or tonumber(at) < oldest) then oldest = tonumber(at) end
-  end
-end
-if oldest then return tostring(oldest) end
-return false
-"""
-
 
 _ARITY = {"submitted": 1, "end": 3, "requeue": 2, "reaped": 1, "batch_line": 1}  # labels of each kind of keys.stat()
 
@@ -66,7 +48,7 @@ async def snapshot(redis: Redis, default_model: str, ttl_s: float, window_s: flo
         async with redis.pipeline(transaction=False) as p:
             for name in lists:
                 p.llen(name)
-            p.eval(_OLDEST, len(lists) + 1, *lists, keys.QUEUED)
+            p.eval(lua.source("queue_oldest"), len(lists) + 1, *lists, keys.QUEUED)
             p.zrangebyscore(keys.workers(model), now - ttl_s, "+inf")
             *lengths, oldest, wids = await p.execute()
         snap.depth.update({(model, prio): n for prio, n in zip(keys.PRIORITIES, lengths, strict=True)})

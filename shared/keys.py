@@ -141,7 +141,8 @@ def idempotency(subject: str, key_hash: str) -> str:
 
 def stat(kind: str, *labels: str) -> str:
     """A field of :data:`STATS`: ``end|model|status|code``, ``requeue|model|reason``,
-    ``reaped|model``, ``submitted|model`` or ``batch_line|outcome`` (the Lua scripts in shared/store.py build the same)."""
+    ``reaped|model``, ``submitted|model`` or ``batch_line|outcome`` (shared/lua/prelude.lua's
+    ``count`` builds the same)."""
     return STAT_SEP.join((kind, *labels))
 
 

@@ -48,10 +48,10 @@ from redis.exceptions import RedisError
 from starlette.concurrency import run_in_threadpool
 
 from inferq.api.admission import Admission
-from inferq.api.batches import lines, scripts
+from inferq.api.batches import lines
 from inferq.api.batches.files import FileStore
 from inferq.api.batches.schemas import ENDED, BatchError, BatchErrors, BatchRecord, OutputLine
-from inferq.shared import keys
+from inferq.shared import keys, lua
 from inferq.shared.errors import InferqError, NotFound, RateLimited, Unavailable
 from inferq.shared.schemas import TERMINAL_STATUSES, JobRequest
 from inferq.shared.settings import Settings
@@ -81,10 +81,9 @@ class BatchRunner:
         self.store = admission.service.store
         self.files = files
         self.me = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"  # the lease's holder
-        self._lease = redis.register_script(scripts.LEASE)
-        self._scripts = {name: redis.register_script(src) for name, src in (
-            ("release", scripts.RELEASE), ("save", scripts.SAVE), ("validated", scripts.VALIDATED),
-            ("run", scripts.RUN), ("answer", scripts.ANSWER), ("end", scripts.END))}
+        self._lease = lua.register(redis, "batch_lease")
+        self._scripts = {name: lua.register(redis, f"batch_{name}")  # each checks the lease is still ours
+                         for name in ("release", "save", "validated", "run", "answer", "end")}
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self._held: set[str] = set()
@@ -252,7 +251,8 @@ class BatchRunner:
     async def _collect(self, rec: BatchRecord) -> None:
         """Answer the lines whose jobs have all ended."""
         bid = rec.batch.id
-        running = {int(i): json.loads(v) for i, v in (await self.redis.hgetall(keys.batch_part(bid, "running"))).items()}
+        entries = await self.redis.hgetall(keys.batch_part(bid, "running"))
+        running = {int(i): json.loads(v) for i, v in entries.items()}
         ids = [j for entry in running.values() for j in entry["jobs"]]
         async with self.redis.pipeline(transaction=False) as p:
             for j in ids:
@@ -387,7 +387,7 @@ class BatchRunner:
 
     async def _end(self, rec: BatchRecord) -> None:
         bid = rec.batch.id
-        await self._fenced("end", bid, keys.batch(bid), *(keys.batch_part(bid, p) for p in ("lines", "running", "results")),
-                           keys.BATCHES_ACTIVE, args=(rec.model_dump_json(), bid))
+        parts = (keys.batch_part(bid, p) for p in ("lines", "running", "results"))
+        await self._fenced("end", bid, keys.batch(bid), *parts, keys.BATCHES_ACTIVE, args=(rec.model_dump_json(), bid))
         self._held.discard(bid)
         log.info("batch %s: %s", bid, rec.batch.status)

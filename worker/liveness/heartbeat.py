@@ -21,7 +21,7 @@ from typing import Protocol
 
 from redis.asyncio import Redis
 
-from inferq.shared import keys
+from inferq.shared import keys, lua
 from inferq.shared.redis import make_redis
 from inferq.shared.schemas import WorkerInfo
 from inferq.shared.settings import Settings
@@ -30,17 +30,6 @@ from inferq.worker.liveness.reaper import forget_worker
 from inferq.worker.loopthread import LoopThread
 
 log = logging.getLogger(__name__)
-
-# KEYS: job hash, worker's job set. ARGV: worker id (JSON), attempt, job id.
-# 1 and back in the set if the attempt still runs the job, else 0.
-_ADOPT = """
-if redis.call('HGET', KEYS[1], 'status') ~= '"running"' then return 0 end
-if redis.call('HGET', KEYS[1], 'worker') ~= ARGV[1] then return 0 end
-if redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[2] then return 0 end
-redis.call('SADD', KEYS[2], ARGV[3])
-return 1
-"""
-
 
 class WorkerView(Protocol):
     """What the heartbeat needs from its worker; called from the heartbeat's thread."""
@@ -125,8 +114,9 @@ class Heartbeat:
         assert self.redis is not None
         me = json.dumps(self.worker_id)
         for job_id, attempt in claimed.items():
-            if not await self.redis.eval(_ADOPT, 2, keys.job(job_id), keys.worker_jobs(self.worker_id),
-                                         me, str(attempt), job_id):
+            adopted = await lua.register(self.redis, "worker_adopt")(
+                keys=[keys.job(job_id), keys.worker_jobs(self.worker_id)], args=[me, str(attempt), job_id])
+            if not adopted:
                 self.worker.lost(job_id, attempt)
 
     async def _serve(self) -> None:

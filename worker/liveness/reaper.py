@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
-from inferq.shared import keys
+from inferq.shared import keys, lua
 from inferq.shared.redis import make_redis
 from inferq.shared.settings import Settings
 from inferq.shared.store import JobStore
@@ -35,25 +35,11 @@ from inferq.worker.loopthread import LoopThread
 
 log = logging.getLogger(__name__)
 
-# KEYS: lock. ARGV: token, ttl ms. Extend the lock while this pass holds it.
-_EXTEND = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return 0"
-# KEYS: lock. ARGV: token. Release the lock if this pass still holds it.
-_RELEASE = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
-# KEYS: the model's workers zset, the worker's job set. ARGV: worker id, latest beat to forget ('': any).
-# Forget a worker whose job set is empty and whose last beat is no later than ARGV[2].
-_FORGET = """
-if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
-local seen = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if ARGV[2] ~= '' and seen and tonumber(seen) > tonumber(ARGV[2]) then return 0 end
-redis.call('ZREM', KEYS[1], ARGV[1])
-return 1
-"""
-
-
 async def forget_worker(redis: Redis, model: str, worker_id: str, seen_before: float | None = None) -> bool:
     """Remove the worker from its model's live set, unless it still has jobs or beat after ``seen_before``."""
-    return bool(await redis.eval(_FORGET, 2, keys.workers(model), keys.worker_jobs(worker_id), worker_id,
-                                 "" if seen_before is None else repr(seen_before)))
+    forget = lua.register(redis, "worker_forget")
+    return bool(await forget(keys=[keys.workers(model), keys.worker_jobs(worker_id)],
+                             args=[worker_id, "" if seen_before is None else repr(seen_before)]))
 
 
 @dataclass
@@ -123,7 +109,7 @@ class Reaper:
         finally:
             try:
                 async with asyncio.timeout(self.lock_ttl_s):
-                    await self.redis.eval(_RELEASE, 1, keys.REAPER_LOCK, token)
+                    await lua.register(self.redis, "lock_release")(keys=[keys.REAPER_LOCK], args=[token])
             except Exception as e:  # it expires by itself
                 log.warning("could not release the reaper lock: %r", e)
         return handed
@@ -157,7 +143,8 @@ class Reaper:
                 log.info("worker %s beat again before its jobs were taken; leaving it", dead.worker_id)
                 return handed
             handed += outcome != "skip"
-            if not await self.redis.eval(_EXTEND, 1, keys.REAPER_LOCK, token, int(self.lock_ttl_s * 1000)):
+            extend = lua.register(self.redis, "lock_extend")
+            if not await extend(keys=[keys.REAPER_LOCK], args=[token, int(self.lock_ttl_s * 1000)]):
                 raise LockLost
         if await forget_worker(self.redis, dead.model, dead.worker_id, dead.beat_before):
             await self.redis.hincrby(keys.STATS, keys.stat("reaped", dead.model), 1)

@@ -1,0 +1,31 @@
+-- Write a job's end (terminal fields + final event), only while this attempt owns the running job:
+-- a worker that lost the job is fenced out. The end check: the final event must directly follow
+-- the last logged one, i.e. the log holds every event the attempt wrote; if not, its stream would
+-- not replay to its text, so the job ends failed with the caller's log_incomplete event instead.
+-- KEYS: job hash, worker's job set, log, channel, stats. ARGV: attempt, job id, final event seq
+-- ('': right after the last logged event), final event JSON, ttl, the log_incomplete event (JSON;
+-- {last} and {wrote} in its message), field, value, ... Returns 0 (fenced out), 1 (written) or
+-- 2 (log_incomplete).
+if redis.call('HGET', KEYS[1], 'status') ~= STATUS.running then return 0 end
+if redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[1] then return 0 end
+local last = last_seq(KEYS[3])
+local seq, data, result = last + 1, ARGV[4], 1
+redis.call('HSET', KEYS[1], unpack(ARGV, 7))
+if ARGV[3] == '' then
+  data = string.gsub(data, '"seq":%d+', '"seq":' .. seq, 1)
+elseif tonumber(ARGV[3]) ~= seq then
+  local ev = event(ARGV[6], seq, {last = last, wrote = tonumber(ARGV[3]) - 1})
+  data = cjson.encode(ev)
+  redis.call('HSET', KEYS[1], 'status', STATUS.failed, 'error', cjson.encode(ev.error))
+  result = 2
+end
+local st, code = redis.call('HGET', KEYS[1], 'status'), ''
+local e = redis.call('HGET', KEYS[1], 'error')
+if st == STATUS.failed and e and e ~= 'null' then code = cjson.decode(e).code end
+count(KEYS[5], KEYS[1], 'end', cjson.decode(st), code)
+redis.call('SREM', KEYS[2], ARGV[2])
+redis.call('XADD', KEYS[3], seq .. '-0', 'e', data)
+redis.call('EXPIRE', KEYS[3], ARGV[5])
+redis.call('EXPIRE', KEYS[1], ARGV[5])
+redis.call('PUBLISH', KEYS[4], data)
+return result

@@ -1,0 +1,53 @@
+-- Helpers every script starts with (after the STATUS table the loader writes from JobStatus).
+
+-- a value as a string ('' for nil and for anything else)
+local function text(v)
+  if type(v) == 'string' then return v end
+  return ''
+end
+
+-- one of the cluster-wide counters (keys.stat): kind|model|a[|b], the model from the job record h
+local function count(stats, h, kind, a, b)
+  local m = redis.call('HGET', h, 'model')
+  local f = kind .. '|' .. text(m and cjson.decode(m)) .. '|' .. text(a)
+  if b then f = f .. '|' .. text(b) end
+  redis.call('HINCRBY', stats, f, 1)
+end
+
+-- the seq of the last event in a job's log (0: none)
+local function last_seq(log)
+  local last = redis.call('XREVRANGE', log, '+', '-', 'COUNT', 1)
+  if #last == 0 then return 0 end
+  return tonumber(string.match(last[1][1], '^(%d+)'))
+end
+
+-- `template` with each {name} replaced by values[name] (an error message made by the caller)
+local function fill(template, values)
+  for name, value in pairs(values) do
+    template = string.gsub(template, '{' .. name .. '}', (string.gsub(tostring(value), '%%', '%%%%')))
+  end
+  return template
+end
+
+-- an event the caller made (JSON), completed here: its seq, and its error message's {placeholders}
+local function event(template, seq, values)
+  local ev = cjson.decode(template)
+  ev.seq = seq
+  if ev.error and values then ev.error.message = fill(ev.error.message, values) end
+  return ev
+end
+
+-- append an event to a job's log, refresh the job's TTL and publish it; returns its JSON
+local function log_event(h, log, channel, ev, ttl)
+  local data = cjson.encode(ev)
+  redis.call('XADD', log, ev.seq .. '-0', 'e', data)
+  redis.call('EXPIRE', log, ttl)
+  redis.call('EXPIRE', h, ttl)
+  redis.call('PUBLISH', channel, data)
+  return data
+end
+
+-- whether `holder` holds the lease or lock `key`
+local function held(key, holder)
+  return redis.call('GET', key) == holder
+end
