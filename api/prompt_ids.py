@@ -5,7 +5,7 @@ sent with the job as token ids, so the worker does not tokenize it again.
 The gateway reads the model's tokenizer with the ``tokenizers`` library and renders chat templates
 itself (api/chat_template.py); it never imports transformers or vLLM. It has the tokenizer from the
 model's folder where it can read it, or from what the workers published in Redis
-(worker/tokenizer_files.py: a gateway on another host).
+(worker/engine/tokenizer_files.py: a gateway on another host).
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def gateway_tokenizer(folder: str) -> GatewayTokenizer | None:
 
 
 def from_files(name: str, files: dict[str, str]) -> GatewayTokenizer:
-    """A tokenizer from what a worker published (worker/tokenizer_files.py)."""
+    """A tokenizer from what a worker published (worker/engine/tokenizer_files.py)."""
     source = files.get("chat_template")
     template = ChatTemplate(source, json.loads(files.get("config") or "{}")) if source else None
 

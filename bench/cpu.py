@@ -120,7 +120,7 @@ SPAWNED = "multiprocessing.spawn"  # a child started by multiprocessing: named a
 def _role(pid: int, comm: str, procs: dict[int, tuple[int, float]]) -> str:
     """What a process of a stack is (its command line read against :data:`ROLES`). A process that
     multiprocessing spawned is one of the gateway's (uvicorn's workers) if its parent is the
-    gateway, else a frontend of an engine group (worker/group.py)."""
+    gateway, else a frontend of an engine group (worker/engine/group.py)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             cmd = f.read().replace(b"\0", b" ").decode(errors="replace")

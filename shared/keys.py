@@ -100,7 +100,7 @@ def worker(worker_id: str) -> str:
 
 
 def tokenizer_files(digest: str) -> str:
-    """A model's tokenizer as a worker published it for gateways (a hash; worker/tokenizer_files.py),
+    """A model's tokenizer as a worker published it for gateways (a hash; worker/engine/tokenizer_files.py),
     named by the files' digest."""
     return f"{PREFIX}:tokenizer:{digest}"
 

@@ -482,7 +482,7 @@ class WorkerInfo(BaseModel):
     stats: EngineStats = Field(default_factory=EngineStats)
     frontend: int = Field(default=0, description="This worker's index in its engine group.")
     tokenizer_files: str | None = Field(default=None, description="The Redis key of the model's tokenizer "
-                                        "as this worker published it for gateways (worker/tokenizer_files.py).")
+                                        "as this worker published it for gateways (worker/engine/tokenizer_files.py).")
     prompt_probe: dict[str, str] = Field(default_factory=dict, description="Per form of prompt, a digest "
                                          "of the probe's token ids as this worker tokenizes it "
                                          "(shared/prompt_probe.py).")

@@ -12,7 +12,7 @@ reconnect logic and stops the worker:
 
 Both were seen in the reliability tests: a Redis restart took busy workers down with it. Here
 those calls do only their local bookkeeping when the channel's transport is gone. The messages
-stay in kombu's unacked hash, and the reaper's unacked sweep (``worker/unacked.py``) re-sends any
+stay in kombu's unacked hash, and the reaper's unacked sweep (``worker/liveness/unacked.py``) re-sends any
 whose job is still queued and drops the others.
 """
 

@@ -10,7 +10,7 @@ Here both are written on one connection of the channel's pool that this module h
 they happen, and their replies are read when they have arrived (at the next write, or before any
 read of that state: restoring unacked messages). Redis applies them in the order they were sent,
 so an ack never lands before its append. What a lost write can leave behind is what a worker dying
-at that moment leaves today, and the reaper's sweeps (``worker/unacked.py``) already take care of
+at that moment leaves today, and the reaper's sweeps (``worker/liveness/unacked.py``) already take care of
 both: a stale unacked entry of an ended job is dropped; a queued job whose message is nowhere is
 re-sent. A connection error on a write is raised where kombu's own write would have raised it (so
 Celery's reconnect logic sees it); one found while reading replies is logged and the connection

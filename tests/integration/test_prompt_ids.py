@@ -1,6 +1,6 @@
 """The real vLLM worker's tokenizing next to the gateway's (api/prompt_ids.py): the probe each
 worker announces matches the gateway's, from the model's folder and from what the worker published
-in Redis for gateways on other hosts (worker/tokenizer_files.py)."""
+in Redis for gateways on other hosts (worker/engine/tokenizer_files.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The engine group's supervisor (worker/group.py) on real child processes standing in for the
+"""The engine group's supervisor (worker/engine/group.py) on real child processes standing in for the
 frontends and the EngineCore: who stops whom, and the group's exit code."""
 
 from __future__ import annotations

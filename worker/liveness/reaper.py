@@ -152,7 +152,7 @@ class Reaper:
         return handed
 
     async def sweep(self, budget: Budget) -> None:
-        """Re-send queued jobs whose Celery message was stranded or lost (``worker/unacked.py``)."""
+        """Re-send queued jobs whose Celery message was stranded or lost (``worker/liveness/unacked.py``)."""
         assert self.store is not None
         now, entries = time.time(), UnackedEntries(self.store.redis)
         old = now - 2 * self.settings.worker_ttl_s
