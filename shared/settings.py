@@ -27,23 +27,35 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="INFERQ_", extra="ignore")
 
     # --- shared -------------------------------------------------------------------------------
-    redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_url: str = Field(
+        default="redis://127.0.0.1:6379/0", description="Redis for everything: the Celery broker, job records, "
+        "token streams (log and pub/sub), worker heartbeats, files and batches. Gateways and workers on other "
+        "hosts join the same fleet by pointing here.")
     model: str | None = Field(
         default=None,
-        description="HF model id or local folder the worker serves; unset = the built-in tiny demo model.",
+        description="Hugging Face model id or local folder the worker serves; unset: the built-in tiny demo "
+        "model (2 layers, random weights, built on first use in cache_dir, no download).",
     )
     served_model_name: str | None = Field(
-        default=None, description="Name clients use for the model; defaults to INFERQ_MODEL."
+        default=None, description="Name clients send as `model`, and the model's queue (inferq.q.{name}); "
+        "default: INFERQ_MODEL, or inferq-tiny for the built-in model."
     )
-    job_ttl_s: int = Field(default=24 * 3600, ge=60, description="How long job records and logs live.")
-    cache_dir: Path = Field(default=Path.home() / ".cache" / "inferq")
-    log_level: str = "INFO"
+    job_ttl_s: int = Field(default=24 * 3600, ge=60, description="How long job records and token logs live "
+                           "(seconds); a Responses API response lives as long as its job.")
+    cache_dir: Path = Field(default=Path.home() / ".cache" / "inferq", description="Where the built-in model "
+                            "is built (models/) and where `inferq up` writes its processes' logs (logs/).")
+    log_level: str = Field(default="INFO", description="Log level of the gateway and the worker (DEBUG, INFO, "
+                           "WARNING, ...).")
     log_format: Literal["plain", "json"] = Field(
         default="plain", description="'json': one JSON object per line, lines about a job carrying its "
         "job_id, model and worker_id (shared/logs.py).")
     tokenizer_path: Path | None = Field(
         default=None, description="Folder with the model's tokenizer.json, for the gateway's /tokenize and "
-        "/detokenize; default: INFERQ_MODEL when it is a local folder, the built-in model's otherwise.")
+        "/detokenize, and to tokenize the default model's prompts before they are queued (the ids go with "
+        "the job, where the workers' probe shows the gateway tokenizes as they do); default: INFERQ_MODEL "
+        "when it is a local folder, the built-in model's otherwise. Without one, the gateway uses a live "
+        "worker's model folder or the tokenizer the workers publish in Redis; with none of them, /tokenize "
+        "answers 503 tokenizer_unavailable.")
 
     @property
     def builtin_model_dir(self) -> Path:
@@ -62,41 +74,58 @@ class Settings(BaseSettings):
 
     otel_endpoint: str | None = Field(
         default=None, description="OTLP/HTTP collector (e.g. http://otel-collector:4318) to send traces of "
-        "each job to, gateway and worker; unset: tracing off (shared/tracing.py).")
+        "each job to, gateway and worker (needs the tracing extra: pip install 'inferq[tracing]'); unset: "
+        "tracing off (shared/tracing.py).")
 
     # --- gateway ------------------------------------------------------------------------------
-    host: str = "127.0.0.1"
-    port: int = 8000
-    api_workers: int = Field(default=1, ge=1, description="Gateway processes sharing the port.")
+    host: str = Field(default="127.0.0.1", description="Address the gateway listens on (`inferq api` and "
+                      "`inferq up`; --host overrides it).")
+    port: int = Field(default=8000, description="Port the gateway listens on (--port overrides it).")
+    api_workers: int = Field(default=1, ge=1, description="Gateway processes sharing the port (`inferq api "
+                             "--workers N`); they share nothing but Redis. Run several in front of a busy GPU.")
     ws_compression: bool = Field(
         default=False, description="Offer permessage-deflate on WebSockets. Off: token events are tiny, and "
-        "compressing each one raised the gateway's CPU per token 1.4-1.8x (docs/benchmarks.md).")
-    max_body_bytes: int = Field(default=1 << 20, ge=1024, description="Largest request body accepted.")
-    max_prompt_chars: int = Field(default=200_000, ge=1)
-    max_tokens_limit: int = Field(default=32_768, ge=1, description="Upper bound on max_tokens.")
-    max_stop_sequences: int = Field(default=8, ge=0)
-    max_stop_chars: int = Field(default=256, ge=1)
-    max_n: int = Field(default=8, ge=1, description="Upper bound on completions per request (n).")
+        "compressing each one raised the gateway's CPU per token 1.4-1.8x (docs/results/NOTES.md).")
+    max_body_bytes: int = Field(default=1 << 20, ge=1024, description="Largest request body accepted "
+                                "(413 beyond).")
+    max_prompt_chars: int = Field(default=200_000, ge=1, description="Longest prompt: characters of a text "
+                                  "prompt or of all messages' contents, or token ids (400 naming the field).")
+    max_tokens_limit: int = Field(default=32_768, ge=1, description="Upper bound on max_tokens "
+                                  "(400 naming the field beyond).")
+    max_stop_sequences: int = Field(default=8, ge=0, description="Most stop sequences in one request.")
+    max_stop_chars: int = Field(default=256, ge=1, description="Longest stop sequence, in characters.")
+    max_n: int = Field(default=8, ge=1, description="Upper bound on completions per "
+                       "request (n; 400 beyond).")
     max_json_depth: int = Field(default=32, ge=1, le=128, description="Deepest nesting of objects and "
                                 "arrays in a free-form JSON field (json_schema); the worker's JSON parser "
                                 "and the serializers stop near 200.")
     max_json_bytes: int = Field(default=64 * 1024, ge=1024, description="Largest free-form JSON field "
                                 "(json_schema), as compact UTF-8 JSON.")
-    max_queue_depth: int = Field(default=10_000, ge=1, description="Queued jobs per model before 429.")
-    default_max_tokens: int = Field(default=256, ge=1)
-    api_keys: SecretStr = Field(default=SecretStr(""), description="Comma-separated API keys; any turns auth on.")
-    api_keys_file: Path | None = Field(default=None, description="API keys, one per line: 'KEY [name]'.")
+    max_queue_depth: int = Field(default=10_000, ge=1, description="Queued jobs per model; "
+                                 "beyond, a submission gets 429 with Retry-After.")
+    default_max_tokens: int = Field(default=256, ge=1, description="max_tokens of a job whose request gives "
+                                    "none (at most what the context window leaves after the prompt); an "
+                                    "OpenAI text completion without max_tokens gets 16, as OpenAI's and vLLM's.")
+    api_keys: SecretStr = Field(default=SecretStr(""), description="Comma-separated bearer keys; any turns "
+                                "auth on, and jobs, files and batches become private to their key "
+                                "(docs/security.md).")
+    api_keys_file: Path | None = Field(default=None, description="API keys, one per line: 'KEY [name]'; "
+                                       "added to INFERQ_API_KEYS.")
     allowed_origins: str = Field(default="", description="Comma-separated origins (scheme://host[:port], or "
                                  "'*') that browser pages may call the API from (CORS) and open WebSockets "
-                                 "from; empty: no CORS headers, and WebSockets from any origin.")
+                                 "from; a WebSocket from another page's origin is closed with 4403. Empty: "
+                                 "no CORS headers, and WebSockets from any origin.")
 
     @property
     def origins(self) -> list[str]:
         """``allowed_origins`` as a list."""
         return [o.strip().rstrip("/") for o in self.allowed_origins.split(",") if o.strip()]
-    rate_limit_per_minute: int = Field(default=0, ge=0, description="Submissions per key per minute; 0: off.")
-    max_concurrent_jobs_per_key: int = Field(default=0, ge=0, description="Unfinished jobs per key; 0: off.")
-    idempotency_ttl_s: int = Field(default=24 * 3600, ge=1, description="How long an Idempotency-Key holds.")
+    rate_limit_per_minute: int = Field(default=0, ge=0, description="Submissions per key (per client "
+                                       "IP without keys) per minute, 429 beyond; 0: off.")
+    max_concurrent_jobs_per_key: int = Field(default=0, ge=0, description="Unfinished jobs per key (per "
+                                             "client IP without keys), 429 beyond; 0: off.")
+    idempotency_ttl_s: int = Field(default=24 * 3600, ge=1, description="How long an Idempotency-Key "
+                                   "returns the job it created (seconds).")
 
     # --- files and batches (the Batch API; api/batches) ---------------------------------------
     files_dir: Path | None = Field(
@@ -117,15 +146,21 @@ class Settings(BaseSettings):
                                  "advances without renewing; another gateway takes it over after that.")
 
     # --- worker / engine ----------------------------------------------------------------------
-    max_model_len: int | None = None
-    gpu_memory_utilization: float = Field(default=0.90, gt=0, le=1)
-    tensor_parallel_size: int = Field(default=1, ge=1)
-    max_num_seqs: int = Field(default=128, ge=1, description="Engine batch size = Celery job slots.")
-    max_num_batched_tokens: int | None = None
+    max_model_len: int | None = Field(default=None, description="Context window; unset: the model's own.")
+    gpu_memory_utilization: float = Field(default=0.90, gt=0, le=1, description="Fraction of GPU memory the "
+                                          "engine takes for weights and KV cache.")
+    tensor_parallel_size: int = Field(default=1, ge=1, description="GPUs per worker (one engine sharded "
+                                      "over them).")
+    max_num_seqs: int = Field(default=128, ge=1, description="Engine batch size, and the worker's Celery job "
+                              "slots (an engine group splits them among its frontends).")
+    max_num_batched_tokens: int | None = Field(default=None, description="Tokens per engine step: higher "
+                                               "favours prefill, lower favours decode latency; unset: vLLM's.")
     frontends: int = Field(
         default=1, ge=1, le=64, description="Worker processes feeding one engine (like vllm serve's "
-        "--api-server-count): each a queue consumer with its share of max_num_seqs. Above 1, the token "
-        "path of a fast engine runs on that many Python threads instead of one.")
+        "--api-server-count): each a queue consumer with ceil(max_num_seqs / N) slots and an AsyncLLM client "
+        "of the one EngineCore. Above 1, the token path of a fast engine runs on that many Python threads "
+        "instead of one, and a burst of jobs is taken in N at a time: raise it for a small model at "
+        "hundreds of sequences, or when many jobs arrive at once.")
     gil_switch_interval_ms: float = Field(
         default=0.5, gt=0, le=100, description="How long a worker thread may hold the GIL while another "
         "waits for it (Python's sys.setswitchinterval; CPython's default is 5). A worker's threads (the "
@@ -135,28 +170,44 @@ class Settings(BaseSettings):
         default=None, description="vLLM tool-call parser the worker runs on outputs of requests with "
         "tool_choice 'auto' (as vllm serve --tool-call-parser: pythonic, hermes, llama3_json, mistral, ...); "
         "unset: 'auto' is refused with a 400.")
-    dtype: str = "auto"
-    load_format: str = Field(default="auto", description="'dummy' serves random weights (benchmarks).")
-    cpu_kv_cache_gib: float = Field(default=1.0, gt=0, description="KV cache size on the CPU build.")
-    enforce_eager: bool | None = Field(default=None, description="Default: true on CPU, false on GPU.")
-    heartbeat_s: float = Field(default=2.0, gt=0)
-    worker_ttl_s: float = Field(default=10.0, gt=0, description="A worker silent this long is dead.")
+    dtype: str = Field(default="auto", description="The engine's dtype (as vLLM's --dtype). With 'auto' the "
+                       "built-in model runs in float32 on a CPU without native bfloat16 (no AVX-512 BF16 or "
+                       "AMX), where vLLM's CPU build emulates bfloat16 about 4x slower.")
+    load_format: str = Field(default="auto", description="As vLLM's --load-format; 'dummy' serves random "
+                             "weights with the model's real shapes (benchmarks).")
+    cpu_kv_cache_gib: float = Field(default=1.0, gt=0, description="KV cache size (GiB) with vLLM's "
+                                    "CPU build.")
+    enforce_eager: bool | None = Field(default=None, description="vLLM's enforce_eager (no "
+                                       "CUDA graphs); default: true on CPU, false on GPU.")
+    heartbeat_s: float = Field(default=2.0, gt=0, description="Worker heartbeat period (seconds), and the "
+                               "reaper's pass period.")
+    worker_ttl_s: float = Field(default=10.0, gt=0, description="A worker silent this long is dead: its jobs "
+                                "go back to the queue (seconds).")
     reaper_budget_s: float | None = Field(
         default=None, gt=0, description="Longest one reaper pass runs (it holds the reaper lock for twice "
         "that); default: half the worker TTL.")
-    max_attempts: int = Field(default=3, ge=1, description="Runs of a job before it fails as worker_lost.")
+    max_attempts: int = Field(default=3, ge=1, description="Runs of a job (worker lost, "
+                              "drained, engine failure) before it fails as worker_lost.")
     event_write_budget_s: float = Field(
         default=30.0, gt=0, description="How long a worker retries writing a job's events through a Redis "
         "outage; past it the attempt stops and the job goes back to the queue (its log never gets a hole).")
-    default_timeout_s: float = Field(default=3600.0, gt=0, description="Job deadline when none is given.")
-    max_timeout_s: float = Field(default=24 * 3600.0, gt=0)
-    drain_timeout_s: float = Field(default=60.0, ge=0, description="SIGTERM: finish held jobs this long.")
-    scheduling_policy: str = Field(default="priority", description="vLLM scheduler: 'priority' or 'fcfs'.")
-    visibility_timeout_s: int = Field(default=6 * 3600, ge=60)
-    worker_id: str | None = None
+    default_timeout_s: float = Field(default=3600.0, gt=0, description="Job deadline (seconds) when the "
+                                     "request gives no timeout.")
+    max_timeout_s: float = Field(default=24 * 3600.0, gt=0, description="Largest timeout a request may give "
+                                 "(400 beyond).")
+    drain_timeout_s: float = Field(default=60.0, ge=0, description="On SIGTERM, how long a worker lets its "
+                                   "jobs finish before handing them back to the queue (seconds).")
+    scheduling_policy: str = Field(default="priority", description="vLLM scheduler: 'priority' "
+                                   "honours each job's priority (0 first ... 9 last), 'fcfs' ignores it.")
+    visibility_timeout_s: int = Field(default=6 * 3600, ge=60, description="Celery's Redis transport "
+                                      "redelivers an unacknowledged job after this long (seconds): keep it "
+                                      "above the longest job. Lost workers are found by their heartbeat instead.")
+    worker_id: str | None = Field(default=None, description="The worker's id in heartbeats, metrics and logs "
+                                  "(an engine group's frontend i adds -i); default: host-pid-random.")
     metrics_port: int = Field(
-        default=9400, ge=0, le=65535, description="The worker's Prometheus /metrics port (vLLM's metrics "
-        "and inferq's); 0: off. An engine group's frontend i serves it on this port + i.")
+        default=9400, ge=0, le=65535, description="The worker's Prometheus /metrics and "
+        "/ready port (vLLM's metrics and inferq's); 0: off; a port already taken is logged and skipped. An "
+        "engine group's frontend i serves it on this port + i.")
 
     @property
     def reaper_budget(self) -> float:
