@@ -18,7 +18,19 @@ from inferq.api.batches.service import BatchService
 from inferq.api.deps import Caller
 from inferq.api.limits import BodyLimit
 from inferq.api.metrics import RequestMetrics, process_exit
-from inferq.api.routes import batches, console, files, health, jobs, metrics, openai, responses, stream, tokenize
+from inferq.api.routes import (
+    batches,
+    chat,
+    console,
+    files,
+    health,
+    jobs,
+    metrics,
+    models,
+    responses,
+    stream,
+    tokenize,
+)
 from inferq.api.service import JobService
 from inferq.api.streams import StreamHub
 from inferq.shared import logs, tracing
@@ -53,6 +65,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             await runner.stop()
             await hub.stop()
+            await app.state.service.settle()
             await redis.aclose()
             process_exit()
 
@@ -67,7 +80,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             return app.openapi()
 
     errors.install(app)
-    for module in (jobs, stream, openai, responses, health, tokenize, metrics, files, batches, console):
+    for module in (jobs, stream, chat, models, responses, health, tokenize, metrics, files, batches, console):
         app.include_router(module.router)
     # uploads may be larger: up to a file's limit, plus room for the multipart framing
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Depends, Request, WebSocket
+from fastapi import Depends, Header, Request, WebSocket
 from starlette.requests import HTTPConnection
 
 from inferq.api.admission import Admission
@@ -52,6 +52,8 @@ Admit = Annotated[Admission, Depends(get_admission)]
 Caller = Annotated[Principal, Depends(get_caller)]
 WsCaller = Annotated[Principal | Unauthenticated, Depends(get_ws_caller)]
 Hub = Annotated[StreamHub, Depends(get_hub)]
+#: The ``Idempotency-Key`` header of the OpenAI routes: a repeat answers from the same jobs.
+IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key")]
 
 
 async def get_files(conn: HTTPConnection) -> FileStore:
@@ -64,4 +66,5 @@ async def get_batches(conn: HTTPConnection) -> BatchService:
 
 Files = Annotated[FileStore, Depends(get_files)]
 Batches = Annotated[BatchService, Depends(get_batches)]
-__all__ = ["Service", "Hub", "Request", "Admit", "Caller", "WsCaller", "Principal", "Files", "Batches"]
+__all__ = ["Service", "Hub", "Request", "Admit", "Caller", "WsCaller", "Principal", "Files", "Batches",
+           "IdempotencyKey"]

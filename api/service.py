@@ -13,6 +13,7 @@ import asyncio
 import logging
 import secrets
 import time
+from collections.abc import Sequence
 
 from celery import Celery
 from redis.asyncio import Redis
@@ -62,6 +63,7 @@ class JobService:
         self.celery = celery
         self._served: dict[str, tuple[float, WorkerInfo]] = {}  # model -> (when seen, one live worker)
         self._looking: dict[str, asyncio.Task[None]] = {}  # model -> its background look-up
+        self._cancelling: set[asyncio.Task[JobStatus]] = set()  # cancels of jobs whose client went away
         self.published = Published(redis)  # tokenizers workers published (a gateway on another host)
 
     async def live_workers(self, model: str) -> list[WorkerInfo]:
@@ -202,4 +204,23 @@ class JobService:
             await self.redis.publish(keys.CONTROL_CHANNEL, ControlMessage(job_id=job_id).model_dump_json())
         log.info("job %s: cancel requested (was %s)", job_id, prev.value)
         return prev
+
+    def cancel_soon(self, job_ids: Sequence[str]) -> None:
+        """Cancel jobs from a path that may itself be cancelled (the request of a client that went
+        away): each cancel is a task of its own, held here until it ends."""
+        for job_id in job_ids:
+            task = asyncio.get_running_loop().create_task(self.cancel(job_id))
+            self._cancelling.add(task)
+            task.add_done_callback(self._cancelled)
+
+    def _cancelled(self, task: asyncio.Task[JobStatus]) -> None:
+        self._cancelling.discard(task)
+        if not task.cancelled() and (e := task.exception()) is not None:
+            log.warning("cancel of a job whose client went away failed: %r", e)
+
+    async def settle(self, timeout_s: float = 5.0) -> None:
+        """Wait (up to ``timeout_s``) for the cancels :meth:`cancel_soon` started: the lifespan's
+        last step before Redis closes, so that streams cut at shutdown still cancel their jobs."""
+        if self._cancelling:
+            await asyncio.wait(set(self._cancelling), timeout=timeout_s)
 

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from inferq.api import openai_compat as oc
+from inferq.api import openai as oc
 from inferq.api.batches.schemas import BatchEndpoint, BatchError, InputLine, LineError, LineResponse, OutputLine
 from inferq.api.errors import error_body, typed
-from inferq.api.openai_schemas import ChatCompletionRequest, CompletionRequest
+from inferq.api.openai.params import ChatCompletionRequest, CompletionRequest
 from inferq.shared.errors import InferqError
 from inferq.shared.request_limits import check_limits
 from inferq.shared.schemas import JobRequest

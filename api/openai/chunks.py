@@ -1,223 +1,29 @@
-"""Translate OpenAI requests into inferq jobs, and job events into OpenAI responses and chunks.
-
-The completion id is the job id, so every completion can also be polled and streamed through
-``/v1/jobs``. Several prompts in one ``/v1/completions`` request become one job each; choice
-``i`` of prompt ``p`` is OpenAI's choice ``p * n + i``. A prompt of token ids goes to the worker
-as ids; an echoed prompt comes back from the worker as the start of each choice's text. The
-prompt's log-probs come in an event of their own: a response has them, a stream never does (as
-vLLM's server, which streams none).
+"""OpenAI streams from job events: the SSE payloads of a streamed chat completion or text
+completion, ``[DONE]`` (or an error) last. Several prompts of one text completion stream one after
+another; choice ``i`` of prompt ``p`` is OpenAI's choice ``p * n + i``. Every token is a chunk that
+differs from the last only in its text: the common one is filled into a template
+(api/openai/chunk_template.py) instead of being built and dumped.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from typing import NamedTuple
 
-from inferq.api import openai_tools as tools
-from inferq.api.chunk_template import TextTemplate
 from inferq.api.errors import error_body
-from inferq.api.openai_schemas import (
-    AssistantMessage,
-    ChatChoice,
-    ChatCompletion,
-    ChatCompletionChunk,
-    ChatCompletionRequest,
-    ChatLogprobs,
-    ChatTokenLogprob,
-    ChunkChoice,
-    CompletionLogprobs,
-    CompletionRequest,
-    Delta,
-    NamedToolChoice,
-    TextChoice,
-    TextCompletion,
-    ToolCallDelta,
-    TopLogprobOut,
-)
+from inferq.api.openai import tools
+from inferq.api.openai.answers import Choice, add_usage, chat_logprobs, completion_logprobs
+from inferq.api.openai.chunk_template import TextTemplate
+from inferq.api.openai.messages import NamedToolChoice
+from inferq.api.openai.objects import ChatCompletionChunk, ChunkChoice, Delta, TextChoice, TextCompletion, ToolCallDelta
+from inferq.api.openai.params import ChatCompletionRequest, CompletionRequest
+from inferq.api.sse import Payload
 from inferq.api.streams import PlainToken, StreamHub, merged
 from inferq.shared.errors import InferqError, Unavailable, error_from
-from inferq.shared.request_limits import check_json
-from inferq.shared.schemas import (
-    DoneEvent,
-    ErrorEvent,
-    JobRequest,
-    PromptLogprobs,
-    RestartEvent,
-    TokenEvent,
-    TokenLogprob,
-    ToolCallPiece,
-    Usage,
-)
-from inferq.shared.settings import Settings
+from inferq.shared.schemas import DoneEvent, ErrorEvent, RestartEvent, TokenEvent, Usage
 
-
-class Payload(NamedTuple):
-    """One SSE ``data`` payload; ``last`` marks the end of the stream: ``[DONE]``, or the error
-    body of a stream that cannot finish (``error``: that error)."""
-
-    data: str
-    last: bool = False
-    error: InferqError | None = None
-    event: str | None = None  # the SSE event name (the Responses API names each event)
-
-
+#: The last payload of a stream that ended well.
 DONE = Payload("[DONE]", last=True)
-
-
-def check_chat(req: ChatCompletionRequest, settings: Settings) -> None:
-    """The limits on a chat request's free-form JSON, named as the client sent it (the job's own
-    check would name ``json_schema``)."""
-    if (rf := req.response_format) is not None and rf.json_schema is not None:
-        check_json(rf.json_schema.schema_, "response_format.json_schema.schema", settings)
-
-
-def chat_job(req: ChatCompletionRequest) -> JobRequest:
-    fields = req.sampling_fields()
-    if req.max_completion_tokens is not None:
-        fields["max_tokens"] = req.max_completion_tokens
-    if req.logprobs:
-        fields["logprobs"] = req.top_logprobs or 0
-    if (rf := req.response_format) is not None and rf.type == "json_object":
-        fields["json_object"] = True
-    elif rf is not None and rf.type == "json_schema" and rf.json_schema is not None:
-        fields["json_schema"] = rf.json_schema.schema_
-    if (schema := tools.tool_schema(req)) is not None:
-        fields["json_schema"] = schema
-    if req.tools:
-        fields["tools"] = [t.model_dump(exclude_none=True) for t in req.tools]
-        fields["parse_tool_calls"] = tools.parsed(req)
-    return JobRequest(messages=[m.to_chat() for m in req.messages], model=req.model, user=req.user,
-                      add_generation_prompt=req.add_generation_prompt,
-                      continue_final_message=req.continue_final_message, **fields)
-
-
-#: ``max_tokens`` of a text completion that sets none: 16, as OpenAI's and vLLM's completions API.
-COMPLETION_MAX_TOKENS = 16
-
-
-def completion_jobs(req: CompletionRequest) -> list[JobRequest]:
-    fields = {"max_tokens": COMPLETION_MAX_TOKENS, **req.sampling_fields(), "echo": req.echo}
-    if req.logprobs is not None:
-        fields["logprobs"] = req.logprobs
-    return [JobRequest(**({"prompt": p} if isinstance(p, str) else {"prompt_token_ids": p}),
-                       model=req.model, user=req.user, **fields) for p in req.prompts()]
-
-
-def add_usage(a: Usage, b: Usage) -> Usage:
-    return Usage(prompt_tokens=a.prompt_tokens + b.prompt_tokens,
-                 completion_tokens=a.completion_tokens + b.completion_tokens,
-                 total_tokens=a.total_tokens + b.total_tokens)
-
-
-def _chat_logprobs(lps: list[TokenLogprob] | None, k: int) -> ChatLogprobs | None:
-    if lps is None:
-        return None
-    return ChatLogprobs(content=[
-        ChatTokenLogprob(token=lp.token, logprob=lp.logprob, bytes=list(lp.token.encode()),
-                         top_logprobs=[TopLogprobOut(token=t.token, logprob=t.logprob, bytes=list(t.token.encode()))
-                                       for t in lp.top_logprobs[:k]])
-        for lp in lps
-    ])
-
-
-@dataclass
-class Choice:
-    text: str = ""
-    logprobs: list[TokenLogprob] = field(default_factory=list)
-    finish_reason: str | None = None
-    calls: list[ToolCallPiece] = field(default_factory=list)  # pieces the worker's parser found
-
-
-@dataclass
-class Collected:
-    """Everything one job produced, gathered from its events."""
-
-    choices: dict[int, Choice] = field(default_factory=dict)
-    usage: Usage = field(default_factory=Usage)
-    prompt_logprobs: PromptLogprobs | None = None
-
-    def add(self, ev: TokenEvent | PlainToken) -> None:
-        if ev.prompt_logprobs is not None:  # an event of their own
-            self.prompt_logprobs = ev.prompt_logprobs
-            return
-        c = self.choices.setdefault(ev.index, Choice())
-        c.text += ev.text
-        c.logprobs.extend(ev.logprobs or [])
-        c.calls.extend(ev.tool_calls or [])
-
-
-class Collector:
-    """Folds one job's events into what it produced; an ``error`` event raises its error."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-        self.out = Collected(choices={i: Choice() for i in range(n)})
-
-    def feed(self, ev: TokenEvent | PlainToken | DoneEvent | ErrorEvent | RestartEvent) -> None:
-        if ev.type == "token":
-            self.out.add(ev)
-        elif ev.type == "restart":  # a lost attempt: start over
-            self.out = Collected(choices={i: Choice() for i in range(self.n)})
-        elif ev.type == "done":
-            for end in ev.choices:
-                self.out.choices.setdefault(end.index, Choice()).finish_reason = end.finish_reason
-            self.out.usage = ev.usage
-        else:
-            raise error_from(ev.error)
-
-
-async def collect(hub: StreamHub, job_id: str, n: int) -> Collected:
-    c = Collector(n)
-    async for ev in hub.events(job_id, merge=True):
-        c.feed(ev)
-    return c.out
-
-
-def chat_response(job_id: str, model: str, req: ChatCompletionRequest, got: Collected) -> ChatCompletion:
-    k = req.top_logprobs or 0
-
-    def message(c: Choice) -> AssistantMessage:
-        if tools.forced(req):  # the constrained text is the call, not content
-            return AssistantMessage(content="", tool_calls=tools.tool_calls(req, c.text) or None)
-        if c.calls:  # the parser's calls; content only what was not a call (vLLM: null when none)
-            return AssistantMessage(content=c.text or None, tool_calls=tools.assembled(c.calls))
-        return AssistantMessage(content=c.text)
-
-    return ChatCompletion(
-        id=job_id, created=int(time.time()), model=model, usage=got.usage, prompt_logprobs=got.prompt_logprobs,
-        choices=[ChatChoice(index=i, message=message(c), finish_reason=tools.finish_reason(req, c.finish_reason),
-                            logprobs=_chat_logprobs(c.logprobs, k) if req.logprobs else None)
-                 for i, c in sorted(got.choices.items())],
-    )
-
-
-def _completion_logprobs(c: Choice, k: int) -> CompletionLogprobs:
-    offsets, pos = [], 0
-    for lp in c.logprobs:
-        offsets.append(pos)
-        pos += len(lp.token)
-    return CompletionLogprobs(
-        tokens=[lp.token for lp in c.logprobs], token_logprobs=[lp.logprob for lp in c.logprobs],
-        # the k most likely tokens and, as vLLM gives it, the sampled one (so logprobs: 0 has it alone);
-        # none for an echoed prompt's first token
-        top_logprobs=[None if lp.logprob is None else
-                      {t.token: t.logprob for t in lp.top_logprobs[:k]} | {lp.token: lp.logprob}
-                      for lp in c.logprobs],
-        text_offset=offsets,
-    )
-
-
-def completion_response(job_id: str, model: str, req: CompletionRequest, parts: list[Collected]) -> TextCompletion:
-    choices, usage = [], Usage()
-    for p, got in enumerate(parts):
-        for i, c in sorted(got.choices.items()):
-            choices.append(TextChoice(index=p * req.n + i, text=c.text, finish_reason=c.finish_reason,
-                                      logprobs=_completion_logprobs(c, req.logprobs or 0)
-                                      if req.logprobs is not None else None, prompt_logprobs=got.prompt_logprobs))
-        usage = add_usage(usage, got.usage)
-    return TextCompletion(id=job_id, created=int(time.time()), model=model, choices=choices, usage=usage)
 
 
 async def chat_chunks(hub: StreamHub, job_id: str, model: str,
@@ -243,7 +49,7 @@ async def chat_chunks(hub: StreamHub, job_id: str, model: str,
             if ev.type == "token" and ev.prompt_logprobs is not None:  # never streamed
                 continue
             if ev.type == "token":
-                lps = _chat_logprobs(ev.logprobs, k) if req.logprobs else None
+                lps = chat_logprobs(ev.logprobs, k) if req.logprobs else None
                 if calls.forced or ev.tool_calls:
                     if ev.index not in started:  # the role first, with empty content, as vLLM
                         started.add(ev.index)
@@ -262,17 +68,27 @@ async def chat_chunks(hub: StreamHub, job_id: str, model: str,
                 started.add(ev.index)
                 yield chunk([ChunkChoice(index=ev.index, delta=Delta(role=role, content=ev.text), logprobs=lps)])
             elif ev.type == "done":
-                for end in ev.choices:
-                    if (delta := calls.finish(end.index)) is not None:
-                        yield chunk([ChunkChoice(index=end.index, delta=delta)])
-                    yield chunk([ChunkChoice(index=end.index, delta=Delta(),
-                                             finish_reason=tools.finish_reason(req, end.finish_reason))])
-                if include_usage:
-                    yield chunk([], ev.usage)
+                for choices, usage in _last_chunks(req, calls, ev, include_usage):
+                    yield chunk(choices, usage)
             else:
                 yield _stream_end_error(job_id, ev)
                 return
     yield DONE
+
+
+def _last_chunks(req: ChatCompletionRequest, calls: _StreamedCalls, ev: DoneEvent,
+                 include_usage: bool) -> list[tuple[list[ChunkChoice], Usage | None]]:
+    """The chunks that end a chat stream, as (choices, usage): per choice, the tool calls of a
+    forced ``required`` answer and its finish reason; then the usage, when asked for."""
+    out: list[tuple[list[ChunkChoice], Usage | None]] = []
+    for end in ev.choices:
+        if (delta := calls.finish(end.index)) is not None:
+            out.append(([ChunkChoice(index=end.index, delta=delta)], None))
+        out.append(([ChunkChoice(index=end.index, delta=Delta(),
+                                 finish_reason=tools.finish_reason(req, end.finish_reason))], None))
+    if include_usage:
+        out.append(([], ev.usage))
+    return out
 
 
 def _parsed_delta(ev: TokenEvent) -> Delta:
@@ -351,7 +167,7 @@ async def completion_chunks(hub: StreamHub, job_ids: list[str], model: str,
                             id=job_ids[0], created=created, model=model, choices=[TextChoice(index=i, text=text)]))
                     yield Payload(t.fill_json(ev.text_json) if isinstance(ev, PlainToken) else t.fill(ev.text))
                     continue
-                lp = _completion_logprobs(Choice(logprobs=ev.logprobs or []), k)
+                lp = completion_logprobs(Choice(logprobs=ev.logprobs or []), k)
                 choice = TextChoice(index=index, text=ev.text, logprobs=lp)
             elif ev.type == "done":
                 total = add_usage(total, ev.usage)

@@ -1,4 +1,4 @@
-"""OpenAI wire messages the gateway accepts and returns (chat, completions, models).
+"""The OpenAI requests the gateway accepts: chat completions and completions.
 
 Requests forbid unknown fields: a parameter inferq does not implement is refused with a 400
 naming it, never silently ignored; so is a known one set to a value inferq cannot honour
@@ -8,7 +8,7 @@ takes with ``echo`` to return the prompt alone: a job generates at least one tok
 frameworks send as a matter of course is accepted with the meaning vLLM gives it: ``null`` for
 any field (its default), ``best_of`` up to ``n``, and the bookkeeping fields ``store``,
 ``metadata``, ``service_tier`` and ``reasoning_effort``, which change nothing here (README,
-"OpenAI SDK"). Tool calling: api/openai_tools.py.
+"OpenAI SDK"). Messages and tools: api/openai/messages.py; tool calling: api/openai/tools.py.
 
 vLLM's request extras are served as ``vllm serve`` serves them: a completions ``prompt`` of token
 ids (or a list of such prompts), ``echo`` (with ``logprobs``, the prompt's tokens come first, the
@@ -26,73 +26,21 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    SerializerFunctionWrapHandler,
     ValidationError,
     ValidationInfo,
     ValidatorFunctionWrapHandler,
     field_validator,
-    model_serializer,
     model_validator,
 )
 
+from inferq.api.openai.messages import NamedToolChoice, OpenAIMessage, ToolDef
 from inferq.shared.keys import MODEL_NAME_PATTERN
-from inferq.shared.schemas import NO_CONTROL_CHARS, STRUCTURE_MAX_CHARS, ChatMessage, PromptLogprobs, ToolCall, Usage
+from inferq.shared.schemas import NO_CONTROL_CHARS, STRUCTURE_MAX_CHARS
 
 #: A token id, as a completions ``prompt`` may be given.
 TokenId = Annotated[int, Field(ge=0)]
 #: Prompts in one completions request, as OpenAI and vLLM allow (strings, or lists of token ids).
 MAX_PROMPTS = 64
-
-
-class TextPart(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    type: Literal["text"]
-    text: str
-
-
-class OpenAIMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None  # an assistant turn may have none
-    name: str | None = Field(default=None, min_length=1, max_length=256,
-                             description="Passed to the model's chat template as `message.name`.")
-    tool_calls: list[ToolCall] | None = Field(default=None, max_length=128, description="An assistant "
-                                              "turn's calls; passed to the chat template.")
-    tool_call_id: str | None = Field(default=None, max_length=256, description="A tool turn: the call "
-                                     "whose result it holds.")
-
-    def to_chat(self) -> ChatMessage:
-        content = self.content or ""
-        text = content if isinstance(content, str) else "".join(p.text for p in content)
-        role = "system" if self.role == "developer" else self.role
-        return ChatMessage(role=role, content=text, name=self.name, tool_calls=self.tool_calls or None,
-                           tool_call_id=self.tool_call_id)
-
-
-class FunctionDef(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    name: str = Field(pattern=r"^[A-Za-z0-9_.\-]{1,64}$", description="1 to 64 letters, digits, _ . -")
-    description: str | None = None
-    parameters: dict[str, Any] | None = Field(default=None, description="A JSON schema of the arguments "
-                                              "(default: an object with any properties).")
-    strict: bool | None = None
-
-
-class ToolDef(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    type: Literal["function"]
-    function: FunctionDef
-
-
-class NamedFunction(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    name: str
-
-
-class NamedToolChoice(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    type: Literal["function"]
-    function: NamedFunction
 
 
 class JsonSchemaSpec(BaseModel):
@@ -327,128 +275,3 @@ class CompletionRequest(_Common):
         """Each prompt, text or token ids: one job each."""
         p = self.prompt
         return [p] if isinstance(p, str) or (p and isinstance(p[0], int)) else list(p)  # type: ignore[arg-type]
-
-
-class ModelCard(BaseModel):
-    id: str
-    object: Literal["model"] = "model"
-    created: int
-    owned_by: str = "inferq"
-    max_model_len: int | None = Field(default=None, description="The context window, as vLLM's server "
-                                      "reports it (tokens, prompt and output together).")
-
-
-class ModelList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[ModelCard]
-
-
-class TopLogprobOut(BaseModel):
-    token: str
-    logprob: float
-    bytes: list[int]
-
-
-class ChatTokenLogprob(TopLogprobOut):
-    top_logprobs: list[TopLogprobOut]
-
-
-class ChatLogprobs(BaseModel):
-    content: list[ChatTokenLogprob]
-
-
-class CompletionLogprobs(BaseModel):
-    tokens: list[str]
-    token_logprobs: list[float | None] = Field(description="null for an echoed prompt's first token.")
-    top_logprobs: list[dict[str, float] | None]
-    text_offset: list[int]
-
-
-class AssistantMessage(BaseModel):
-    role: Literal["assistant"] = "assistant"
-    content: str | None = Field(description="The text; null when the answer is only tool calls.")
-    tool_calls: list[ToolCall] | None = None
-
-
-class ChatChoice(BaseModel):
-    index: int
-    message: AssistantMessage
-    logprobs: ChatLogprobs | None = None
-    finish_reason: str | None
-
-
-class ChatCompletion(BaseModel):
-    id: str
-    object: Literal["chat.completion"] = "chat.completion"
-    created: int
-    model: str
-    choices: list[ChatChoice]
-    usage: Usage
-    prompt_logprobs: PromptLogprobs | None = Field(default=None, description="With `prompt_logprobs`: per "
-                                                   "prompt token (the first: null), token id -> "
-                                                   "{logprob, rank, decoded_token}, as vLLM returns them.")
-
-
-class ToolCallDelta(BaseModel):
-    """A streamed piece of a call: the first has ``id``, ``type`` and the name; the rest add to
-    ``function.arguments``."""
-
-    index: int
-    id: str | None = None
-    type: Literal["function"] | None = None
-    function: dict[str, str]
-
-
-class Delta(BaseModel):
-    role: Literal["assistant"] | None = None
-    content: str | None = None
-    tool_calls: list[ToolCallDelta] | None = None
-
-
-class _NullsKept(BaseModel):
-    """A choice whose ``finish_reason`` and ``logprobs`` are sent as null until set, as OpenAI and
-    vLLM send them, even when the message is dumped with ``exclude_none``."""
-
-    @model_serializer(mode="wrap")
-    def _keep_nulls(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        out: dict[str, Any] = handler(self)
-        out.setdefault("logprobs", None)
-        out.setdefault("finish_reason", None)
-        return out
-
-
-class ChunkChoice(_NullsKept):
-    index: int
-    delta: Delta
-    logprobs: ChatLogprobs | None = None
-    finish_reason: str | None = None
-
-
-class ChatCompletionChunk(BaseModel):
-    id: str
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
-    choices: list[ChunkChoice]
-    usage: Usage | None = None
-
-
-class TextChoice(_NullsKept):
-    index: int
-    text: str
-    logprobs: CompletionLogprobs | None = None
-    finish_reason: str | None = None
-    prompt_logprobs: PromptLogprobs | None = Field(default=None, description="With `prompt_logprobs` (or "
-                                                   "`echo` and `logprobs`): its prompt's, as on a chat "
-                                                   "completion.")
-
-
-class TextCompletion(BaseModel):
-    """A whole completion, and (with ``usage`` left out until the end) each streamed chunk."""
-
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
-    choices: list[TextChoice]
-    usage: Usage | None = None

@@ -13,16 +13,16 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from inferq.api.openai_compat import Payload, error_from
+from inferq.api.sse import Payload
 from inferq.api.streams import StreamHub
-from inferq.shared.errors import InvalidRequest, NotFound
+from inferq.shared.errors import InvalidRequest, NotFound, error_from
 from inferq.shared.keys import MODEL_NAME_PATTERN
-from inferq.shared.schemas import ChatMessage, JobRecord, JobRequest, JobStatus
+from inferq.shared.schemas import ChatMessage, ErrorEvent, JobRecord, JobRequest, JobStatus, RestartEvent
 
 RESPONSE_ID_PATTERN = r"^resp_[0-9a-f]{32}$"
 
@@ -194,25 +194,34 @@ async def stream_events(hub: StreamHub, rec: JobRecord, after: int = -1, finishe
         elif ev.type == "restart" and not text:  # nothing sent yet: the next attempt just streams
             continue
         elif ev.type == "done":
-            final = await finished()
-            part = {"type": "output_text", "text": text, "annotations": []}
-            for p in (nxt("response.output_text.done", item_id=item, output_index=0, content_index=0, text=text,
-                          logprobs=[]),
-                      nxt("response.content_part.done", item_id=item, output_index=0, content_index=0, part=part),
-                      nxt("response.output_item.done", output_index=0, item={
-                          "type": "message", "id": item, "role": "assistant", "content": [part],
-                          "status": "completed" if final["status"] == "completed" else "incomplete"}),
-                      # response.completed, response.incomplete (max_output_tokens) or response.cancelled
-                      _last(nxt(f"response.{final['status']}", response=final))):
+            for p in _done_events(nxt, item, text, await finished()):
                 if p is not None:
                     yield p
             return
         else:  # failed, or restarted after text went out (a stream cannot take text back)
-            err = error_from(ev.error) if ev.type == "error" else None
-            final = await finished()
-            p = _last(nxt("response.failed", response={**final, "status": "failed", "error": {
-                "code": err.code if err else "restarted", "message": str(err.message if err else
-                "the job was restarted on another worker; read it again with GET /v1/responses/{id}")}}))
-            if p is not None:
+            if (p := _failed_event(nxt, ev, await finished())) is not None:
                 yield p
             return
+
+
+def _done_events(nxt: Callable[..., Payload | None], item: str, text: str,
+                 final: dict[str, Any]) -> list[Payload | None]:
+    """The events that end a response that ran to its end (``final``: the response object), from
+    ``nxt`` (None: at or before the resumed position)."""
+    part = {"type": "output_text", "text": text, "annotations": []}
+    return [nxt("response.output_text.done", item_id=item, output_index=0, content_index=0, text=text, logprobs=[]),
+            nxt("response.content_part.done", item_id=item, output_index=0, content_index=0, part=part),
+            nxt("response.output_item.done", output_index=0, item={
+                "type": "message", "id": item, "role": "assistant", "content": [part],
+                "status": "completed" if final["status"] == "completed" else "incomplete"}),
+            # response.completed, response.incomplete (max_output_tokens) or response.cancelled
+            _last(nxt(f"response.{final['status']}", response=final))]
+
+
+def _failed_event(nxt: Callable[..., Payload | None], ev: ErrorEvent | RestartEvent,
+                  final: dict[str, Any]) -> Payload | None:
+    """The event that ends a response whose job failed, or restarted after its text went out."""
+    err = error_from(ev.error) if ev.type == "error" else None
+    return _last(nxt("response.failed", response={**final, "status": "failed", "error": {
+        "code": err.code if err else "restarted", "message": str(err.message if err else
+        "the job was restarted on another worker; read it again with GET /v1/responses/{id}")}}))

@@ -6,7 +6,7 @@ parameters}`` items for ``required``), so any model, a random-weight one include
 valid call; the gateway turns the constrained text into ``tool_calls``. ``tools`` always reach
 the model's chat template, and so do earlier calls and tool results in ``messages``.
 ``"auto"`` (the default when ``tools`` are given) leaves the text free: the worker's tool-call
-parser (vLLM's, ``INFERQ_TOOL_CALL_PARSER``; worker/toolcalls.py) finds the calls in it and sends
+parser (vLLM's, ``INFERQ_TOOL_CALL_PARSER``; worker/jobs/toolcalls.py) finds the calls in it and sends
 them as pieces with the tokens. A model whose workers have no parser refuses it with a 400, as
 vLLM does without ``--enable-auto-tool-choice``.
 """
@@ -17,7 +17,8 @@ import json
 import secrets
 from typing import Any
 
-from inferq.api.openai_schemas import ChatCompletionRequest, NamedToolChoice
+from inferq.api.openai.messages import NamedToolChoice
+from inferq.api.openai.params import ChatCompletionRequest
 from inferq.shared.errors import InvalidRequest
 from inferq.shared.schemas import ToolCall, ToolCallFunction, ToolCallPiece
 

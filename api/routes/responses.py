@@ -1,17 +1,18 @@
-"""``/v1/responses``: OpenAI's Responses API on the queue (api/responses.py says how)."""
+"""``/v1/responses``: OpenAI's Responses API on the queue (api/openai/responses.py says how)."""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 
-from inferq.api import openai_compat as oc
-from inferq.api import responses as rs
+from inferq.api import openai as oc
+from inferq.api import sse
 from inferq.api.admission import fingerprint
-from inferq.api.deps import Admit, Caller, Hub, Service
-from inferq.api.routes.openai import IdempotencyKey, _headers, _sse, _stream, _unless_disconnected
+from inferq.api.deps import Admit, Caller, Hub, IdempotencyKey, Service
+from inferq.api.openai import responses as rs
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
@@ -27,18 +28,18 @@ async def create_response(req: rs.ResponsesRequest, request: Request, service: S
     admitted = await admission.submit(caller, [req.job(history)], idempotency_key=idempotency_key,
                                       fingerprint=lambda: fingerprint("responses", req.model_dump(mode="json")))
     rec = admitted.records[0]
-    cancel = [] if req.background or idempotency_key else [rec.id]
-    headers = _headers(rec.id, admitted.replayed)
+    cancel = partial(service.cancel_soon, [] if req.background or idempotency_key else [rec.id])
+    headers = oc.answer_headers(rec.id, admitted.replayed)
     extra: dict[str, Any] = {"previous_response_id": req.previous_response_id, "background": req.background}
 
     async def final() -> dict[str, Any]:
         return {**rs.response(await service.record(rec.id, caller)), **extra}
 
     if req.stream:
-        return await _stream(request, rs.stream_events(hub, rec, -1, final, extra), service, cancel, headers)
+        return await sse.held_stream(request, rs.stream_events(hub, rec, -1, final, extra), cancel, headers)
     if req.background:
         return JSONResponse({**rs.response(rec), **extra}, headers=headers)
-    got = await _unless_disconnected(request, oc.collect(hub, rec.id, 1), service, cancel)
+    got = await sse.unless_disconnected(request, oc.collect(hub, rec.id, 1), cancel)
     if got is None:
         return Response(status_code=499)
     return JSONResponse(await final(), headers=headers)
@@ -57,7 +58,7 @@ async def get_response(response_id: str, service: Service, hub: Hub, caller: Cal
     async def final() -> dict[str, Any]:
         return rs.response(await service.record(job_id, caller))
 
-    return _sse(rs.stream_events(hub, rec, starting_after, final), service, [], {})
+    return sse.EventStream(rs.stream_events(hub, rec, starting_after, final), None, {})
 
 
 @router.post("/responses/{response_id}/cancel")

@@ -11,7 +11,7 @@ from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
 from inferq.api.deps import Caller, Service
-from inferq.api.openai_schemas import OpenAIMessage, ToolDef
+from inferq.api.openai.messages import OpenAIMessage, ToolDef
 from inferq.api.prompt_ids import GatewayTokenizer, gateway_tokenizer
 from inferq.api.service import JobService
 from inferq.shared.errors import InvalidRequest, NotFound, Unavailable

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from inferq.api.chunk_template import TextTemplate
-from inferq.api.openai_schemas import ChatCompletionChunk, ChunkChoice, Delta, TextChoice, TextCompletion
+from inferq.api.openai.chunk_template import TextTemplate
+from inferq.api.openai.objects import ChatCompletionChunk, ChunkChoice, Delta, TextChoice, TextCompletion
 
 
 def chat(text: str) -> ChatCompletionChunk:
@@ -53,8 +53,8 @@ def test_a_workers_plain_token_events_splice_to_the_models_own_json(build) -> No
 def test_sse_events_are_written_as_sse_starlette_writes_them() -> None:
     from sse_starlette import ServerSentEvent
 
-    from inferq.api.openai_compat import Payload
-    from inferq.api.routes.openai import _encoded
+    from inferq.api.sse import Payload
+    from inferq.api.sse import encode as _encoded
 
     for data, event in [('{"a":"b"}', None), ("[DONE]", None), ('{"x":1}', "response.created"),
                         ("two\nlines", None), ("cr\rlf\r\n", "e"), ("x", "bad\nname")]:

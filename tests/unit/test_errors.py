@@ -16,10 +16,10 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from starlette.websockets import WebSocketDisconnect
 
 from inferq.api import errors
-from inferq.api import openai_compat as oc
+from inferq.api import openai as oc
 from inferq.api.auth import KeyRing
 from inferq.api.limits import BodyLimit
-from inferq.api.openai_schemas import ChatCompletionRequest
+from inferq.api.openai.params import ChatCompletionRequest
 from inferq.api.routes import stream
 from inferq.api.service import JobService
 from inferq.api.streams import Frame
@@ -328,7 +328,7 @@ def test_unknown_route_and_method_have_the_same_body() -> None:
 async def test_a_restart_before_anything_was_sent_is_not_an_error() -> None:
     """The job's worker was lost before its first token reached the client: the stream simply
     goes on with the next attempt (a restart after text was sent still ends it)."""
-    from inferq.api.openai_schemas import CompletionRequest
+    from inferq.api.openai.params import CompletionRequest
     from inferq.shared.schemas import DoneEvent, RestartEvent
 
     events = [frame(RestartEvent(seq=1, attempt=1, reason="worker_lost")),

@@ -10,8 +10,8 @@ import pytest
 from pydantic import ValidationError
 
 from inferq.api.errors import to_response
-from inferq.api.openai_compat import chat_job
-from inferq.api.openai_schemas import ChatCompletionRequest, CompletionRequest
+from inferq.api.openai import chat_job
+from inferq.api.openai.params import ChatCompletionRequest, CompletionRequest
 from inferq.api.service import JobService
 from inferq.shared.errors import InvalidRequest
 from inferq.shared.schemas import JobMessage, JobRequest, WorkerInfo

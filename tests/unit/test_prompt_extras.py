@@ -13,8 +13,8 @@ import pytest
 from pydantic import ValidationError
 
 from inferq.api.errors import to_response
-from inferq.api.openai_compat import Collected, Collector, chat_job, completion_jobs, completion_response
-from inferq.api.openai_schemas import ChatCompletionRequest, CompletionRequest
+from inferq.api.openai import Collected, Collector, chat_job, completion_jobs, completion_response
+from inferq.api.openai.params import ChatCompletionRequest, CompletionRequest
 from inferq.api.service import JobService
 from inferq.api.streams import frame, merged
 from inferq.shared.errors import ContextLengthExceeded, InvalidRequest
@@ -254,8 +254,8 @@ def test_an_echoed_first_token_without_logprobs_survives_the_event_log() -> None
     ({"choice": ["a", "b"]}, {"choice": ["a", "b"]}),
 ])
 def test_structured_outputs_become_the_jobs_constraint(given: dict, fields: dict) -> None:
-    from inferq.api.openai_compat import completion_jobs
-    from inferq.api.openai_schemas import CompletionRequest
+    from inferq.api.openai import completion_jobs
+    from inferq.api.openai.params import CompletionRequest
 
     job = completion_jobs(CompletionRequest.model_validate({"prompt": "x", "structured_outputs": given}))[0]
     got = {k: getattr(job, k) for k in ("regex", "grammar", "json_schema", "choice") if getattr(job, k) is not None}
@@ -273,7 +273,7 @@ def test_structured_outputs_refused_naming_the_field(given: dict, where: str) ->
     from pydantic import ValidationError
 
     from inferq.api.errors import typed
-    from inferq.api.openai_schemas import CompletionRequest
+    from inferq.api.openai.params import CompletionRequest
 
     with pytest.raises(ValidationError) as e:
         CompletionRequest.model_validate({"prompt": "x", "structured_outputs": given})
