@@ -1,4 +1,4 @@
-"""Streamed chunks from a template (api/chunk_template.py) are byte for byte the models' dump."""
+"""Streamed chunks from a template (api/openai/chunk_template.py) are byte for byte the models' dump."""
 
 from __future__ import annotations
 
