@@ -102,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         port = free_port()
         pin = ["taskset", "-c", "0"] if (os.cpu_count() or 1) > 1 else []
         gw = procs.start("gateway-churn-bench", [*pin, sys.executable, "-m", "inferq.cli", "api", "--port", str(port)],
-                         base_env(INFERQ_REDIS_URL=redis.url, INFERQ_SERVED_MODEL_NAME=MODEL, INFERQ_LOG_LEVEL="WARNING"))
+                         base_env(INFERQ_REDIS_URL=redis.url, INFERQ_SERVED_MODEL_NAME=MODEL,
+                                  INFERQ_LOG_LEVEL="WARNING"))
         base = f"http://127.0.0.1:{port}"
         procs.wait(lambda: http_ok(f"{base}/readyz", lambda body: body.get("workers") == 1), 180,
                    "the gateway and the stand-in worker")

@@ -4,7 +4,10 @@ A target is a string (its kind, e.g. ``"inferq-ws"``) or an object that override
 for that target only: ``{"kind": "naive-hf", "num_requests": 8}``, ``{"name": "inferq-ws-2w",
 "kind": "inferq-ws", "stack": "2w"}`` (a named variant from ``stacks``), ``"env"`` (extra
 environment of the target's own process: inprocess and naive servers), ``"endpoint"``
-(inferq-sse: ``chat`` or ``completions``), ``"batch_size"`` (naive-hf-static).
+(inferq-sse: ``chat`` or ``completions``), ``"batch_size"`` (naive-hf-static), ``"api_servers"``
+(vllm-serve: ``--api-server-count``), ``"client"`` (the load client of an OpenAI HTTP target:
+``harness``, the harness's own SSE client, or ``vllm-bench``, vLLM's ``vllm bench serve``, see
+bench/vllm_bench.py; the workload's ``client`` is the default of every such target).
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ KINDS = ("inprocess", "vllm-serve", "inferq-ws", "inferq-sse", "inferq-rest", "n
 INFERQ_KINDS = ("inferq-ws", "inferq-sse", "inferq-rest")
 STREAMING_KINDS = ("inprocess", "vllm-serve", "inferq-ws", "inferq-sse")
 SSE_KINDS = ("vllm-serve", "inferq-sse")  # the same OpenAI SSE client drives both
+#: Load clients: the harness's own (every kind) and vLLM's ``vllm bench serve`` (the SSE kinds only)
+CLIENTS = ("harness", "vllm-bench")
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,8 @@ class Target:
     endpoint: str = "chat"
     batch_size: int | None = None
     poll_interval_ms: float = 20.0
+    api_servers: int = 1  # vllm-serve: API server processes (--api-server-count)
+    client: str | None = None  # None: the workload's client (SSE kinds), else the harness's
 
 
 @dataclass(frozen=True)
@@ -84,9 +91,18 @@ class Workload:
     naive_batch_window_ms: float = 50.0
     naive_dtype: str = "auto"
     inprocess_env: dict[str, str] = field(default_factory=dict)
-    # processes the load client of the HTTP targets is spread over (bench/clientprocs.py): one
-    # Python process reads some tens of thousands of streamed chunks a second at most
+    # processes the load client of the HTTP targets is spread over (bench/clientprocs.py; vLLM's
+    # client: bench/vllm_bench.py): one Python process reads some tens of thousands of streamed
+    # chunks a second at most
     client_processes: int = 1
+    # the load client of the OpenAI HTTP targets (vllm-serve, inferq-sse) that name none
+    client: str = "harness"
+
+    def client_for(self, t: Target) -> str:
+        """The load client that drives target ``t``: its own, else the workload's (SSE kinds only)."""
+        if t.client is not None:
+            return t.client
+        return self.client if t.kind in SSE_KINDS else "harness"
 
     def levels(self, t: Target) -> list[Level]:
         rates = t.request_rate if t.request_rate is not None else (None if t.concurrency else self.request_rate)
@@ -137,6 +153,12 @@ def _target(raw: str | dict[str, Any]) -> Target:
     t = Target(**d)
     if t.kind not in KINDS:
         raise ValueError(f"target {t.name}: kind must be one of {KINDS}, not {t.kind!r}")
+    if t.client is not None and t.client not in CLIENTS:
+        raise ValueError(f"target {t.name}: client must be one of {CLIENTS}, not {t.client!r}")
+    if t.client == "vllm-bench" and t.kind not in SSE_KINDS:
+        raise ValueError(f"target {t.name}: the vllm-bench client drives only {SSE_KINDS}")
+    if t.api_servers < 1 or (t.api_servers != 1 and t.kind != "vllm-serve"):
+        raise ValueError(f"target {t.name}: api_servers must be >= 1, and is for vllm-serve only")
     return t
 
 
@@ -167,6 +189,8 @@ def parse_workload(raw: dict[str, Any]) -> Workload:
         raise ValueError("repeats must be >= 1")
     if w.client_processes < 1:
         raise ValueError("client_processes must be >= 1")
+    if w.client not in CLIENTS:
+        raise ValueError(f"client must be one of {CLIENTS}, not {w.client!r}")
     if w.prompt_len < 2 or w.output_len < 1:
         raise ValueError("prompt_len must be >= 2 and output_len >= 1")
     return w

@@ -102,6 +102,14 @@ def shares(before: CpuSample | None, after: CpuSample | None, wall_s: float) -> 
 #: Processes whose CPU is the engine's own (vLLM's EngineCore and its GPU workers): left out of
 #: the busiest-thread figure, which is about what a serving stack adds around the engine.
 ENGINE_PROCESS_PREFIXES = ("VLLM::", "EngineCore")
+#: ``vllm serve --api-server-count N``'s API server processes take vLLM's process-name prefix too
+#: (``VLLM::APIServer_0``, as their command line and, cut to 15 characters, their name): they
+#: are the server's, not the engine's.
+API_SERVER_TITLE = "VLLM::APIServer"
+
+
+def _is_engine(comm: str) -> bool:
+    return comm.startswith(ENGINE_PROCESS_PREFIXES) and not comm.startswith(API_SERVER_TITLE)
 
 
 def _comm(path: str) -> str:
@@ -112,15 +120,18 @@ def _comm(path: str) -> str:
 #: The load client: the harness itself and its client processes (bench/clientprocs.py).
 CLIENT_ROLE = "load client"
 #: (what a process's command line holds, the role it is named by), first match wins.
-ROLES = (("bench.clientprocs", CLIENT_ROLE), ("redis-server", "redis"), ("vllm.entrypoints", "vllm-serve"), ("inferq.cli api", "gateway"),
-         ("inferq.cli worker", "worker"), ("celeryd", "worker"), ("bench.naive_server", "naive server"))
+ROLES = (("bench.clientprocs", CLIENT_ROLE), ("bench.vllm_bench", CLIENT_ROLE), ("redis-server", "redis"),
+         ("vllm.entrypoints", "vllm-serve"), ("bench.vllm_serve", "vllm-serve"), (API_SERVER_TITLE, "vllm-serve"),
+         ("inferq.cli api", "gateway"), ("inferq.cli worker", "worker"), ("celeryd", "worker"),
+         ("bench.naive_server", "naive server"))
 SPAWNED = "multiprocessing.spawn"  # a child started by multiprocessing: named after its parent
 
 
 def _role(pid: int, comm: str, procs: dict[int, tuple[int, float]]) -> str:
     """What a process of a stack is (its command line read against :data:`ROLES`). A process that
     multiprocessing spawned is one of the gateway's (uvicorn's workers) if its parent is the
-    gateway, else a frontend of an engine group (worker/engine/group.py)."""
+    gateway, vllm serve's (its API servers) under vllm serve, else a frontend of an engine group
+    (worker/engine/group.py)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
@@ -128,7 +139,8 @@ def _role(pid: int, comm: str, procs: dict[int, tuple[int, float]]) -> str:
         return comm
     if SPAWNED in cmd:
         parent = procs.get(pid, (0, 0.0))[0]
-        return "gateway" if parent and _role(parent, "", procs) == "gateway" else "worker frontend"
+        role = _role(parent, "", procs) if parent else ""
+        return role if role in ("gateway", "vllm-serve") else "worker frontend"
     return next((role for marker, role in ROLES if marker in cmd), comm)
 
 
@@ -138,7 +150,7 @@ ThreadKey = tuple[int, int]  # (pid, tid)
 def thread_times() -> dict[ThreadKey, tuple[str, float]] | None:
     """CPU seconds of every thread of the harness's descendants outside the engine, named
     ``process-comm/thread-comm`` (the load client, the harness's own process and any client
-    processes of it, is left out)."""
+    processes of it, vLLM's benchmark client included, is left out)."""
     try:
         root = int(os.environ.get(ROOT_ENV, os.getpid()))
         out: dict[ThreadKey, tuple[str, float]] = {}
@@ -146,7 +158,7 @@ def thread_times() -> dict[ThreadKey, tuple[str, float]] | None:
         for pid in _descendants(root, procs):
             try:
                 pname = _comm(f"/proc/{pid}")
-                if pname.startswith(ENGINE_PROCESS_PREFIXES) or pid == os.getpid():
+                if _is_engine(pname) or pid == os.getpid():
                     continue
                 role = _role(pid, pname, procs)
                 if role == CLIENT_ROLE:  # a process of the load client (bench/clientprocs.py)
@@ -191,7 +203,7 @@ def process_times() -> dict[ProcKey, tuple[str, float]] | None:
         for pid in [root, *_descendants(root, procs)]:
             try:
                 fields, pname = _stat(f"/proc/{pid}"), _comm(f"/proc/{pid}")
-                role = (CLIENT_ROLE if pid == root else ENGINE_ROLE if pname.startswith(ENGINE_PROCESS_PREFIXES)
+                role = (CLIENT_ROLE if pid == root else ENGINE_ROLE if _is_engine(pname)
                         else "in-process client" if pid == os.getpid() else _role(pid, pname, procs))
                 out[(pid, float(fields[19]))] = (role, _cpu_s(fields))
             except (OSError, IndexError, ValueError):

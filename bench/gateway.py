@@ -207,7 +207,8 @@ def run_rate(redis_url: str, base: str, gw: psutil.Process, kind: str, rate: flo
     span = res["last"] - res["first"]
     delivered = res["tokens"] / span if span > 0 else 0.0
     return {"client": kind, "offered_tok_s": rate, "tokens_per_event": k, "jobs": jobs, "tokens": res["tokens"],
-            "expected_tokens": per_job * jobs * k, "client_messages": res["messages"], "publish_s": round(wall, 3), "deliver_s": round(span, 3),
+            "expected_tokens": per_job * jobs * k, "client_messages": res["messages"], "publish_s": round(wall, 3),
+            "deliver_s": round(span, 3),
             "delivered_tok_s": round(delivered), "gateway_cpu_s": round(cpu, 3),
             "gateway_cpu_util": round(cpu / span, 3) if span > 0 else None,
             "tok_per_gateway_cpu_s": round(res["tokens"] / cpu) if cpu > 0 else None,

@@ -43,8 +43,8 @@ def serve() -> None:
     from bench.worker import PacedEngine
     from inferq.shared.settings import get_settings
     from inferq.worker import tasks
-    from inferq.worker.main import consume
     from inferq.worker.engine.models import resolve_model
+    from inferq.worker.main import consume
 
     s = get_settings()
     tokenizer = AutoTokenizer.from_pretrained(str(resolve_model(s)))

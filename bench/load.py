@@ -130,15 +130,20 @@ Plan = list[tuple[Level, list[list[tuple[int, Any]]]]]  # per level: the request
 
 RunLevel = Callable[[Level, Sequence[tuple[int, Any]], Send, float, int],
                    Awaitable[tuple[list[RequestResult], float]]]
+Prepare = Callable[[Level, Sequence[tuple[int, Any]], int], Awaitable[None]]
 
 
 async def drive(send: Send, warmup: Sequence[tuple[int, Any]], plan: Plan, timeout: float,
                 seed: int = 0, log: Callable[[str], None] = print,
-                run: RunLevel = run_level) -> dict[str, dict[str, Any]]:
+                run: RunLevel = run_level, prepare: Prepare | None = None) -> dict[str, dict[str, Any]]:
     """Warm up (results dropped; any failure is reported), then run each level in turn, once per
     repeat (each repeat with its own requests). ``run``: how one level runs (here, or spread
-    over client processes: bench/clientprocs.py)."""
+    over client processes: bench/clientprocs.py, or by vLLM's client: bench/vllm_bench.py);
+    ``prepare``: what ``run`` needs done before each of its calls, outside the measured window
+    (the CPU counted, the wall time)."""
     if warmup:
+        if prepare is not None:
+            await prepare(Level("closed", min(2, len(warmup))), warmup, seed)
         res, _ = await run(Level("closed", min(2, len(warmup))), warmup, send, timeout, seed)
         bad = [r.error for r in res if not r.ok]
         log(f"    warm-up: {len(res) - len(bad)}/{len(res)} ok" + (f" ({bad[0]})" if bad else ""))
@@ -146,6 +151,8 @@ async def drive(send: Send, warmup: Sequence[tuple[int, Any]], plan: Plan, timeo
     for level, repeats in plan:
         runs = []
         for k, requests in enumerate(repeats):
+            if prepare is not None:
+                await prepare(level, requests, seed + k)
             before, threads, procs = cpu.sample(), cpu.thread_times(), cpu.process_times()
             res, wall = await run(level, requests, send, timeout, seed + k)
             use: dict[str, Any] = cpu.shares(before, cpu.sample(), wall)

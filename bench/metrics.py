@@ -10,7 +10,7 @@ import numpy as np
 
 from bench.load import STAGES
 
-SUMMARY_KEYS = ("ttft", "itl", "e2e", *STAGES)
+SUMMARY_KEYS = ("ttft", "itl", "tpot", "e2e", *STAGES)
 
 
 def _pct(values: Sequence[float], q: float) -> float | None:
@@ -35,6 +35,9 @@ def summarize_level(results: Sequence[dict[str, Any]], wall_s: float, streaming:
         "ttft": [r["ttft"] for r in ok if r["ttft"] is not None],
         "e2e": [r["e2e"] for r in ok if r["e2e"] is not None],
         "itl": [x for r in ok for x in r["itl"]] if streaming else [],
+        # time per output token after the first, per request (as vllm bench serve reports it)
+        "tpot": [(r["e2e"] - r["ttft"]) / (int(r["out_tokens"]) - 1) for r in ok
+                 if streaming and int(r["out_tokens"]) > 1 and r["e2e"] is not None and r["ttft"] is not None],
         **{k: [r[k] for r in ok if r.get(k) is not None] for k in STAGES},
     }
     for key in SUMMARY_KEYS:
@@ -80,22 +83,33 @@ def combine_runs(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
 REFERENCES = (("inprocess", ""), ("vllm-serve", "vllm_serve_"))
 
 
+def reference(targets: dict[str, dict[str, Any]], kind: str, client: str) -> str | None:
+    """The target of ``kind`` an inferq target is compared with: one that ran, with one API server
+    where there is a choice, then measured by the same load client, then the first."""
+    ran = [name for name, t in targets.items() if t["kind"] == kind and t.get("levels")]
+    return min(ran, key=lambda n: (targets[n].get("api_servers", 1) != 1,
+                                   targets[n].get("client", "harness") != client), default=None)
+
+
 def add_ratios(targets: dict[str, dict[str, Any]]) -> None:
-    """For every inferq target and level, against each reference that ran the level: throughput
+    """For every inferq target and level, against each reference that ran the level (see
+    :func:`reference`, named in ``reference_inprocess``/``reference_vllm_serve``): throughput
     ratio (``throughput_vs_inprocess``, ``throughput_vs_vllm_serve``) and TTFT p50 added
     (``added_ttft_p50``, ``vllm_serve_added_ttft_p50``), from the medians over repeats."""
     for ref_kind, prefix in REFERENCES:
-        base = next((t for t in targets.values() if t["kind"] == ref_kind and t.get("levels")), None)
-        if base is None:
-            continue
         for t in targets.values():
             if not t["kind"].startswith("inferq"):
                 continue
+            ref_name = reference(targets, ref_kind, t.get("client", "harness"))
+            if ref_name is None:
+                continue
+            base = targets[ref_name]
             for label, lv in t.get("levels", {}).items():
                 ref = base["levels"].get(label, {}).get("summary")
                 s = lv["summary"]
                 if not ref or not ref["output_tok_s"] or not s["ok"]:
                     continue
+                s["reference_" + ref_kind.replace("-", "_")] = ref_name
                 s["throughput_vs_" + (ref_kind.replace("-", "_"))] = s["output_tok_s"] / ref["output_tok_s"]
                 if s["ttft_p50"] is not None and ref["ttft_p50"] is not None:
                     s[prefix + "added_ttft_p50"] = s["ttft_p50"] - ref["ttft_p50"]
@@ -109,9 +123,11 @@ def summary_rows(targets: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """One flat row per target and level (the JSON's ``summary`` and the markdown table)."""
     rows = []
     for name, t in targets.items():
+        who = {"client": t.get("client", "harness"),
+               **({"api_servers": t.get("api_servers", 1)} if t["kind"] == "vllm-serve" else {})}
         if t.get("error") and not t.get("levels"):
-            rows.append({"target": name, "kind": t["kind"], "level": "-", "error": t["error"]})
+            rows.append({"target": name, "kind": t["kind"], **who, "level": "-", "error": t["error"]})
         for label, lv in t.get("levels", {}).items():
-            rows.append({"target": name, "kind": t["kind"], "level": label, "mode": lv["mode"],
+            rows.append({"target": name, "kind": t["kind"], **who, "level": label, "mode": lv["mode"],
                          "value": lv["value"], **lv["summary"]})
     return rows

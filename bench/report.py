@@ -20,8 +20,19 @@ def _num(v: float | None, fmt: str = "{:.1f}") -> str:
     return "-" if v is None else fmt.format(v)
 
 
-HEADER = ("| target | level | ok/failed | out tok/s (min–max) | req/s | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 "
-          "| E2E p50 | E2E p99 | queued p50 | vs in-process | vs vllm serve | +TTFT p50 | CPU others |")
+HEADER = ("| target | client | level | ok/failed | out tok/s (min–max) | req/s | TTFT p50 | TTFT p99 | ITL p50 "
+          "| ITL p99 | TPOT p50 | E2E p50 | E2E p99 | queued p50 | vs in-process | vs vllm serve | +TTFT p50 "
+          "| CPU others |")
+#: The load client that measured a row, as the tables name it.
+CLIENT_NAMES = {"harness": "harness", "vllm-bench": "vllm bench serve"}
+
+
+def client_name(r: dict[str, Any]) -> str:
+    """The row's load client; the in-process target has none (the harness drives the engine)."""
+    if r.get("kind") == "inprocess":
+        return "-"
+    name = r.get("client", "harness")
+    return CLIENT_NAMES.get(name, name)
 
 
 def _tok_s(r: dict[str, Any]) -> str:
@@ -39,12 +50,13 @@ def markdown_table(doc: dict[str, Any]) -> str:
     lines = [HEADER, "|" + "---|" * (HEADER.count("|") - 1)]
     for r in doc["summary"]:
         if "error" in r and r.get("level") == "-":
-            lines.append(f"| {r['target']} | - | FAILED: {str(r['error'])[:120]} |" + " |" * 13)
+            lines.append(f"| {r['target']} | {client_name(r)} | - | FAILED: {str(r['error'])[:120]} |" + " |" * 14)
             continue
         lines.append(
-            f"| {r['target']} | {r['level']} | {r['ok']}/{r['failed']} | {_tok_s(r)} "
+            f"| {r['target']} | {client_name(r)} | {r['level']} | {r['ok']}/{r['failed']} | {_tok_s(r)} "
             f"| {_num(r['req_s'], '{:.2f}')} | {_ms(r['ttft_p50'])} | {_ms(r['ttft_p99'])} "
-            f"| {_ms(r['itl_p50'])} | {_ms(r['itl_p99'])} | {_ms(r['e2e_p50'])} | {_ms(r['e2e_p99'])} "
+            f"| {_ms(r['itl_p50'])} | {_ms(r['itl_p99'])} | {_ms(r.get('tpot_p50'))} "
+            f"| {_ms(r['e2e_p50'])} | {_ms(r['e2e_p99'])} "
             f"| {_ms(r['queued_p50'])} | {_x(r.get('throughput_vs_inprocess'))} "
             f"| {_x(r.get('throughput_vs_vllm_serve'))} "
             f"| {_ms(r.get('added_ttft_p50'))} | {_pct(r.get('cpu_others'))} |")
@@ -80,7 +92,9 @@ def roles_table(doc: dict[str, Any]) -> str:
     if not rows:
         return ""
     head = "| target | level | " + " | ".join(roles) + " | outside the engine | vs vllm serve |"
-    ref = {r["level"]: r for r in rows if r["kind"] == "vllm-serve"}
+    ref: dict[str, dict[str, Any]] = {}  # per level: vllm serve with one API server where there is a choice
+    for r in sorted((r for r in rows if r["kind"] == "vllm-serve"), key=lambda r: r.get("api_servers", 1) != 1):
+        ref.setdefault(r["level"], r)
 
     def outside(r: dict[str, Any]) -> float:
         return sum(v for k, v in r["cpu_by_role_per_1k_tokens"].items() if k != "engine")
@@ -143,12 +157,34 @@ def describe(doc: dict[str, Any]) -> str:
             f"transformers {pk.get('transformers')}, {env.get('redis_server') or 'redis ?'}; "
             f"commit {env.get('git_commit')}; run took {doc['duration_s']:.0f} s; 1-minute load average "
             f"before each target: {_loads(doc)}.\n"
-            "Latencies in ms. ITL = gap between output chunks as the client receives them. "
+            "Latencies in ms. ITL = gap between output chunks as the client receives them; TPOT = "
+            "(E2E - TTFT) / (output tokens - 1) per request. "
             "TTFT of non-streaming paths (naive-hf*) is the full response time; of inferq-rest, the "
             "first 20 ms poll that shows text. CPU others: share of the machine's CPU that processes "
             "outside the benchmark used during the level (other users of a shared machine).")
+    if any(t.get("client") == "vllm-bench" for t in doc["targets"].values()):
+        text += "\n" + _vllm_bench_note(doc)
     if errors:
         text += "\n\nFailures:\n" + "\n".join(f"- {e[:300]}" for e in errors)
+    return text
+
+
+def _vllm_bench_note(doc: dict[str, Any]) -> str:
+    """What the rows of vLLM's client are: how it was run, and its version's flags left out."""
+    about = [t.get("vllm_bench") or {} for t in doc["targets"].values() if t.get("client") == "vllm-bench"]
+    versions = sorted({str(a.get("vllm")) for a in about if a.get("vllm")})
+    procs = sorted({int(a["processes"]) for a in about if a.get("processes")})
+    notes = sorted({n for a in about for n in a.get("flags_replaced_or_left_out") or ()})
+    text = ("Client: `harness` = the harness's own client (its prompts: exactly the prompt length); "
+            f"`vllm bench serve` = vLLM's benchmark client (vllm.benchmarks.serve, vLLM {', '.join(versions) or '?'}), "
+            "random dataset of the same prompt and output lengths (a prompt may come out a token or two "
+            "longer: vLLM re-encodes its random tokens), ignore_eos, max concurrency = the level's "
+            f"clients, in {'/'.join(map(str, procs)) or '?'} process(es) started together; its out tok/s = all "
+            "output tokens over the window from the first request's start to the last one's end, its "
+            "percentiles over every request of the processes (vLLM's own per-process figures are in the "
+            "results JSON, `vllm_bench`).")
+    if notes:
+        text += f" Flags this vLLM's client lacks: {'; '.join(notes)}."
     return text
 
 

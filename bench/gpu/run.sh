@@ -6,12 +6,20 @@
 #       vllm serve, then inferq (every level 3 times); then locally:
 #       python -m bench.merge OUT.json refs-results.json inferq-results.json
 #   bench/gpu/run.sh config NAME TARGETS TAG   # bench/configs/NAME.json, those targets only
+#   bench/gpu/run.sh table-7b-refs; bench/gpu/run.sh table-7b-inferq   # one H200, two calls of < 9 min:
+#       in-process + vllm serve with 1 and 4 API servers, then inferq WS + SSE, every OpenAI target
+#       driven by vllm bench serve (h200-mistral7b-table.json); table-1b-refs, table-1b-inferq: the
+#       1B shapes (h200-llama1b-table.json); then locally, per shape:
+#       python -m bench.merge OUT.json table-7b-refs-results.json table-7b-inferq-results.json
 # Results (json, md, png) are copied to $OUT (default /tmp/bench-out). The copy of the tree on the
 # GPU machine may carry stale git metadata: name the commit sent, BENCH_GIT_COMMIT=<sha> bench/gpu/run.sh ...
 set -u
 out=${OUT:-/tmp/bench-out}; mkdir -p "$out"
 # wheels the kit lacks for vLLM's own server (its SageMaker routes import these), unpacked once
 for whl in .gpu/extra/*.whl; do [ -f "$whl" ] && python3 -m zipfile -e "$whl" /tmp/site/; done
+# Pillow (vllm bench serve's datasets import it) only where the machine has none of its own
+python3 -c "import PIL" 2>/dev/null || for whl in .gpu/extra/if-missing/pillow*.whl; do
+  [ -f "$whl" ] && python3 -m zipfile -e "$whl" /tmp/site/; done
 # the project installs as inferq.*: from a checkout, a namespace folder of links stands in for it
 mkdir -p /tmp/ns/inferq && for p in api worker shared cli; do ln -sfn "$PWD/$p" "/tmp/ns/inferq/$p"; done
 export PYTHONPATH=$PWD:/tmp/ns${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -53,6 +61,13 @@ case "${1:-serving}" in
     timeout 580 python3 -m bench run --config bench/configs/h200-mistral7b-peer.json --targets $targets \
       --out /tmp/b-$which > /tmp/b-$which.log 2>&1
     collect $which /tmp/b-$which; tail -n 30 /tmp/b-$which.log ;;
+  table-7b-refs|table-7b-inferq|table-1b-refs|table-1b-inferq)  # vllm bench serve on every OpenAI target
+    cfg=h200-mistral7b-table; [ "${1:6:2}" = 1b ] && cfg=h200-llama1b-table
+    targets=${TARGETS:-inprocess,vllm-serve,vllm-serve-4}; [ "${1##*-}" = inferq ] && targets=${TARGETS:-inferq-ws,inferq-sse}
+    # cut at 540 s (TIMEOUT_S), so that the results so far (results.json is written after each server) come back
+    timeout "${TIMEOUT_S:-540}" python3 -m bench run --config "bench/configs/$cfg.json" --targets $targets --out "/tmp/b-$1" \
+      > "/tmp/b-$1.log" 2>&1
+    collect "$1" "/tmp/b-$1"; cp "/tmp/b-$1.log" "$out/$1.log"; tail -n 30 "/tmp/b-$1.log" ;;
   highrate)  # then the worker alone on this host's CPU
     timeout 420 python3 -m bench run --config bench/configs/h200-llama1b-highrate.json --out /tmp/b-1b > /tmp/b-1b.log 2>&1
     timeout 120 python3 -m bench worker --jobs 64,256,1024 --tokens 256 --step-ms 5 --out "$out/worker-alone.json" > /tmp/b-w.log 2>&1
