@@ -14,7 +14,19 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup run test test-heavy test-faults test-unit system-packages bench chaos clean
+# The unit tests on another CPython (make test-unit-py PY_VERSION=3.12), in a venv of its own
+# (.venv-3.12): python3.12 on PATH, or else pyenv's latest 3.12.x. The engine goes in only where a
+# torch 2.13.0+cpu wheel for that Python can be had (the local one may be for 3.11 alone, and the
+# PyTorch index out of reach); without it the unit tests that import vLLM are skipped, and say so.
+PY_VERSION ?= 3.12
+VENV_V     := .venv-$(PY_VERSION)
+PY_V       := $(VENV_V)/bin/python
+STAMP_V    := $(VENV_V)/.installed
+PYENV_ROOT ?= $(HOME)/.pyenv
+PYTHON_V   ?= $(firstword $(if $(shell python$(PY_VERSION) -c 'import sys' 2>/dev/null && echo y),python$(PY_VERSION)) \
+                $(lastword $(sort $(wildcard $(PYENV_ROOT)/versions/$(PY_VERSION).*/bin/python$(PY_VERSION)))))
+
+.PHONY: setup run lint test test-fast test-heavy test-faults test-unit test-unit-py system-packages bench chaos clean
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" || { echo "need one of $(PYTHONS) (CPython 3.11 or later; 3.11 preferred)"; exit 1; }
@@ -42,9 +54,14 @@ system-packages:
 run: setup
 	$(VENV)/bin/inferq up
 
-test: setup
+lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+
+test: setup lint
 	$(PY) -m pytest -q -p no:cacheprovider --durations=15 -m "not faults and not heavy"
+
+# The fast lane (CI runs it before make test): lint, then the unit tests (no engine started).
+test-fast: lint test-unit
 
 # The bench harness on its test config and a chaos run (make test keeps a smoke run of the bench;
 # the chaos smoke run is with the faults, make test-faults).
@@ -57,6 +74,28 @@ test-faults: setup
 test-unit: setup
 	$(PY) -m pytest -q -p no:cacheprovider tests/unit
 
+$(STAMP_V): pyproject.toml
+	@test -n "$(PYTHON_V)" || { echo "no Python $(PY_VERSION): neither python$(PY_VERSION) on PATH nor in $(PYENV_ROOT)"; exit 1; }
+	$(PYTHON_V) -m venv $(VENV_V)
+	$(PY_V) -m pip install -q --upgrade pip
+	@extra=; $(PY_V) -m pip install -q --dry-run --no-deps --no-index "torch==2.13.0+cpu" >/dev/null 2>&1 \
+	  || extra="--extra-index-url $(TORCH_INDEX)"; \
+	if $(PY_V) -m pip install -vv --dry-run --no-deps --retries 0 --timeout 30 "torch==2.13.0+cpu" $$extra \
+	    >$(VENV_V)/engine.log 2>&1; then \
+	  echo "$(PY_V) -m pip install -e .[cpu,test,bench,tracing] $$extra"; \
+	  $(PY_V) -m pip install -q -e ".[cpu,test,bench,tracing]" $$extra \
+	    && $(PY_V) -m pip uninstall -y -q torchvision torchaudio torchcodec; \
+	else \
+	  echo "Python $(PY_VERSION): no torch 2.13.0+cpu wheel to be had here, so no engine ($(VENV_V)/engine.log):"; \
+	  grep -E "^Could not fetch URL|2\.13\.0%2Bcpu|^ERROR: Cannot" $(VENV_V)/engine.log | cut -c1-200; \
+	  echo "$(PY_V) -m pip install -e .[test,bench,tracing] (the unit tests that import vLLM are skipped)"; \
+	  $(PY_V) -m pip install -q -e ".[test,bench,tracing]"; \
+	fi
+	touch $(STAMP_V)
+
+test-unit-py: $(STAMP_V) system-packages
+	$(PY_V) -m pytest -q -p no:cacheprovider -rs tests/unit
+
 bench: setup
 	$(PY) -m bench run --config bench/configs/cpu-small.json
 
@@ -64,4 +103,4 @@ chaos: setup
 	$(PY) -m tests.chaos
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache
+	rm -rf $(VENV) .venv-3.* *.egg-info .pytest_cache

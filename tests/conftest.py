@@ -22,12 +22,13 @@ import pytest
 import redis
 
 from inferq.cli.procs import Proc as Service
-from inferq.cli.procs import RedisProc, free_port, http_ok, start_redis, wait_until
+from inferq.cli.procs import RedisProc, free_port, http_ok, start_redis
 from tests.otlp import Receiver
+from tests.wait import eventually
 
 ROOT = Path(__file__).resolve().parent.parent
-__all__ = ["Service", "Stack", "RedisServer", "ahead", "take", "free_port", "quiet_port", "http_ok", "inferq_env", "spawn",
-           "wait_for"]
+__all__ = ["Service", "Stack", "RedisServer", "ahead", "take", "free_port", "quiet_port", "http_ok", "inferq_env",
+           "spawn"]
 
 
 def quiet_port() -> int:
@@ -46,11 +47,6 @@ def quiet_port() -> int:
             except OSError:
                 continue
         return port
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float, what: str, procs: list | None = None) -> None:
-    """Until ``predicate()`` holds; fails early if one of ``procs`` (Service or Popen) exits."""
-    wait_until(predicate, timeout, what, procs or [])
 
 
 def spawn(name: str, cmd: list[str], env: dict[str, str], logdir: Path) -> Service:
@@ -220,7 +216,7 @@ def stack(booting_stack: Stack, request: pytest.FixtureRequest) -> Stack:
         return http_ok(f"{st.base}/readyz", lambda body: body["workers"] == 2)
 
     try:
-        wait_for(ready, 300, "two workers and the gateway", [*st.workers.values(), st.gateway])
+        eventually(ready, 300, "two workers and the gateway", procs=[*st.workers.values(), st.gateway], interval=0.2)
     except Exception:
         for s in [*st.workers.values(), st.gateway]:
             print(f"--- {s.name} ---\n{s.tail()}", file=sys.stderr)

@@ -12,7 +12,8 @@ from pathlib import Path
 import httpx
 
 from inferq.cli.procs import start_redis
-from tests.conftest import Service, free_port, inferq_env, spawn, wait_for
+from tests.conftest import Service, free_port, inferq_env, spawn
+from tests.wait import eventually
 
 PY = [sys.executable, "-m", "inferq.cli"]
 FLEET_ENV = dict(
@@ -73,7 +74,7 @@ class Fleet:
 
     def start_gateway(self) -> None:
         self.gateway = spawn("fleet-gateway", [*PY, "api", "--port", str(self.api_port)], self.env(), self.logdir)
-        wait_for(lambda: self._get("/healthz") is not None, 30, "fleet gateway", [self.gateway])
+        eventually(lambda: self._get("/healthz") is not None, 30, "fleet gateway", procs=[self.gateway], interval=0.2)
 
     def start_worker(self, wait: bool = True) -> str:
         self.spawned += 1
@@ -88,7 +89,7 @@ class Fleet:
             ws = self._get("/v1/workers")
             mine = [w for w in ws or [] if (w["id"] == wid or w["id"].startswith(f"{wid}-")) and not w["draining"]]
             return bool(mine) and len(mine) == mine[0]["frontends"]
-        wait_for(live, timeout, f"worker {wid}", [self.workers[wid]])
+        eventually(live, timeout, f"worker {wid}", procs=[self.workers[wid]], interval=0.2)
 
     def kill_worker(self, wid: str, sig: int = signal.SIGKILL) -> None:
         self.workers.pop(wid).stop(sig, grace=30)

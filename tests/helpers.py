@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import httpx
@@ -14,6 +13,7 @@ from websockets.exceptions import ConnectionClosedError
 from inferq.shared import keys
 from inferq.shared.schemas import TERMINAL_STATUSES
 from inferq.worker.engine.models import TINY_MAX_LEN
+from tests.wait import eventually
 
 #: max_tokens of a job (with ignore_eos) that is still running when a test acts on it: about 17 s
 #: alone on the 2-core machine; a test that cancels it, or waits for its deadline, ends it long
@@ -29,13 +29,9 @@ def submit(http: httpx.Client, **body: Any) -> str:
 
 def wait_status(http: httpx.Client, job_id: str, statuses: set[str] | frozenset[str] = TERMINAL_STATUSES,
                 timeout: float = 120) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        view = http.get(f"/v1/jobs/{job_id}").json()
-        if view["status"] in statuses:
-            return view
-        time.sleep(0.05)
-    raise TimeoutError(f"job {job_id} never reached {statuses}: {view}")
+    """The job's view once its status is one of ``statuses`` (by default: once it has ended)."""
+    return eventually(lambda: http.get(f"/v1/jobs/{job_id}").json(), timeout,
+                      f"job {job_id} to reach {sorted(statuses)}", until=lambda view: view["status"] in statuses)
 
 
 def fresh_rate_window(r: redis.Redis, ip: str = "127.0.0.1") -> None:

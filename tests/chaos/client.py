@@ -7,7 +7,7 @@ from its first event on a fresh socket: a job that ended must replay, seq by seq
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import json
 import statistics
 import time
@@ -21,6 +21,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, WebSocketException
 
 from inferq.shared.schemas import TERMINAL_STATUSES
+from tests.wait import WaitTimeout, eventually_async
 
 Event = dict[str, Any]
 
@@ -104,20 +105,20 @@ class Client:
 
     async def submit(self, body: dict[str, Any], idempotency_key: str | None = None) -> str:
         headers = {"Idempotency-Key": idempotency_key or uuid.uuid4().hex}
-        for _ in range(240):
-            try:
-                r = await self.http.post("/v1/jobs", json=body, headers=headers)
-                if r.status_code == 202:
-                    return str(r.json()["id"])
-            except httpx.HTTPError:
-                pass
-            await asyncio.sleep(0.5)
-        raise RuntimeError("could not submit for 120 s")
+
+        async def post() -> httpx.Response:  # the same key each time: one job however many tries
+            return await self.http.post("/v1/jobs", json=body, headers=headers)
+
+        r = await eventually_async(post, 120, "the job accepted", until=lambda r: r.status_code == 202, interval=0.5,
+                                   ignore=(httpx.HTTPError,))
+        return str(r.json()["id"])
 
     async def follow(self, job_id: str, timeout: float) -> Followed:
+        """The job's events, on sockets reconnected after the last event seen, until its end or
+        ``timeout``: what was followed either way."""
         f = Followed()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+
+        async def to_the_end() -> bool:  # one socket: True once the job's end came
             last = f.events[-1]["seq"] if f.events else 0
             try:
                 async with connect(self.ws_url(f"/v1/jobs/{job_id}/stream", last), open_timeout=5) as ws:
@@ -128,12 +129,15 @@ class Client:
                             break
                         f.events.append(ev)
                         if ev["type"] in ("done", "error"):
-                            return f
+                            return True
             except ConnectionClosed as e:
                 f.bare_closes += e.rcvd is None
             except (TimeoutError, OSError, WebSocketException):
                 pass
-            await asyncio.sleep(0.3)
+            return False
+
+        with contextlib.suppress(WaitTimeout):
+            await eventually_async(to_the_end, timeout, f"the end of job {job_id}'s stream", interval=0.3)
         return f
 
     async def replay(self, job_id: str) -> list[Event] | None:
@@ -153,16 +157,16 @@ class Client:
         return events
 
     async def final(self, job_id: str, timeout: float) -> dict[str, Any] | None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                r = await self.http.get(f"/v1/jobs/{job_id}")
-                if r.status_code == 200 and r.json()["status"] in TERMINAL_STATUSES:
-                    return dict(r.json())
-            except httpx.HTTPError:
-                pass
-            await asyncio.sleep(0.25)
-        return None
+        """The job's view once it has ended (None: not within ``timeout``)."""
+        async def ended() -> dict[str, Any] | None:
+            r = await self.http.get(f"/v1/jobs/{job_id}")
+            return dict(r.json()) if r.status_code == 200 and r.json()["status"] in TERMINAL_STATUSES else None
+
+        try:
+            return await eventually_async(ended, timeout, f"job {job_id} to end", interval=0.25,
+                                          ignore=(httpx.HTTPError,))
+        except WaitTimeout:
+            return None
 
     async def outcome(self, job_id: str, followed: Followed, timeout: float = 300) -> Outcome:
         o = Outcome(job_id, followed, await self.final(job_id, timeout))
@@ -172,15 +176,16 @@ class Client:
 
     async def wait_running(self, job_id: str, timeout: float = 120) -> dict[str, Any] | None:
         """The job's view once it is running and has produced text (None: it never did)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            v = (await self.http.get(f"/v1/jobs/{job_id}")).json()
-            if v["status"] == "running" and v["text"]:
-                return dict(v)
-            if v["status"] in TERMINAL_STATUSES:
-                return None
-            await asyncio.sleep(0.05)
-        return None
+        async def view() -> dict[str, Any]:
+            return dict((await self.http.get(f"/v1/jobs/{job_id}")).json())
+
+        try:
+            v = await eventually_async(view, timeout, f"job {job_id} running with text, or its end",
+                                       until=lambda v: (v["status"] == "running" and v["text"])
+                                       or v["status"] in TERMINAL_STATUSES)
+        except WaitTimeout:
+            return None
+        return v if v["status"] == "running" else None
 
     async def cancel_to_abort(self, n: int) -> list[float]:
         """Seconds from DELETE to the job's `cancelled` end, for ``n`` long jobs caught running."""

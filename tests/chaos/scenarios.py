@@ -32,6 +32,7 @@ from inferq.shared.settings import Settings
 from inferq.shared.store import JobStore
 from tests.chaos.client import Client, Followed, Outcome, figures, summary
 from tests.fleet import Fleet
+from tests.wait import WaitTimeout, eventually_async
 
 Body = Callable[[int], dict[str, Any]]
 
@@ -99,14 +100,17 @@ async def sigstop(fleet: Fleet, client: Client, jobs: int = 16, max_tokens: int 
 
 async def _any_running(client: Client, ids: list[str], fleet: Fleet, timeout: float = 120) -> dict[str, Any] | None:
     """The view of the first of ``ids`` seen running with some text on a worker of the fleet."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    async def running() -> dict[str, Any] | None:
         for job_id in list(ids):
             v = (await client.http.get(f"/v1/jobs/{job_id}")).json()
             if v["status"] == "running" and v["text"] and v.get("worker") in fleet.workers:
                 return dict(v)
-        await asyncio.sleep(0.05)
-    return None
+        return None
+
+    try:
+        return await eventually_async(running, timeout, "a job running with text on a worker of the fleet")
+    except WaitTimeout:
+        return None
 
 
 async def redis_down(fleet: Fleet, client: Client, jobs: int = 16, max_tokens: int = 1500,
@@ -115,8 +119,7 @@ async def redis_down(fleet: Fleet, client: Client, jobs: int = 16, max_tokens: i
     attempt that could not log an event stops and its job runs again: none may end `succeeded`
     with a hole in its log. Sockets that cannot be served are told why (an error event)."""
     async def outage(ids: list[str]) -> None:
-        while len(ids) < jobs:
-            await asyncio.sleep(0.05)
+        await eventually_async(lambda: len(ids) >= jobs, 300, f"all {jobs} jobs submitted")
         await client.wait_running(ids[-1])
         await asyncio.to_thread(fleet.restart_redis, down_s)
 
@@ -138,7 +141,8 @@ async def expiry(fleet: Fleet, owner: Client, other: Client) -> dict[str, Any]:
         before = {"owner": (await owner.http.get(f"/v1/jobs/{job_id}")).status_code,
                   "other": (await other.http.get(f"/v1/jobs/{job_id}")).status_code}
         await r.pexpire(keys.job(job_id), 1)
-        await asyncio.sleep(0.05)
+        await eventually_async(lambda: r.exists(keys.job(job_id)), 10, "the record to expire", until=lambda n: n == 0,
+                               interval=0.01)
         log_left = await r.exists(keys.job_log(job_id))
     finally:
         await r.aclose()
@@ -232,12 +236,11 @@ async def _undecodable(fleet: Fleet) -> dict[str, str]:
             await store.create(rec)
             await asyncio.to_thread(app.send_task, keys.TASK_NAME, args=[payload(rec.id)], task_id=rec.id,
                                     queue=keys.queue(rec.model))
-            got = None
-            for _ in range(240):
+            try:
+                got = await eventually_async(lambda rec=rec: store.get(rec.id), 120, f"job {rec.id} to end",
+                                             until=lambda got: got is not None and got.status.terminal, interval=0.5)
+            except WaitTimeout:
                 got = await store.get(rec.id)
-                if got is not None and got.status.terminal:
-                    break
-                await asyncio.sleep(0.5)
             out[name] = f"{got.status.value} {got.error.code if got.error else None}" if got else "gone"
     finally:
         await r.aclose()

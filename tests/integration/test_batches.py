@@ -9,7 +9,6 @@ import json
 import signal
 import sys
 import threading
-import time
 from pathlib import Path
 
 import httpx
@@ -17,7 +16,8 @@ import openai
 import pytest
 
 from inferq.shared import keys
-from tests.conftest import free_port, http_ok, inferq_env, spawn, wait_for
+from tests.conftest import free_port, http_ok, inferq_env, spawn
+from tests.wait import eventually
 
 pytestmark = pytest.mark.integration
 CHAT = "/v1/chat/completions"
@@ -38,13 +38,9 @@ def chat_line(i: int, **body: object) -> dict:
 
 
 def wait_batch(client: openai.OpenAI, batch_id: str, statuses: set[str], timeout: float = 300) -> object:
-    deadline = time.monotonic() + timeout
-    while True:
-        b = client.batches.retrieve(batch_id)
-        if b.status in statuses:
-            return b
-        assert time.monotonic() < deadline, f"batch {batch_id} still {b.status}: {b.request_counts}"
-        time.sleep(0.1)
+    """The batch once its status is one of ``statuses``."""
+    return eventually(lambda: client.batches.retrieve(batch_id), timeout, f"batch {batch_id} to be {sorted(statuses)}",
+                      until=lambda b: b.status in statuses, interval=0.1)
 
 
 def output_lines(client: openai.OpenAI, file_id: str | None) -> list[dict]:
@@ -70,10 +66,7 @@ def test_200_lines_through_the_sdk_while_interactive_requests_go_first(stack, cl
     assert batch.status == "validating" and batch.metadata == {"run": "sdk"}
 
     # Interactive requests, sent while batch lines wait in the queue, go ahead of them.
-    deadline = time.monotonic() + 120
-    while queued_depth(stack) < 30:
-        assert time.monotonic() < deadline, "the batch's lines never waited in the queue"
-        time.sleep(0.02)
+    eventually(lambda: queued_depth(stack) >= 30, 120, "30 of the batch's lines waiting in the queue", interval=0.02)
     interactive: list[str] = []
 
     def ask(i: int) -> None:
@@ -153,10 +146,7 @@ def test_cancel_stops_queued_lines_and_aborts_running_ones(stack, client) -> Non
     up = client.files.create(file=("long.jsonl", jsonl(rows)), purpose="batch")
     batch = client.batches.create(input_file_id=up.id, endpoint=CHAT, completion_window="24h")
     wait_batch(client, batch.id, {"in_progress"}, timeout=60)
-    deadline = time.monotonic() + 60
-    while queued_depth(stack) == 0:  # some lines run, some wait
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    eventually(lambda: queued_depth(stack) > 0, 60, "lines waiting in the queue (others run)", interval=0.02)
     asked = client.batches.cancel(batch.id)
     assert asked.status in ("cancelling", "cancelled") and asked.cancelling_at
     done = wait_batch(client, batch.id, {"cancelled", "completed"}, timeout=120)
@@ -217,7 +207,7 @@ def test_a_batch_outlives_the_gateway_advancing_it(stack, client, logdir: Path) 
     gw = spawn("gateway-batch", [sys.executable, "-m", "inferq.cli", "api", "--port", str(port)],
                inferq_env(stack.redis.url, INFERQ_BATCH_LEASE_S="2"), logdir)
     try:
-        wait_for(lambda: http_ok(f"http://127.0.0.1:{port}/readyz"), 60, "a second gateway", [gw])
+        eventually(lambda: http_ok(f"http://127.0.0.1:{port}/readyz"), 60, "a second gateway", procs=[gw], interval=0.2)
         other = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
         rows = [chat_line(i, max_tokens=64, ignore_eos=True) for i in range(60)]
         up = other.files.create(file=("takeover.jsonl", jsonl(rows)), purpose="batch")
@@ -225,10 +215,7 @@ def test_a_batch_outlives_the_gateway_advancing_it(stack, client, logdir: Path) 
         r = stack.redis.client()
         assert r.get(keys.batch_part(batch.id, "lease")).split(":")[1] == str(gw.pid), \
             "the gateway that creates a batch advances it"
-        deadline = time.monotonic() + 60
-        while int(r.hget(keys.batch(batch.id), "next") or 0) == 0:
-            assert time.monotonic() < deadline, "the batch never started"
-            time.sleep(0.02)
+        eventually(lambda: int(r.hget(keys.batch(batch.id), "next") or 0) > 0, 60, "the batch to start", interval=0.02)
         gw.stop(signal.SIGKILL)
         assert client.batches.retrieve(batch.id).status == "in_progress"
         done = wait_batch(client, batch.id, {"completed", "failed", "cancelled"}, timeout=240)

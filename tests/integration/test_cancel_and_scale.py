@@ -13,6 +13,7 @@ import pytest
 from websockets.asyncio.client import connect
 
 from tests.helpers import LONG_JOB, ran_out_first, submit, wait_status
+from tests.wait import eventually, eventually_async
 
 pytestmark = pytest.mark.integration
 
@@ -22,14 +23,9 @@ def engine_requests(http: httpx.Client) -> dict[str, int]:
 
 
 def wait_engines_idle(http: httpx.Client, timeout: float = 15) -> dict[str, int]:
-    deadline = time.monotonic() + timeout
-    while True:
-        held = engine_requests(http)
-        if len(held) == 2 and not any(held.values()):
-            return held
-        if time.monotonic() > deadline:
-            raise AssertionError(f"engines still hold requests: {held}")
-        time.sleep(0.2)
+    """Each engine's requests, once both engines hold none."""
+    return eventually(lambda: engine_requests(http), timeout, "both engines to hold no request",
+                      until=lambda held: len(held) == 2 and not any(held.values()), interval=0.2)
 
 
 def skipped_by_a_worker(stack, job_id: str) -> bool:
@@ -41,10 +37,8 @@ def test_cancel_running_job_aborts_it_in_the_engine(stack) -> None:
     with stack.http() as http:
         for _ in range(5):  # on a busy machine a job may finish before its cancel lands: try again
             job_id = submit(http, prompt="def long():", max_tokens=LONG_JOB, ignore_eos=True)
-            deadline = time.monotonic() + 60
-            while http.get(f"/v1/jobs/{job_id}").json()["first_token_at"] is None:  # generating
-                assert time.monotonic() < deadline, "no token within 60 s"
-                time.sleep(0.05)
+            eventually(lambda job_id=job_id: http.get(f"/v1/jobs/{job_id}").json()["first_token_at"] is not None,
+                       60, "the job's first token (it is generating)")
             cancel_at = time.time()
             r = http.delete(f"/v1/jobs/{job_id}")
             assert r.status_code == 202
@@ -71,10 +65,8 @@ def test_cancel_queued_job_never_runs(stack) -> None:
             os.kill(w.proc.pid, signal.SIGCONT)
     # A stopped worker's pending BRPOP may already hold the message, so neither the queue nor
     # the unacked set says whether a worker has looked at it: the worker's own log does.
-    deadline = time.monotonic() + 30
-    while not skipped_by_a_worker(stack, job_id):
-        assert time.monotonic() < deadline, "no worker took the job's message and skipped it"
-        time.sleep(0.1)
+    eventually(lambda: skipped_by_a_worker(stack, job_id), 30, "a worker to take the job's message and skip it",
+               interval=0.1)
     with stack.http() as http:
         view = http.get(f"/v1/jobs/{job_id}").json()
     assert view["status"] == "cancelled" and view["started_at"] is None and view["worker"] is None
@@ -107,13 +99,11 @@ def test_64_concurrent_jobs_batch_in_the_engine_and_spread_over_workers(stack) -
                 r = await http.post("/v1/jobs", json={"prompt": f"job {i}:", "max_tokens": 64, "ignore_eos": True})
                 assert r.status_code == 202, r.text
                 job_id = r.json()["id"]
-                deadline = time.monotonic() + 240
-                while True:
-                    view = (await http.get(f"/v1/jobs/{job_id}")).json()
-                    if view["status"] not in ("queued", "running"):
-                        return view
-                    assert time.monotonic() < deadline, f"job {job_id} still {view['status']}"
-                    await asyncio.sleep(0.1)
+
+                async def view() -> dict:
+                    return (await http.get(f"/v1/jobs/{job_id}")).json()
+                return await eventually_async(view, 240, f"job {job_id} to end", interval=0.1,
+                                              until=lambda v: v["status"] not in ("queued", "running"))
             return await asyncio.gather(*(one(i) for i in range(64)))
 
     views = asyncio.run(run())

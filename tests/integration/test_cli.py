@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +25,7 @@ import redis
 
 from tests.conftest import ahead, inferq_env, quiet_port, take
 from tests.helpers import submit, wait_status
+from tests.wait import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -67,13 +67,12 @@ class Up:
             self.reader.join(10)
 
     def wait_until(self, condition, what: str, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while not condition():
-            if self.proc.poll() is not None:
-                raise AssertionError(f"inferq up exited with {self.proc.returncode} before {what}:\n{self.output}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {what}; inferq up printed:\n{self.output}")
-            time.sleep(0.2)
+        """:func:`eventually` ``condition``, failing at once if ``inferq up`` exits; a failure
+        shows what it printed."""
+        try:
+            eventually(condition, timeout, what, procs=[self.proc], interval=0.2)
+        except (AssertionError, RuntimeError) as e:
+            raise AssertionError(f"{e}; inferq up printed:\n{self.output}") from e
 
 
 def readyz(base: str) -> bool:

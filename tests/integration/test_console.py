@@ -17,14 +17,15 @@ from typing import Any
 
 import httpx
 import pytest
+from selenium.common.exceptions import NoSuchElementException
 from selenium.webdriver.chrome.webdriver import WebDriver
 from selenium.webdriver.common.by import By
-from selenium.webdriver.support.ui import WebDriverWait
 
 from bench.console_shot import chromium
 from inferq.shared.schemas import TERMINAL_STATUSES
-from tests.conftest import Service, Stack, free_port, http_ok, inferq_env, spawn, wait_for
+from tests.conftest import Service, Stack, free_port, http_ok, inferq_env, spawn
 from tests.helpers import LONG_JOB, submit, wait_status
+from tests.wait import eventually
 
 pytestmark = pytest.mark.integration
 WAIT = 120  # seconds: generous, for a busy 2-core machine
@@ -62,7 +63,8 @@ def keyed(stack: Stack, logdir: Path) -> Iterator[Keyed]:
     gw = spawn("gateway-console-keys", [sys.executable, "-m", "inferq.cli", "api", "--port", str(port)],
                inferq_env(stack.redis.url, INFERQ_API_KEYS=KEY), logdir)
     try:
-        wait_for(lambda: http_ok(f"http://127.0.0.1:{port}/readyz"), 60, "the gateway with an API key", [gw])
+        eventually(lambda: http_ok(f"http://127.0.0.1:{port}/readyz"), 60, "the gateway with an API key", procs=[gw],
+                   interval=0.2)
         yield Keyed(f"http://127.0.0.1:{port}", gw)
     finally:
         gw.stop()
@@ -80,8 +82,9 @@ class Console:
         return self
 
     def wait(self, predicate: Callable[[], Any], what: str, timeout: float = WAIT) -> Any:
-        return WebDriverWait(self.driver, timeout, poll_frequency=0.1).until(lambda _: predicate(),
-                                                                             f"waiting for {what}")
+        """Until ``predicate()`` is truthy (an element not there yet counts as not yet, as for
+        Selenium's own waits); its value."""
+        return eventually(predicate, timeout, what, interval=0.1, ignore=(NoSuchElementException,))
 
     def js(self, script: str, *args: Any) -> Any:
         return self.driver.execute_script(script, *args)

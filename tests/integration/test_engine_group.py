@@ -8,7 +8,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 
 import httpx
@@ -17,9 +16,10 @@ import pytest
 import redis
 
 from inferq.shared import keys
-from tests.conftest import ahead, take, wait_for
+from tests.conftest import ahead, take
 from tests.fleet import Fleet
 from tests.helpers import LONG_JOB, submit, wait_status
+from tests.wait import eventually
 
 pytestmark = pytest.mark.integration
 SEQS = 8  # 4 job slots per frontend
@@ -88,7 +88,7 @@ def test_each_frontend_holds_its_share_and_cancel_reaches_the_engine(group: Flee
     with group.http() as http:
         jobs = long_jobs(http, SEQS + 2, "share")
         # the engine runs SEQS at once; a frontend takes SEQS/2: all SEQS running needs both
-        wait_for(lambda: len(running(group, jobs)) == SEQS, 120, f"{SEQS} jobs running at once")
+        eventually(lambda: len(running(group, jobs)) == SEQS, 120, f"{SEQS} jobs running at once", interval=0.2)
         held = running(group, jobs)
         per_worker = {w: sum(1 for v in held.values() if v == w) for w in set(held.values())}
         queued = [j for j in jobs if j not in held]
@@ -103,7 +103,7 @@ def test_each_frontend_holds_its_share_and_cancel_reaches_the_engine(group: Flee
     def engine_idle() -> bool:
         with group.http() as http:
             return all(w["stats"]["engine_requests"] == 0 for w in http.get("/v1/workers").json())
-    wait_for(engine_idle, 30, "the engine's requests aborted")
+    eventually(engine_idle, 30, "the engine's requests aborted", interval=0.2)
 
 
 @pytest.mark.faults
@@ -112,7 +112,7 @@ def test_engine_death_hands_every_job_back_and_the_group_exits_4(group: Fleet) -
     proc = group.workers[wid].proc
     with group.http() as http:
         jobs = long_jobs(http, 4, "death")
-        wait_for(lambda: len(running(group, jobs)) == 4, 120, "4 jobs running")
+        eventually(lambda: len(running(group, jobs)) == 4, 120, "4 jobs running", interval=0.2)
         cores = [c for c in psutil.Process(proc.pid).children(recursive=True)
                  if "EngineCore" in c.name() or "EngineCore" in " ".join(c.cmdline())]
         assert cores, "found the engine core"
@@ -135,13 +135,15 @@ def test_sigterm_drains_every_frontend_then_the_group_exits_0(group: Fleet) -> N
     with group.http() as http:
         jobs = [submit(http, prompt=f"drain {i}", max_tokens=1000, ignore_eos=True) for i in range(SEQS)]
         # every job held (a job still queued at SIGTERM has nobody to run it here)
-        wait_for(lambda: len(running(group, jobs)) == SEQS, 120, f"all {SEQS} jobs running")
+        eventually(lambda: len(running(group, jobs)) == SEQS, 120, f"all {SEQS} jobs running", interval=0.2)
         proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        draining: set[str] = set()
-        while time.monotonic() < deadline and len(draining) < 2:
-            draining |= {w["id"] for w in http.get("/v1/workers").json() if w["draining"]}
-            time.sleep(0.1)
+        draining: set[str] = set()  # every frontend seen draining (while the jobs run, before the exit)
+
+        def both_draining() -> set[str]:
+            draining.update(w["id"] for w in http.get("/v1/workers").json() if w["draining"])
+            return draining
+
+        eventually(both_draining, 30, "both frontends listed as draining", until=lambda d: len(d) >= 2, interval=0.1)
         assert proc.wait(120) == 0
         group.workers.pop(wid)
         views = [wait_status(http, j, timeout=60) for j in jobs]

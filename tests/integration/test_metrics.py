@@ -18,8 +18,9 @@ import pytest
 import yaml
 from openai import OpenAI
 
-from tests.conftest import Stack, free_port, http_ok, inferq_env, spawn, wait_for
+from tests.conftest import Stack, free_port, http_ok, inferq_env, spawn
 from tests.helpers import fresh_rate_window, submit, wait_status, ws_events
+from tests.wait import eventually
 
 pytestmark = pytest.mark.integration
 RATE_LIMIT = 5  # submissions a minute: the test makes 5, and a 6th is refused
@@ -40,16 +41,23 @@ class Prometheus:
     def targets_up(self) -> int:
         return int(self.query("sum(up)") or 0)
 
+    def scraped_since(self, t: float) -> bool:
+        """Every target's last scrape began after ``t`` (a time.time()): its samples, stored with
+        that scrape's ``up``, are what the target held after ``t``."""
+        oldest = self.query("min(timestamp(up))")
+        return oldest is not None and oldest > t
+
 
 @pytest.fixture(scope="module")
 def gateway2(stack: Stack, logdir: Path) -> Iterator[str]:
     """A gateway of two processes (`--workers 2`) on the stack's Redis, with a rate limit."""
     port = free_port()
     env = inferq_env(stack.redis.url, INFERQ_RATE_LIMIT_PER_MINUTE=str(RATE_LIMIT))
-    svc = spawn("gateway-2proc", [sys.executable, "-m", "inferq.cli", "api", "--port", str(port), "--workers", "2"], env, logdir)
+    svc = spawn("gateway-2proc", [sys.executable, "-m", "inferq.cli", "api", "--port", str(port), "--workers", "2"],
+                env, logdir)
     base = f"http://127.0.0.1:{port}"
     try:
-        wait_for(lambda: http_ok(f"{base}/readyz"), 60, "the two-process gateway", [svc])
+        eventually(lambda: http_ok(f"{base}/readyz"), 60, "the two-process gateway", procs=[svc], interval=0.2)
         yield base
     finally:
         svc.stop()
@@ -76,8 +84,9 @@ scrape_configs:
                 {}, logdir)
     prom = Prometheus(f"http://127.0.0.1:{port}")
     try:
-        wait_for(lambda: http_ok(f"{prom.base}/-/ready"), 60, "prometheus", [svc])
-        wait_for(lambda: prom.targets_up() == 1 + len(stack.metrics_ports), 60, "every target scraped", [svc])
+        eventually(lambda: http_ok(f"{prom.base}/-/ready"), 60, "prometheus", procs=[svc], interval=0.2)
+        eventually(lambda: prom.targets_up() == 1 + len(stack.metrics_ports), 60, "every target scraped", procs=[svc],
+                   interval=0.2)
         yield prom
     finally:
         svc.stop()
@@ -112,8 +121,13 @@ def _quiet(prom: Prometheus, stack: Stack) -> None:
         running = prom.query("sum(inferq_worker_jobs_running)")
         queued = prom.query('sum(max without (instance) (inferq_jobs{status="queued"}))')
         return running == 0 and queued == 0
-    wait_for(idle, 120, "an idle stack")
-    time.sleep(2.5)  # a scrape after the last change
+    eventually(idle, 120, "an idle stack", interval=0.5)
+    # The counters the test reads as its baseline must hold every change of the earlier tests'
+    # jobs, not a scrape taken while the last of them ended: wait for a scrape of every target
+    # that began after the stack was seen idle (and still shows it idle).
+    seen_idle = time.time()
+    eventually(lambda: prom.scraped_since(seen_idle) and idle(), 60,
+               "a scrape of every target after the stack was seen idle", interval=0.2)
 
 
 def test_prometheus_sees_every_counter_move_by_what_was_done(stack: Stack, gateway2: str,
@@ -150,10 +164,8 @@ def test_prometheus_sees_every_counter_move_by_what_was_done(stack: Stack, gatew
                 "prompts_gateway": before["prompts_gateway"] + 5,
                 "worker_succeeded": before["worker_succeeded"] + 5, "vllm_requests": before["vllm_requests"] + 5,
                 "vllm_tokens": before["vllm_tokens"] + tokens}
-    deadline = time.monotonic() + 30  # a few scrapes
-    while (seen := _values(prometheus)) != expected and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert seen == expected
+    eventually(lambda: _values(prometheus), 30, f"every counter to move by what was done: {expected}",
+               until=lambda seen: seen == expected, interval=0.5)  # a few scrapes
 
 
 def test_gauges_and_vllm_metrics_are_labelled(stack: Stack, prometheus: Prometheus) -> None:

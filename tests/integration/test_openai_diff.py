@@ -23,7 +23,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import Service, ahead, http_ok, quiet_port, spawn, take, wait_for
+from tests.conftest import Service, ahead, http_ok, quiet_port, spawn, take
+from tests.wait import eventually
 
 pytestmark = pytest.mark.integration
 MODEL = "inferq-tiny"
@@ -46,7 +47,8 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "chat": ("/v1/chat/completions", {"messages": CHAT, **G}),
     "chat stream": ("/v1/chat/completions", {"messages": CHAT, "stream": True,
                                              "stream_options": {"include_usage": True}, **G}),
-    "chat n=2 seed": ("/v1/chat/completions", {"messages": CHAT, "n": 2, "seed": 7, "temperature": 1.0, "max_tokens": 4}),
+    "chat n=2 seed": ("/v1/chat/completions", {"messages": CHAT, "n": 2, "seed": 7, "temperature": 1.0,
+                                               "max_tokens": 4}),
     "chat stop": ("/v1/chat/completions", {"messages": CHAT, "stop": ["\n"], **G}),
     "chat logprobs": ("/v1/chat/completions", {"messages": CHAT, "logprobs": True, "top_logprobs": 2, **G}),
     "chat SDK nulls": ("/v1/chat/completions", {"messages": CHAT, "tools": None, "tool_choice": None, "n": None,
@@ -64,10 +66,12 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "completion": ("/v1/completions", {"prompt": "The sky is", **G}),
     "completion stream": ("/v1/completions", {"prompt": "The sky is", "stream": True, **G}),
     "completion prompt list": ("/v1/completions", {"prompt": ["The sky is", "Grass is"], **G}),
-    "completion echo false best_of 1": ("/v1/completions", {"prompt": "The sky is", "echo": False, "best_of": 1, **G}),
+    "completion echo false best_of 1": ("/v1/completions", {"prompt": "The sky is", "echo": False, "best_of": 1,
+                                                            **G}),
     "completion logprobs 2": ("/v1/completions", {"prompt": "The sky is", "logprobs": 2, **G}),
     "completion logprobs 0": ("/v1/completions", {"prompt": "The sky is", "logprobs": 0, **G}),
-    "completion seed -5": ("/v1/completions", {"prompt": "The sky is", "seed": -5, "temperature": 1.0, "max_tokens": 4}),
+    "completion seed -5": ("/v1/completions", {"prompt": "The sky is", "seed": -5, "temperature": 1.0,
+                                               "max_tokens": 4}),
     "completion stop_token_ids": ("/v1/completions", {"prompt": "The sky is", "stop_token_ids": [5], **G}),
     "completion default max_tokens": ("/v1/completions", {"prompt": "The sky is", "temperature": 0}),
     "completion over the context": ("/v1/completions", {"prompt": "The sky is", "max_tokens": 5000}),
@@ -78,8 +82,8 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "chat tools auto call": ("/v1/chat/completions", {"messages": CHAT, "tools": TOOLS, **T, **CALL}),
     "chat tools auto call stream": ("/v1/chat/completions", {"messages": CHAT, "tools": TOOLS, **T, **CALL,
                                                              "stream": True}),
-    "completion choice": ("/v1/completions", {"prompt": "The sky is", "structured_outputs": {"choice": ["blue", "grey"]},
-                                              **G}),
+    "completion choice": ("/v1/completions", {"prompt": "The sky is",
+                                              "structured_outputs": {"choice": ["blue", "grey"]}, **G}),
     "completion regex": ("/v1/completions", {"prompt": "The sky is", "structured_outputs": {"regex": "(ab|cd)[0-9]{3}"},
                                              **G}),
     "chat regex stream": ("/v1/chat/completions", {"messages": CHAT, "structured_outputs": {"regex": "[a-c]{4}x"},
@@ -99,13 +103,17 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "chat tool required": ("/v1/chat/completions", {"messages": CHAT, "tools": TOOLS, "tool_choice": "required",
                                                     "parallel_tool_calls": False, **T}),
     "chat tool required stream": ("/v1/chat/completions", {"messages": CHAT, "tools": TOOLS, "stream": True,
-                                                           "tool_choice": "required", "parallel_tool_calls": False, **T}),
+                                                           "tool_choice": "required", "parallel_tool_calls": False,
+                                                           **T}),
     "chat tool none": ("/v1/chat/completions", {"messages": CHAT, "tools": TOOLS, "tool_choice": "none", **G}),
-    "chat tool history": ("/v1/chat/completions", {"messages": [*CHAT, {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": '{"unit": "c"}'}}]},
+    "chat tool history": ("/v1/chat/completions", {"messages": [
+        *CHAT,
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": '{"unit": "c"}'}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "20 degrees"}], **G}),
     "chat tool_choice not in tools": ("/v1/chat/completions", {"messages": CHAT, "tools": TOOLS, **T,
-                                                               "tool_choice": {"type": "function", "function": {"name": "x"}}}),
+                                                               "tool_choice": {"type": "function",
+                                                                               "function": {"name": "x"}}}),
     "chat tool_choice without tools": ("/v1/chat/completions", {"messages": CHAT, "tool_choice": "required", **G}),
     # vLLM's prompt extras: token ids, echo, logit_bias, prompt_logprobs, chat template options
     "completion token ids": ("/v1/completions", {"prompt": IDS, **G}),
@@ -344,7 +352,8 @@ def start_vllm_server(request: pytest.FixtureRequest) -> VllmServer:
 def vllm_server(request: pytest.FixtureRequest) -> Iterator[str]:
     server: VllmServer = take("vllm_server", request)
     try:
-        wait_for(lambda: http_ok(f"{server.base}/health"), 240, "vLLM's OpenAI server", [server.service])
+        eventually(lambda: http_ok(f"{server.base}/health"), 240, "vLLM's OpenAI server", procs=[server.service],
+                   interval=0.2)
         yield server.base
     finally:
         server.stop()

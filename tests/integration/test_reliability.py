@@ -16,9 +16,10 @@ import pytest
 import redis
 
 from inferq.shared import keys
-from tests.conftest import free_port, http_ok, inferq_env, spawn, wait_for
+from tests.conftest import free_port, http_ok, inferq_env, spawn
 from tests.fleet import PY, Fleet
 from tests.helpers import LONG_JOB, submit, token_text, wait_status, ws_events
+from tests.wait import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -43,13 +44,14 @@ def running_on(fleet: Fleet, job_id: str, min_text: int = 1) -> str:
     """The worker running the job once it has logged ``min_text`` token events. Read from Redis
     directly: a gateway slowed by a busy 2-core machine could answer after a short job ended."""
     r = redis.Redis(port=fleet.redis_port, decode_responses=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+
+    def running_worker() -> str | None:
         status, worker = r.hmget(keys.job(job_id), ["status", "worker"])
         if status == '"running"' and worker and r.xlen(keys.job_log(job_id)) >= min_text:
             return str(json.loads(worker))
-        time.sleep(0.02)
-    raise TimeoutError(f"job {job_id} never ran")
+        return None
+
+    return eventually(running_worker, 60, f"job {job_id} running with {min_text} events logged", interval=0.02)
 
 
 def after_last_restart(events: list[dict]) -> list[dict]:
@@ -64,7 +66,7 @@ def ghost(stack, logdir):
     port = free_port()
     svc = spawn("ghost-gateway", [*PY, "api", "--port", str(port)],
                 inferq_env(stack.redis.url, INFERQ_SERVED_MODEL_NAME="ghost", INFERQ_MAX_QUEUE_DEPTH="3"), logdir)
-    wait_for(lambda: http_ok(f"http://127.0.0.1:{port}/healthz"), 30, "ghost gateway", [svc])
+    eventually(lambda: http_ok(f"http://127.0.0.1:{port}/healthz"), 30, "ghost gateway", procs=[svc], interval=0.2)
     yield httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
     svc.stop()
 
@@ -95,9 +97,12 @@ def test_deadline_queued_never_starts_running_is_aborted(stack) -> None:
         late = wait_status(http, submit(http, prompt="late", max_tokens=8, timeout=0.001))
         assert late["status"] == "failed" and late["error"]["code"] == "deadline_exceeded", late
         assert "never started" in late["error"]["message"] and late["usage"]["completion_tokens"] == 0
-        long = wait_status(http, submit(http, prompt="long", max_tokens=LONG_JOB, ignore_eos=True, timeout=2))
-        assert long["status"] == "failed" and long["error"]["type"] == "timeout_error"
-        assert 0 < long["usage"]["completion_tokens"] < LONG_JOB
+        for _ in range(3):  # a try whose job never started within its 2 s (a busy machine) is run again
+            long = wait_status(http, submit(http, prompt="long", max_tokens=LONG_JOB, ignore_eos=True, timeout=2))
+            assert long["status"] == "failed" and long["error"]["type"] == "timeout_error", long
+            if long["usage"]["completion_tokens"] > 0:
+                break
+        assert 0 < long["usage"]["completion_tokens"] < LONG_JOB, "in 3 tries, the job never started in its 2 s"
 
 
 @pytest.mark.faults
@@ -149,16 +154,13 @@ def test_sigterm_drains_then_hands_back_what_is_left(fleet) -> None:
         victim = running_on(fleet, job_id, min_text=0)
         proc = fleet.workers[victim].proc
         proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 5
-        seen_draining = False
-        while time.monotonic() < deadline and not seen_draining:
-            seen_draining = any(w["id"] == victim and w["draining"] for w in http.get("/v1/workers").json())
-            time.sleep(0.1)
+        # the worker announces it is draining (while it finishes the job or hands it back)
+        eventually(lambda: any(w["id"] == victim and w["draining"] for w in http.get("/v1/workers").json()), 30,
+                   f"{victim} listed as draining", interval=0.1)
         assert proc.wait(60) == 0
         view = wait_status(http, job_id, timeout=180)
         events = asyncio.run_coroutine_threadsafe(ws_events(f"{fleet.ws}/v1/jobs/{job_id}/stream"), LOOP).result(60)
     fleet.workers.pop(victim)
-    assert seen_draining, "the worker announced it was draining"
     assert view["status"] == "succeeded" and view["usage"]["completion_tokens"] == 1500
     restarts = [e for e in events if e["type"] == "restart"]
     # finished within the grace period on the draining worker, or handed back and run elsewhere
@@ -182,7 +184,7 @@ def test_redis_restart_everyone_reconnects(fleet) -> None:
         time.sleep(1.0)
     finally:
         fleet.start_redis()
-    wait_for(lambda: http_ok(f"{fleet.base}/readyz"), 30, "readyz after restart")
+    eventually(lambda: http_ok(f"{fleet.base}/readyz"), 30, "readyz after restart", interval=0.2)
     with fleet.http() as http:
         assert wait_status(http, submit(http, prompt="after", max_tokens=8))["status"] == "succeeded"
         views = [wait_status(http, job_id, timeout=180) for job_id in busy]
@@ -236,19 +238,19 @@ def test_a_batch_survives_a_worker_kill_a_gateway_restart_and_a_redis_restart(fl
         def counts() -> dict:
             return http.get(f"/v1/batches/{batch['id']}").json()["request_counts"]
 
-        wait_for(lambda: counts()["total"] == 80, 60, "the batch in progress")
+        eventually(lambda: counts()["total"] == 80, 60, "the batch in progress", interval=0.2)
         fleet.kill_worker(fleet.live()[0], signal.SIGKILL)
         fleet.start_worker(wait=False)
         assert fleet.gateway is not None
         fleet.gateway.stop(signal.SIGKILL)
         fleet.start_gateway()
         fleet.restart_redis()
-        wait_for(lambda: http_ok(f"{fleet.base}/readyz"), 120, "the fleet back after the Redis restart")
+        eventually(lambda: http_ok(f"{fleet.base}/readyz"), 120, "the fleet back after the Redis restart", interval=0.2)
 
         def ended() -> bool:
             return http.get(f"/v1/batches/{batch['id']}").json()["status"] in ("completed", "failed", "cancelled")
 
-        wait_for(ended, 600, "the batch to end")
+        eventually(ended, 600, "the batch to end", interval=0.2)
         done = http.get(f"/v1/batches/{batch['id']}").json()
         assert done["status"] == "completed" and done["request_counts"] == {"total": 80, "completed": 80, "failed": 0}
         out = [json.loads(x) for x in http.get(f"/v1/files/{done['output_file_id']}/content").text.splitlines()]

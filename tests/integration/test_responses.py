@@ -4,12 +4,11 @@
 
 from __future__ import annotations
 
-import time
-
 import openai
 import pytest
 
 from tests.helpers import LONG_JOB
+from tests.wait import eventually
 
 pytestmark = pytest.mark.integration
 MODEL = "inferq-tiny"
@@ -68,10 +67,8 @@ def test_background_then_poll_and_resume_the_stream(client) -> None:
     r = client.responses.create(model=MODEL, input="Tell a story", max_output_tokens=40, temperature=0,
                                 background=True)
     assert r.status in ("queued", "in_progress") and r.background is True
-    deadline = time.monotonic() + 120
-    while (got := client.responses.retrieve(r.id)).status in ("queued", "in_progress"):
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    got = eventually(lambda: client.responses.retrieve(r.id), 120, f"response {r.id} to end", interval=0.1,
+                     until=lambda got: got.status not in ("queued", "in_progress"))
     assert got.status == "incomplete" and got.usage.output_tokens == 40
     whole = list(client.responses.retrieve(r.id, stream=True))
     assert "".join(e.delta for e in whole if e.type == "response.output_text.delta") == got.output_text
@@ -84,10 +81,8 @@ def test_background_then_poll_and_resume_the_stream(client) -> None:
 def test_cancel_a_background_response(client) -> None:
     r = client.responses.create(model=MODEL, input="Go on", max_output_tokens=LONG_JOB, background=True)
     client.responses.cancel(r.id)  # long before its end
-    deadline = time.monotonic() + 60
-    while (got := client.responses.retrieve(r.id)).status in ("queued", "in_progress"):
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    got = eventually(lambda: client.responses.retrieve(r.id), 60, f"response {r.id} to end", interval=0.1,
+                     until=lambda got: got.status not in ("queued", "in_progress"))
     assert got.status == "cancelled"
 
 

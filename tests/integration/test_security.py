@@ -19,8 +19,9 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from tests.conftest import Service, Stack, free_port, http_ok, inferq_env, spawn, wait_for
+from tests.conftest import Service, Stack, free_port, http_ok, inferq_env, spawn
 from tests.helpers import LONG_JOB, fresh_rate_window, submit, wait_status
+from tests.wait import eventually
 
 pytestmark = pytest.mark.integration
 KEYS = ["sk-alice", "sk-bob", "sk-rate", "sk-conc", "sk-idem"]
@@ -52,7 +53,7 @@ def secure(stack: Stack, logdir: Path, tmp_path_factory: pytest.TempPathFactory)
     gw = spawn("gateway-secure", cmd, env, logdir)
     sec = Secure(f"http://127.0.0.1:{port}", f"ws://127.0.0.1:{port}", gw)
     try:
-        wait_for(lambda: http_ok(f"{sec.base}/readyz"), 60, "the gateway with API keys", [gw])
+        eventually(lambda: http_ok(f"{sec.base}/readyz"), 60, "the gateway with API keys", procs=[gw], interval=0.2)
         yield sec
     finally:
         gw.stop()
@@ -291,7 +292,7 @@ def test_without_keys_limits_count_per_client_ip(stack, logdir) -> None:
                env, logdir)
     try:
         base = f"http://127.0.0.1:{port}"
-        wait_for(lambda: http_ok(f"{base}/readyz"), 60, "the open gateway with limits", [gw])
+        eventually(lambda: http_ok(f"{base}/readyz"), 60, "the open gateway with limits", procs=[gw], interval=0.2)
         fresh_rate_window(stack.redis.client())
         with httpx.Client(base_url=base, timeout=60) as http:
             codes = [http.post("/v1/jobs", json={"prompt": "ip", "max_tokens": 1}).status_code for _ in range(3)]

@@ -4,13 +4,12 @@ trace context in the Celery message."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from tests.conftest import Stack
 from tests.helpers import submit, wait_status
 from tests.otlp import Receiver
+from tests.wait import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -19,10 +18,10 @@ def test_a_job_is_one_trace_from_gateway_to_worker(stack: Stack, otlp: Receiver)
     with stack.http() as http:
         job_id = submit(http, prompt="traced", max_tokens=8)
         assert wait_status(http, job_id)["status"] == "succeeded"
-    deadline = time.monotonic() + 30  # both processes export in batches, every half second
-    while time.monotonic() < deadline and len(otlp.of_job(job_id)) < 2:
-        time.sleep(0.2)
-    spans = {s.name: s for s in otlp.of_job(job_id)}
+    # both processes export in batches, every half second
+    got = eventually(lambda: otlp.of_job(job_id), 30, f"the gateway's and the worker's spans of {job_id}",
+                     until=lambda spans: len(spans) >= 2, interval=0.2)
+    spans = {s.name: s for s in got}
     submit_span, job_span = spans["inferq.submit"], spans["inferq.job"]
     assert submit_span.service == "inferq-gateway" and job_span.service == "inferq-worker"
     assert job_span.trace_id == submit_span.trace_id

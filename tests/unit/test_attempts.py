@@ -8,7 +8,6 @@ import asyncio
 import os
 import signal
 import uuid
-from collections.abc import Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
@@ -32,6 +31,7 @@ from inferq.shared.store import JobStore
 from inferq.worker.jobs.runner import JobRunner
 from inferq.worker.jobs.writer import EventWriter
 from tests.unit.test_runner import ScriptedEngine, ScriptedHost, script
+from tests.wait import eventually_async
 
 
 @dataclass
@@ -104,11 +104,9 @@ async def queued(store: JobStore, **req) -> JobMessage:
     return JobMessage(id=rec.id, model="m", request=request, created_at=rec.created_at)
 
 
-async def until(check: Callable[[], Awaitable[bool]], timeout: float = 60.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not await check():
-        assert asyncio.get_running_loop().time() < deadline, "timed out"
-        await asyncio.sleep(0.005)
+async def logged(store: JobStore, job_id: str, n: int) -> None:
+    """Until the job's log holds ``n`` events or more (its attempt is generating)."""
+    await eventually_async(lambda: _logged(store, job_id, n), 60, f"{n} events in the log of {job_id}", interval=0.005)
 
 
 def replay(log) -> dict[int, str]:
@@ -151,7 +149,7 @@ async def test_a_fenced_attempts_late_results_do_not_stop_the_next_attempt(store
     runner = JobRunner(ScriptedHost(engine, max_model_len=4096), store, writer, "w", default_max_tokens=8)
     msg = await queued(store, prompt="x", max_tokens=200)
     first = spawn(runner.run(msg))
-    await until(lambda: _logged(store, msg.id, 2))
+    await logged(store, msg.id, 2)
     # the job is taken from attempt 1 behind the runner's back (a reaper's mistake) ...
     assert await store.requeue(msg.id, "w", 1, "worker_lost", max_attempts=3) == "requeued"
     assert await first is None  # ... which learns it from its next batch and stops, writing no end
@@ -170,7 +168,7 @@ async def test_a_second_message_of_a_running_job_never_runs_beside_it(store, wri
     runner = JobRunner(ScriptedHost(engine, max_model_len=4096), store, writer, "w", default_max_tokens=8)
     msg = await queued(store, prompt="x", max_tokens=200)
     first = spawn(runner.run(msg))
-    await until(lambda: _logged(store, msg.id, 2))
+    await logged(store, msg.id, 2)
     # the job is requeued by mistake and its new message reaches this worker while it still runs it
     assert await store.requeue(msg.id, "w", 1, "worker_lost", max_attempts=3) == "requeued"
     second = spawn(runner.run(msg))
@@ -190,7 +188,7 @@ async def test_duplicate_delivery_of_a_running_job_is_skipped(store, writers, sp
     runner = JobRunner(ScriptedHost(engine, max_model_len=4096), store, writer, "w", default_max_tokens=8)
     msg = await queued(store, prompt="x", max_tokens=50)
     first = spawn(runner.run(msg))
-    await until(lambda: _logged(store, msg.id, 1))
+    await logged(store, msg.id, 1)
     assert await runner.run(msg) is None  # the claim refuses it: attempt 1 goes on undisturbed
     assert await first is JobStatus.succeeded
     assert engine.overlaps == [] and len(engine.started) == 1
@@ -203,10 +201,10 @@ async def test_a_cancel_reaches_the_attempt_this_worker_runs(store, writers, spa
     runner = JobRunner(ScriptedHost(engine, max_model_len=4096), store, writer, "w", default_max_tokens=8)
     msg = await queued(store, prompt="x", max_tokens=1000)
     first = spawn(runner.run(msg))
-    await until(lambda: _logged(store, msg.id, 2))
+    await logged(store, msg.id, 2)
     await store.requeue(msg.id, "w", 1, "worker_lost", max_attempts=3)
     second = spawn(runner.run(msg))
-    await until(lambda: _attempt_logged(store, msg.id, 2))
+    await eventually_async(lambda: _attempt_logged(store, msg.id, 2), 60, "a token of attempt 2 logged", interval=0.005)
     assert runner.cancel(msg.id)
     assert await second is JobStatus.cancelled and await first is None
     rec = await store.get(msg.id)
@@ -230,7 +228,8 @@ async def test_a_cancel_while_the_claim_is_on_its_way_ends_the_job_cancelled(sto
     runner = JobRunner(ScriptedHost(engine, max_model_len=4096), store, writer, "w", default_max_tokens=8)
     msg = await queued(store, prompt="x", max_tokens=100)
     task = spawn(runner.run(msg))
-    await until(lambda: _status(store, msg.id, JobStatus.running))
+    await eventually_async(lambda: _status(store, msg.id, JobStatus.running), 60, "the claim taken in Redis",
+                           interval=0.005)
     await store.request_cancel(msg.id)
     assert runner.cancel(msg.id)
     assert await task is JobStatus.cancelled
@@ -327,7 +326,7 @@ async def test_events_that_cannot_be_written_in_time_hand_the_job_back(store, wr
                        hand_back=hand_back)
     msg = await queued(store, prompt="x", max_tokens=200)
     first = spawn(runner.run(msg))
-    await until(lambda: _logged(store, msg.id, 2))
+    await logged(store, msg.id, 2)
     down[0] = True
     assert await first is None
     down[0] = False
@@ -346,19 +345,32 @@ async def test_redis_stopped_past_the_budget_never_ends_a_job_with_a_hole(tmp_pa
                   {}, tmp_path / "redis.log")
     r = make_redis(f"redis://127.0.0.1:{port}/0")
     try:
-        await until(lambda: _pings(r))
+        await eventually_async(lambda: _pings(r), 60, "redis-server", interval=0.005)
         store = JobStore(r, ttl_s=60)
         writer = writers(store, budget_s=0.3)
         engine = TrackingEngine(script(300), delay=0.005)
         runner = JobRunner(ScriptedHost(engine, max_model_len=4096), store, writer, "w", default_max_tokens=8)
         msg = await queued(store, prompt="x", max_tokens=300)
+        tries: list[bool] = []  # each try to hand the job back: had the attempt's run ended by then?
+        real_requeue = store.requeue
+
+        async def requeue(*args, **kwargs):
+            tries.append(first.done())
+            return await real_requeue(*args, **kwargs)
+
+        store.requeue = requeue  # type: ignore[method-assign]
         first = spawn(runner.run(msg))
-        await until(lambda: _logged(store, msg.id, 2))
+        await logged(store, msg.id, 2)
         os.kill(server.proc.pid, signal.SIGSTOP)
         try:
-            await until(lambda: _true(engine.aborted))  # the attempt stopped: its writes ran out of time
-            await asyncio.sleep(0.5)
-            assert not first.done()  # it waits for Redis to hand the job back: it is not stranded
+            await eventually_async(lambda: engine.aborted, 60, "the attempt to stop: its writes ran out of time",
+                                   interval=0.005)
+            # Not stranded: the run does not end on a Redis that does not answer, it keeps trying
+            # to hand the job back. A second try can only come once the first has gone unanswered
+            # for the writer's budget, so Redis was away all along: the run was still going at
+            # both tries, and is now (an observed event, not a window of time in which to see it end).
+            await eventually_async(lambda: len(tries) >= 2, 60, "a second try to hand the job back", interval=0.005)
+            assert tries[:2] == [False, False] and not first.done()
         finally:
             os.kill(server.proc.pid, signal.SIGCONT)
         assert await asyncio.wait_for(first, 10) is None
@@ -424,7 +436,3 @@ async def _pings(r) -> bool:
         return bool(await r.ping())
     except Exception:
         return False
-
-
-async def _true(value: object) -> bool:
-    return bool(value)

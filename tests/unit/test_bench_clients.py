@@ -17,6 +17,7 @@ from starlette.routing import Route
 
 from bench.clients import CONNECTIONS_PER_POOL, HttpClients
 from bench.stack import free_port
+from tests.wait import eventually, eventually_async
 
 
 class Server:
@@ -33,8 +34,7 @@ class Server:
             self.peers.append((request.client.host, request.client.port))
 
             async def body() -> AsyncIterator[bytes]:
-                while not self.release.is_set():
-                    await asyncio.sleep(0.01)
+                await eventually_async(self.release.is_set, 60, "the test to release the response", interval=0.01)
                 yield b"data: done\n\n"
             return StreamingResponse(body(), media_type="text/event-stream")
 
@@ -52,8 +52,8 @@ class Server:
 def server() -> Iterator[Server]:
     s = Server()
     s.thread.start()
-    while not s.server.started:
-        s.thread.join(0.05)
+    eventually(lambda: s.server.started or not s.thread.is_alive(), 30, "the server to start")
+    assert s.server.started, "the server's thread ended before the server started"
     yield s
     s.release.set()
     s.server.should_exit = True
@@ -69,8 +69,7 @@ async def test_concurrent_streams_spread_over_pools_of_a_few_connections(server:
 
     async with HttpClients(f"http://127.0.0.1:{server.port}") as http:
         streams = [asyncio.ensure_future(one(http)) for _ in range(n)]
-        while len(server.peers) < n:
-            await asyncio.sleep(0.01)
+        await eventually_async(lambda: len(server.peers) >= n, 60, f"{n} requests at the server", interval=0.01)
         assert http.pools == math.ceil(n / CONNECTIONS_PER_POOL)
         assert max(http._busy) <= CONNECTIONS_PER_POOL
         server.release.set()

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
+from pathlib import Path
 
 import pytest
 
 from bench import cpu
+from tests.wait import eventually
 
 PARENT = """# {marker}
 import multiprocessing as mp, sys, time
@@ -31,10 +32,9 @@ def test_a_spawned_child_is_named_after_its_parent(tmp_path, marker: str, role: 
                             text=True)
     try:
         child = int(proc.stdout.readline())
-        deadline = time.monotonic() + 30
-        while "multiprocessing.spawn" not in open(f"/proc/{child}/cmdline").read().replace("\0", " "):
-            assert time.monotonic() < deadline, "the child never showed its command line"
-            time.sleep(0.05)
+        cmdline = Path(f"/proc/{child}/cmdline")
+        eventually(lambda: "multiprocessing.spawn" in cmdline.read_text().replace("\0", " "), 30,
+                   "the child's command line")
         procs = cpu._processes()
         assert cpu._role(proc.pid, "python", procs) == marker.split()[-1].replace("api", "gateway")
         assert cpu._role(child, "python", procs) == role

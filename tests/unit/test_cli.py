@@ -7,10 +7,12 @@ import pytest
 from inferq.cli.main import main
 
 
-@pytest.mark.parametrize("argv, expect", [(["bench", "--help"], "{run,report,gateway,worker,intake,churn,dashboard,console-shot}"),
-                                          (["bench", "gateway", "--help"], "--tokens-per-event"),
-                                          (["bench", "worker", "--help"], "--step-ms"),
-                                          (["bench", "intake", "--help"], "--chat")])
+@pytest.mark.parametrize("argv, expect", [
+    (["bench", "--help"], "{run,report,gateway,worker,intake,churn,dashboard,console-shot}"),
+    (["bench", "gateway", "--help"], "--tokens-per-event"),
+    (["bench", "worker", "--help"], "--step-ms"),
+    (["bench", "intake", "--help"], "--chat"),
+])
 def test_inferq_bench_is_the_harness(argv: list[str], expect: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as e:
         main(argv)

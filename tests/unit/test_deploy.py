@@ -182,7 +182,8 @@ def test_kubernetes_workers_are_engine_groups_as_in_compose_and_every_process_is
     """worker.yaml runs the compose file's default INFERQ_FRONTENDS, names one container port per
     process (INFERQ_METRICS_PORT + i), and podmonitor.yaml scrapes each of them."""
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
-    default = re.fullmatch(r"\$\{INFERQ_FRONTENDS:-(\d+)\}", compose["services"]["worker"]["environment"]["INFERQ_FRONTENDS"])
+    default = re.fullmatch(r"\$\{INFERQ_FRONTENDS:-(\d+)\}",
+                           compose["services"]["worker"]["environment"]["INFERQ_FRONTENDS"])
     [c] = _one("Deployment", "worker")["spec"]["template"]["spec"]["containers"]
     env = {e["name"]: e.get("value") for e in c["env"]}
     frontends = int(env["INFERQ_FRONTENDS"])

@@ -15,7 +15,8 @@ from celery.exceptions import Reject
 from inferq.shared import keys
 from inferq.shared.schemas import JobMessage, JobStatus, WorkerInfo
 from inferq.shared.store import JobStore
-from tests.unit.workerkit import GatedEngine, Rig, eventually, queued_job, start_runtime, wait_until
+from tests.unit.workerkit import GatedEngine, Rig, queued_job, start_runtime
+from tests.wait import eventually, eventually_async
 
 
 async def generating(rig: Rig, store: JobStore, n: int) -> tuple[list[JobMessage], dict[str, Future]]:
@@ -25,7 +26,7 @@ async def generating(rig: Rig, store: JobStore, n: int) -> tuple[list[JobMessage
     async def all_started() -> bool:
         return all(m.id in rig.engine.started for m in jobs)
 
-    await eventually(all_started, 60, f"{n} jobs are generating")
+    await eventually_async(all_started, 60, f"{n} jobs are generating")
     return jobs, runs
 
 
@@ -42,7 +43,7 @@ async def test_a_job_that_sees_the_engine_die_hands_everything_back_before_exit(
         dying = await queued_job(store, "scripted")
         engine.die_for.add(dying.id)
         runs[dying.id] = rig.run_job(dying)
-        wait_until(rig.exited.is_set, 30, "the worker exits")
+        eventually(rig.exited.is_set, 30, "the worker exits", interval=0.02)
         *sent, last = rig.events
         assert last == ("exit", 4) and sorted(v for _, v in sent) == sorted([dying.id, *(m.id for m in stuck)])
         for job_id, run in runs.items():
@@ -58,7 +59,7 @@ async def test_the_heartbeat_seeing_the_engine_dead_hands_everything_back_before
     try:
         jobs, runs = await generating(rig, store, 3)
         engine.errored = True  # the engine core died: no job hears of it (they wait for a step)
-        wait_until(rig.exited.is_set, 30, "the worker exits")
+        eventually(rig.exited.is_set, 30, "the worker exits", interval=0.02)
         assert rig.events[-1] == ("exit", 4) and sorted(rig.sent) == sorted(m.id for m in jobs)
         with pytest.raises(Reject):  # a message that arrives now goes back to the queue, unclaimed
             rig.runtime.run_job(jobs[0])
@@ -94,7 +95,7 @@ async def test_drain_returns_as_soon_as_the_last_job_ends(store, own_redis) -> N
         drain.start()
         assert not drained.is_set()
         rig.runtime.host.loop.call_soon_threadsafe(rig.runtime.runner.cancel, job.id)  # the job ends
-        wait_until(drained.is_set, 10, "the drain returns, long before its 60 s grace period")
+        eventually(drained.is_set, 10, "the drain returns, long before its 60 s grace period", interval=0.02)
         assert runs[job.id].result(10) is JobStatus.cancelled and rig.sent == []
         drain.join()
     finally:

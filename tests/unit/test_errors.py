@@ -184,7 +184,8 @@ class ScriptedHub:
         async for f in self.frames(job_id, after):
             yield [f]
 
-    async def events(self, job_id: str, after: int = 0, merge: bool = False, kind: str | None = None) -> AsyncIterator[object]:
+    async def events(self, job_id: str, after: int = 0, merge: bool = False,
+                     kind: str | None = None) -> AsyncIterator[object]:
         async for f in self.frames(job_id, after):
             yield f.event()
 

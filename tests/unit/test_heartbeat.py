@@ -11,7 +11,8 @@ import redis
 from inferq.shared import keys
 from inferq.shared.schemas import JobStatus, WorkerInfo
 from inferq.shared.store import JobStore
-from tests.unit.workerkit import GatedEngine, Rig, eventually, queued_job, start_runtime, wait_until
+from tests.unit.workerkit import GatedEngine, Rig, queued_job, start_runtime
+from tests.wait import eventually, eventually_async
 
 
 async def info(r: redis.asyncio.Redis, worker_id: str) -> WorkerInfo | None:
@@ -29,7 +30,7 @@ async def beats_for(r: redis.asyncio.Redis, rig: Rig, seconds: float) -> None:
         score = await r.zscore(keys.workers("scripted"), wid)
         return now is not None and now.last_seen > first + seconds and score > first + seconds
 
-    await eventually(advanced, 10 * seconds, f"the heartbeat advanced by {seconds} s")
+    await eventually_async(advanced, 10 * seconds, f"the heartbeat advanced by {seconds} s")
 
 
 async def test_heartbeat_beats_while_the_engine_loop_is_blocked(r, own_redis) -> None:
@@ -43,7 +44,7 @@ async def test_heartbeat_beats_while_the_engine_loop_is_blocked(r, own_redis) ->
     try:
         rig.runtime.host.loop.call_soon_threadsafe(block)
         rig.runtime.host.loop.call_soon_threadsafe(ran_after.set)
-        wait_until(blocked.is_set, 10, "the engine loop is blocked")
+        eventually(blocked.is_set, 10, "the engine loop is blocked", interval=0.02)
         await beats_for(r, rig, 2 * rig.runtime.settings.worker_ttl_s)
         assert not ran_after.is_set(), "the engine loop was blocked all along"
         assert rig.runtime.heartbeat.trusted()
@@ -67,7 +68,7 @@ async def test_a_slow_reaper_never_delays_a_beat(r, own_redis) -> None:
         job = await queued_job(store, "scripted")
         await store.claim(job.id, "gone")
         await r.zadd(keys.workers("scripted"), {"gone": 1.0})  # silent since 1970
-        wait_until(sending.is_set, 10, "the reaper is handing back the silent worker's job")
+        eventually(sending.is_set, 10, "the reaper is handing back the silent worker's job", interval=0.02)
         await beats_for(r, rig, 2 * rig.runtime.settings.worker_ttl_s)
         assert not gate.is_set() and (await store.get(job.id)).status is JobStatus.queued
     finally:
@@ -83,7 +84,7 @@ async def test_a_reaped_worker_stops_the_attempts_taken_from_it(r, own_redis, re
     try:
         taken, kept = await queued_job(store, "scripted"), await queued_job(store, "scripted")
         runs = {m.id: rig.run_job(m) for m in (taken, kept)}
-        await eventually(lambda: _true(len(engine.started) == 2), 60, "both jobs are generating")
+        await eventually_async(lambda: len(engine.started) == 2, 60, "both jobs are generating")
         # another worker's reaper took one job back: only that job, or (an older reaper) the whole set
         assert await store.requeue(taken.id, rt.id, None, "worker_lost", max_attempts=3) == "requeued"
         if reaped_by == "live set":
@@ -94,7 +95,7 @@ async def test_a_reaped_worker_stops_the_attempts_taken_from_it(r, own_redis, re
         assert taken.id in engine.aborted
         rec, log = await store.get(taken.id), await store.read_log(taken.id)
         assert rec.status is JobStatus.queued and log[-1].type == "restart"
-        await eventually(lambda: _is_member(r, rt.id, kept.id), 5, "the job still ours is listed again")
+        await eventually_async(lambda: _is_member(r, rt.id, kept.id), 5, "the job still ours is listed again")
         assert await r.zscore(keys.workers("scripted"), rt.id) is not None
         assert rt.heartbeat.reaped == (1 if reaped_by == "live set" else 0)
         assert (await store.get(kept.id)).status is JobStatus.running and not runs[kept.id].done()
@@ -102,10 +103,6 @@ async def test_a_reaped_worker_stops_the_attempts_taken_from_it(r, own_redis, re
         assert runs[kept.id].result(10) is JobStatus.cancelled
     finally:
         rig.stop()
-
-
-async def _true(value: bool) -> bool:
-    return value
 
 
 async def _is_member(r: redis.asyncio.Redis, worker_id: str, job_id: str) -> bool:
@@ -122,12 +119,12 @@ async def test_a_job_sent_back_to_the_same_worker_runs_its_new_attempt(r, own_re
     try:
         job = await queued_job(store, "scripted")
         first = rig.run_job(job)
-        await eventually(lambda: _true(engine.started == [job.id]), 60, "the first attempt is generating")
+        await eventually_async(lambda: engine.started == [job.id], 60, "the first attempt is generating")
         assert await store.requeue(job.id, rt.id, None, "worker_lost", max_attempts=3) == "requeued"
         second = rig.run_job(job)
         assert first.result(10) is None, "the old attempt ended, no end written"
-        await eventually(lambda: _true(engine.started == [job.id, job.id]), 10, "the new attempt is generating")
-        await eventually(lambda: _logged(store, job.id, 3), 10, "the new attempt's first token is logged")
+        await eventually_async(lambda: engine.started == [job.id, job.id], 10, "the new attempt is generating")
+        await eventually_async(lambda: _logged(store, job.id, 3), 10, "the new attempt's first token is logged")
         rec = await store.get(job.id)
         assert rec.status is JobStatus.running and rec.attempt == 2 and rec.worker == rt.id
         rt.host.loop.call_soon_threadsafe(rt.runner.cancel, job.id)

@@ -113,6 +113,16 @@ def nested_text(levels: int) -> str:
     return inner if levels % 2 else '{"not":' + inner + "}"
 
 
+def parses(text: str) -> bool:
+    """Python's JSON parser takes ``text`` (how deep it goes depends on the version: 3.11 and 3.12
+    give up on 5000 levels, 3.13 takes them)."""
+    try:
+        json.loads(text)
+    except RecursionError:
+        return False
+    return True
+
+
 def post(app: TestClient, path: str, body: str, headers: dict[str, str] | None = None) -> Any:
     return app.post(path, content=body, headers={"content-type": "application/json", **(headers or {})})
 
@@ -122,7 +132,7 @@ def test_a_deep_json_schema_is_a_400_naming_it_on_every_endpoint(app, levels: in
     schema = nested_text(levels)
     if levels < 300:
         assert json.loads(schema) == nested(levels)
-    parsed = levels < 900  # deeper, Python's JSON parser gives up first: no field to name yet
+    parsed = parses(schema)  # else Python's JSON parser gave up first: no field to name yet
     for headers in ({}, {"Idempotency-Key": f"deep-{uuid.uuid4().hex}"}):  # the key's fingerprint too
         r = post(app, "/v1/jobs", '{"prompt": "x", "json_schema": %s}' % schema, headers)
         message = refused(r, "json_schema" if parsed else None)

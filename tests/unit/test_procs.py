@@ -6,10 +6,12 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from inferq.cli.procs import Procs, free_port, http_ok, redis_pings, start_redis, wait_until
+from tests.wait import eventually
 
 
 def test_start_redis_returns_once_it_answers_and_stop_ends_it(tmp_path) -> None:
@@ -22,6 +24,7 @@ def test_start_redis_returns_once_it_answers_and_stop_ends_it(tmp_path) -> None:
 
 
 def test_wait_until_fails_early_with_the_log_of_a_process_that_exited(tmp_path) -> None:
+    """The CLI's own wait (the tests wait with tests.wait.eventually)."""
     with Procs(tmp_path) as procs:
         p = procs.start("crash", [sys.executable, "-c", "print('boom'); raise SystemExit(3)"])
         with pytest.raises(RuntimeError, match=r"crash exited with code 3(.|\n)*boom"):
@@ -43,24 +46,34 @@ def test_a_process_gets_its_own_group_in_our_session_and_stop_reaches_its_childr
                   "print('up', flush=True); time.sleep(60)")
     with Procs(tmp_path) as procs:
         p = procs.start("parent", [sys.executable, "-c", child_code])
-        wait_until(lambda: "up" in p.tail(), 30, "the parent and its child started", [p])
+        eventually(lambda: "up" in p.tail(), 30, "the parent and its child started", procs=[p])
         assert os.getsid(p.pid) == os.getsid(0)
         assert os.getpgid(p.pid) == p.pid != os.getpgid(0)
         members = [int(x) for x in os.popen(f"pgrep -g {p.pid}").read().split()]
         assert len(members) == 2, members
         p.stop()
-        time.sleep(0.5)
-    assert all(not os.path.exists(f"/proc/{m}") or open(f"/proc/{m}/stat").read().split()[2] == "Z"
-               for m in members)
+        # stop() waits for the parent only; the child, signalled with it, is reaped by whoever
+        # inherits it: wait until both are gone (or zombies)
+        eventually(lambda: all(ended(m) for m in members), 30, f"every process of the group ended: {members}")
+
+
+def ended(pid: int) -> bool:
+    """The process is gone, or a zombie: it has exited, not yet reaped."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"  # the state, after the name (which may hold spaces)
 
 
 def test_an_interrupted_stop_leaves_kill_the_process_it_was_stopping(tmp_path) -> None:
     """``inferq up``: a second Ctrl-C while a worker takes its grace kills what is left at once."""
-    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(60)"
+    stubborn = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); "
+                "time.sleep(60)")
     procs = Procs(tmp_path)
     first = procs.start("first", [sys.executable, "-c", stubborn])
     worker = procs.start("worker", [sys.executable, "-c", stubborn])
-    wait_until(lambda: "up" in first.tail() and "up" in worker.tail(), 30, "both started", procs.procs)
+    eventually(lambda: "up" in first.tail() and "up" in worker.tail(), 30, "both started", procs=procs.procs)
 
     def interrupt(*_: object) -> None:
         raise KeyboardInterrupt

@@ -32,7 +32,8 @@ from inferq.worker.engine.encode import encode_request
 from inferq.worker.engine.models import CHAT_TEMPLATE, tiny_model_dir
 from inferq.worker.engine.tokenizer_files import TTL_S, files_of, publish
 from inferq.worker.jobs.prepare import Preparer
-from tests.unit.workerkit import GatedEngine, eventually, start_runtime
+from tests.unit.workerkit import GatedEngine, start_runtime
+from tests.wait import eventually_async
 
 CHAT_TURNS = [{"role": "system", "content": "Be brief.", "name": "ops"}, {"role": "user", "content": "Hi  there\n"},
               {"role": "assistant", "content": "Hello! 東京?"}, {"role": "user", "content": "naïve café 🙂"}]
@@ -194,7 +195,7 @@ async def test_a_gateway_without_the_models_folder_uses_what_the_worker_publishe
     elsewhere = info(Path("org/model"), worker).model_copy(update={"tokenizer_files": key})
     published = Published(r)
     assert published.get(key) is None  # loading
-    await eventually(lambda: _true(published.get(key) is not None), 30, "the published tokenizer loaded")
+    await eventually_async(lambda: published.get(key) is not None, 30, "the published tokenizer loaded")
     tok = published.get(key)
     assert tok.probe == worker
     for req in REQUESTS:
@@ -204,12 +205,8 @@ async def test_a_gateway_without_the_models_folder_uses_what_the_worker_publishe
 
     missing = Published(r)
     assert missing.get("inferq:tokenizer:none") is None
-    await eventually(lambda: _true("inferq:tokenizer:none" in missing._failed), 30, "the missing key noted")
+    await eventually_async(lambda: "inferq:tokenizer:none" in missing._failed, 30, "the missing key noted")
     assert missing.get("inferq:tokenizer:none") is None and not missing._loading  # not looked for at once
-
-
-async def _true(x: bool) -> bool:
-    return x
 
 
 async def test_a_worker_publishes_its_tokenizer_and_its_heartbeat_keeps_it(r: Any, own_redis: str, hf: Any) -> None:
@@ -219,7 +216,7 @@ async def test_a_worker_publishes_its_tokenizer_and_its_heartbeat_keeps_it(r: An
         key = WorkerInfo.model_validate_json(raw).tokenizer_files
         assert key and (await r.hgetall(key)) == files_of(hf)
         await r.expire(key, 5)
-        await eventually(lambda: _ttl_over(r, key, 60), 10, "a heartbeat refreshed the files' TTL")
+        await eventually_async(lambda: _ttl_over(r, key, 60), 10, "a heartbeat refreshed the files' TTL")
         assert await r.ttl(key) <= TTL_S
     finally:
         rig.stop()

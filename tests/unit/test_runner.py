@@ -15,6 +15,7 @@ from inferq.shared.schemas import EngineStats, JobMessage, JobRecord, JobRequest
 from inferq.shared.store import JobStore
 from inferq.worker.jobs.runner import JobRunner
 from inferq.worker.jobs.writer import EventWriter
+from tests.wait import eventually_async
 
 
 @dataclass
@@ -137,10 +138,11 @@ async def test_cancel_aborts_the_engine_request(rig) -> None:
     runner = JobRunner(ScriptedHost(engine, max_model_len=4096), store, writer, "w", default_max_tokens=8)
     msg = await queued(store, prompt="x", max_tokens=1000)
     task = asyncio.create_task(runner.run(msg))
-    deadline = asyncio.get_running_loop().time() + 10
-    while not (engine.produced >= 3 and (await store.get(msg.id)).first_token_at):  # generating, tokens out
-        assert asyncio.get_running_loop().time() < deadline, "the job never started generating"
-        await asyncio.sleep(0.01)
+
+    async def generating() -> bool:  # tokens out, and the first one noted on the record
+        return engine.produced >= 3 and bool((await store.get(msg.id)).first_token_at)
+
+    await eventually_async(generating, 10, "the job to start generating", interval=0.01)
     assert runner.cancel(msg.id)
     assert await task is JobStatus.cancelled
     assert engine.aborted == [msg.id]

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import inspect
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import pytest
@@ -16,6 +15,7 @@ from inferq.shared.errors import NotFound
 from inferq.shared.redis import make_redis
 from inferq.shared.schemas import DoneEvent, JobRecord, JobRequest, JobStatus, TokenEvent
 from inferq.shared.store import JobStore, is_duplicate_id
+from tests.wait import eventually_async
 
 
 @pytest.fixture
@@ -152,20 +152,6 @@ async def rest(events: AsyncIterator) -> list:
     return [e async for e in events]
 
 
-async def until(condition: Callable[[], object], what: str, timeout: float = 10.0, every: float = 0.01) -> None:
-    """Poll ``condition`` (a function, or a coroutine function) every ``every`` seconds until it holds."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        ok = condition()
-        if inspect.isawaitable(ok):
-            ok = await ok
-        if ok:
-            return
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(every)
-
-
 async def subscribers(store: JobStore, job: str) -> int:
     """How many connections Redis has subscribed to the job's channel."""
     return dict(await store.redis.pubsub_numsub(keys.job_channel(job)))[keys.job_channel(job)]
@@ -217,7 +203,7 @@ async def test_hub_fills_a_gap_from_the_log(store, unit_redis) -> None:
         job = await claimed_job(store)
         events = hub.events(job)
         first = asyncio.ensure_future(anext(events))
-        await until(lambda: subscribers(store, job), "the hub's subscription")
+        await eventually_async(lambda: subscribers(store, job), 10, "the hub's subscription", interval=0.01)
         # seq 1 reaches the channel before the log: the reader can only have it live, so it is
         # past its replay and following the channel when the next events come
         one = TokenEvent(seq=1, text="a").model_dump_json()
@@ -253,13 +239,15 @@ async def test_hub_resubscribes_after_its_connection_is_killed(store, unit_redis
         job = await claimed_job(store)
         events = hub.events(job)
         first = asyncio.ensure_future(anext(events))
-        await until(lambda: subscribers(store, job), "the hub's subscription")
+        await eventually_async(lambda: subscribers(store, job), 10, "the hub's subscription", interval=0.01)
         await store.append([(job, 1, TokenEvent(seq=1, text="a"))])
         assert (await asyncio.wait_for(first, 5)).seq == 1
         await store.redis.client_kill_filter(_type="pubsub")
-        await until(lambda: _not(subscribers(store, job)), "the killed subscription to go")
+        await eventually_async(lambda: subscribers(store, job), 10, "the killed subscription to go",
+                               until=lambda n: n == 0, interval=0.01)
         await store.append([(job, 1, TokenEvent(seq=2, text="b"))])  # published while it is down
-        await until(lambda: subscribers(store, job), "the hub to reconnect and subscribe again")
+        await eventually_async(lambda: subscribers(store, job), 10, "the hub to reconnect and subscribe again",
+                               interval=0.01)
         await store.append([(job, 1, TokenEvent(seq=3, text="c")), (job, 1, DoneEvent(seq=4, finish_reason="stop"))])
         got = await asyncio.wait_for(rest(events), 10)  # the gap (seq 2) is filled from the log, not the idle check
         assert [e.seq for e in got] == [2, 3, 4]
@@ -279,7 +267,7 @@ async def test_hub_forgets_a_listener_that_leaves_while_subscribing(store, unit_
         job = await claimed_job(store)
         reader = asyncio.create_task(collect(hub, job))
         # registered (its subscribe is under way), seen at the reader's first pause
-        await until(lambda: hub.channels == 1, "the listener", every=0)
+        await eventually_async(lambda: hub.channels == 1, 10, "the listener", interval=0)
         assert not hub._confirmed[keys.job_channel(job)].is_set()  # no confirmation yet: still subscribing
         reader.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -297,11 +285,13 @@ async def test_subscriber_error_replies_force_a_reconnect_with_backoff(tmp_path)
     server = Proc("redis-auth", ["redis-server", "--port", str(port), "--save", "", "--requirepass", "sekrit"],
                   {}, tmp_path / "redis.log")
     try:
-        await until(lambda: _pings(f"redis://:sekrit@127.0.0.1:{port}/0"), "redis-server")
+        await eventually_async(lambda: _pings(f"redis://:sekrit@127.0.0.1:{port}/0"), 10, "redis-server",
+                               interval=0.01)
         sub = Subscriber(f"redis://127.0.0.1:{port}/0", lambda c, d: None, lambda c: None)
         await sub.start()
         try:  # three refused connections in a row: growing waits, not a tight reconnect loop
-            await until(lambda: sub._backoff >= 0.4 or sub.connected.is_set(), "the backoff to grow")
+            await eventually_async(lambda: sub._backoff >= 0.4 or sub.connected.is_set(), 10, "the backoff to grow",
+                                   interval=0.01)
             assert not sub.connected.is_set() and sub._backoff >= 0.4
         finally:
             await sub.stop()
@@ -313,10 +303,6 @@ async def test_subscriber_error_replies_force_a_reconnect_with_backoff(tmp_path)
             await ok.stop()
     finally:
         server.stop()
-
-
-async def _not(n: object) -> bool:
-    return not await n  # type: ignore[misc]
 
 
 async def _pings(url: str) -> bool:

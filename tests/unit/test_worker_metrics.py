@@ -11,7 +11,8 @@ import pytest
 
 from bench.standin import LoopHost
 from inferq.cli.procs import free_port
-from tests.unit.workerkit import GatedEngine, make_runtime, wait_until
+from tests.unit.workerkit import GatedEngine, make_runtime
+from tests.wait import eventually
 
 
 class SlowStart(LoopHost):
@@ -40,12 +41,13 @@ def test_metrics_and_ready_answer_while_the_engine_starts(own_redis: str) -> Non
         assert (ready.status_code, ready.text) == (503, "not ready\n")
         scrape = httpx.get(f"{base}/metrics", timeout=5)
         assert scrape.status_code == 200
-        assert f'inferq_worker_info{{frontend="0",model_name="scripted",worker_id="{rig.runtime.id}"}} 1.0' in scrape.text
+        info = f'inferq_worker_info{{frontend="0",model_name="scripted",worker_id="{rig.runtime.id}"}} 1.0'
+        assert info in scrape.text
         assert 'inferq_worker_heartbeat_age_seconds{model_name="scripted"} +Inf' in scrape.text
         assert not host.loop.is_running()  # the engine was still starting all along
         host.gate.set()
         starter.join(60)
-        wait_until(lambda: httpx.get(f"{base}/ready", timeout=5).status_code == 200, 30, "/ready says ready")
+        eventually(lambda: httpx.get(f"{base}/ready", timeout=5).status_code == 200, 30, "/ready says ready")
     finally:
         host.gate.set()
         starter.join(60)

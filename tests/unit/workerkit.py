@@ -1,49 +1,23 @@
-"""What the worker's liveness tests share: a Redis of their own, polling with a deadline, and an
-engine host whose loop runs in a thread (as the real one does) around a scripted engine."""
+"""What the worker's liveness tests share: an engine host whose loop runs in a thread (as the real
+one does) around a scripted engine. (Their Redis of their own: tests/unit/conftest.py; waiting:
+tests/wait.py.)"""
 
 from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import threading
-import time
-from collections.abc import Awaitable, Callable, Iterator
 from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import vllm  # noqa: F401  (the runner imports it on its first job: not inside a test's deadline)
 from vllm.v1.engine.exceptions import EngineDeadError
 
 from bench.standin import LoopHost, Out, Step
-from inferq.cli import procs
 from inferq.shared.schemas import JobMessage, JobRecord, JobRequest
 from inferq.shared.store import JobStore
-
-
-def start_redis(logdir: Path) -> Iterator[str]:
-    """A redis-server of its own (live workers elsewhere in the session would take the reaper
-    lock and sweep kombu's hashes), ready once it answers PING."""
-    server = procs.start_redis(procs.free_port(), logdir, name="redis-own")
-    try:
-        yield server.url
-    finally:
-        server.stop(signal.SIGKILL)
-
-
-def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    procs.wait_until(condition, timeout, what, interval=0.02)
-
-
-async def eventually(condition: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not await condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting until {what}")
-        await asyncio.sleep(0.02)
 
 
 @dataclass
