@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -10,11 +9,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _tables():
-    spec = importlib.util.spec_from_file_location("bench_page_tables", ROOT / "docs" / "results" / "tables.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from bench import page
+
+    return page
 
 
 def test_the_benchmark_tables_are_up_to_date() -> None:
@@ -23,7 +20,7 @@ def test_the_benchmark_tables_are_up_to_date() -> None:
     page = (ROOT / "docs" / "benchmarks.md").read_text()
     assert tables.render(page, specs) == page, (
         "docs/benchmarks.md's tables differ from docs/results/current.json: regenerate them with "
-        "`.venv/bin/python docs/results/tables.py`")
+        "`.venv/bin/python -m bench.page`")
 
 
 def test_every_summary_the_tables_name_is_in_the_tree() -> None:

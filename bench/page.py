@@ -1,7 +1,7 @@
 """The current tables of docs/benchmarks.md and its two plots, from docs/results/current.json.
 
-    .venv/bin/python docs/results/tables.py            # rewrite the tables and docs/img/bench-*.png
-    .venv/bin/python docs/results/tables.py --check    # exit 1 when the page's tables are out of date
+    .venv/bin/python -m bench.page            # rewrite the tables and docs/img/bench-*.png
+    .venv/bin/python -m bench.page --check    # exit 1 when the page's tables are out of date
 
 current.json names, per hardware class, each row's figures: a run summary in docs/results (a
 ``python -m bench.merge`` or ``*.summary.json`` document, a target and a level) for the harness's
@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parent.parent / "docs" / "results"
 PAGE = HERE.parent / "benchmarks.md"
 IMG = HERE.parent / "img"
 HEADER = ("| target | measured by | out tok/s | TTFT p50 / p99 ms | ITL p50 ms | CPU-s / 1k tok |\n"
@@ -163,7 +163,7 @@ def main(argv: list[str]) -> int:
     new = render(page, specs)
     if "--check" in argv:
         if new != page:
-            print(f"{PAGE} is out of date: .venv/bin/python docs/results/tables.py")
+            print(f"{PAGE} is out of date: .venv/bin/python -m bench.page")
             return 1
         return 0
     PAGE.write_text(new)
