@@ -48,6 +48,20 @@ def shares(level: Level, requests: Sequence[tuple[int, Any]], n: int) -> list[tu
     return [s for s in out if s[1]]
 
 
+async def close_all(procs: Sequence[asyncio.subprocess.Process], timeout: float) -> None:
+    """Close the client processes' stdin (their signal to end) and wait for them; kill one that
+    is not gone after ``timeout`` seconds."""
+    for p in procs:
+        if p.stdin is not None and not p.stdin.is_closing():
+            p.stdin.close()
+    for p in procs:
+        try:
+            await asyncio.wait_for(p.wait(), timeout)
+        except TimeoutError:
+            p.kill()
+            await p.wait()
+
+
 class ClientPool:
     """``n`` client processes for one target; :meth:`run_level` runs a level across them."""
 
@@ -67,15 +81,7 @@ class ClientPool:
         return self
 
     async def __aexit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:
-        for p in self.procs:
-            if p.stdin is not None:
-                p.stdin.close()
-        for p in self.procs:
-            try:
-                await asyncio.wait_for(p.wait(), 10)
-            except TimeoutError:
-                p.kill()
-                await p.wait()
+        await close_all(self.procs, 10)
 
     async def _read(self, p: asyncio.subprocess.Process) -> dict[str, Any]:
         assert p.stdout is not None

@@ -48,7 +48,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from bench.clientprocs import shares
+from bench.clientprocs import close_all, shares
 from bench.config import Level
 from bench.load import RequestResult, Send
 from bench.stack import ROOT
@@ -258,15 +258,7 @@ class VllmBench:
         return self
 
     async def __aexit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:
-        for p in self.procs:
-            if p.stdin is not None and not p.stdin.is_closing():
-                p.stdin.close()
-        for p in self.procs:
-            try:
-                await asyncio.wait_for(p.wait(), 30)
-            except TimeoutError:
-                p.kill()
-                await p.wait()
+        await close_all(self.procs, 30)
 
     async def _read(self, k: int, timeout: float) -> dict[str, Any]:
         p = self.procs[k]
