@@ -24,7 +24,7 @@ from inferq.api.prompt_ids import Published, tokenize
 from inferq.shared import keys, tracing
 from inferq.shared.celery_app import job_message
 from inferq.shared.errors import ContextLengthExceeded, InvalidRequest, NotFound, RateLimited, job_not_found
-from inferq.shared.request_limits import check_token_ids
+from inferq.shared.request_limits import check_vocabulary
 from inferq.shared.schemas import (
     ChoiceView,
     ControlMessage,
@@ -124,8 +124,8 @@ class JobService:
         limit = info.max_model_len
         if req.max_tokens is not None and req.max_tokens >= limit:
             raise ContextLengthExceeded(0, req.max_tokens, limit)
-        if req.prompt_token_ids is not None and info.vocab_size:
-            check_token_ids(req.prompt_token_ids, info.vocab_size)
+        if info.vocab_size:
+            check_vocabulary(req, info.vocab_size)
         fallback = self.settings.tokenizer_dir if info.model == self.settings.model_name else None
         n, ids = await tokenize(req, info, str(fallback) if fallback is not None else None,
                                 self.published.get(info.tokenizer_files))

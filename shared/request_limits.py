@@ -50,6 +50,17 @@ def check_token_ids(ids: list[int], vocab_size: int) -> None:
         _refuse("prompt", f"token id {bad} is out of vocabulary (the model has {vocab_size} tokens)")
 
 
+def check_vocabulary(req: JobRequest, vocab_size: int) -> None:
+    """Every token id the request names (its prompt's, ``stop_token_ids``, ``logit_bias``' keys)
+    in a vocabulary of ``vocab_size`` tokens, else 400 naming the field: the engine would refuse
+    them only once the job runs."""
+    if req.prompt_token_ids is not None:
+        check_token_ids(req.prompt_token_ids, vocab_size)
+    for param, ids in (("stop_token_ids", req.stop_token_ids), ("logit_bias", list(req.logit_bias or ()))):
+        if bad := [t for t in ids if not 0 <= t < vocab_size]:
+            _refuse(param, f"token id {bad[0]} is out of vocabulary (ids are 0 to {vocab_size - 1})")
+
+
 def _texts(req: JobRequest) -> Iterator[tuple[str, str]]:
     """The request's strings that pydantic lets through as they are: a JSON string may hold a
     lone surrogate (``"\\ud800"``), which Python's JSON parser accepts and no UTF-8 encoder does."""

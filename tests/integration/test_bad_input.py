@@ -54,6 +54,21 @@ def test_over_a_configured_limit_is_400_naming_it(stack, body, param) -> None:
     assert err["param"] == param and err["message"].startswith(f"{param}: "), err
 
 
+@pytest.mark.parametrize(("body", "param"), [
+    ({"prompt": "x", "stop_token_ids": [1, 4096]}, "stop_token_ids"),
+    ({"prompt": "x", "logit_bias": {"4096": 5}}, "logit_bias"),
+    ({"prompt_token_ids": [1, 4096]}, "prompt"),
+])
+def test_a_token_id_out_of_the_models_vocabulary_is_400_naming_the_field(stack, body, param) -> None:
+    """The built-in model has 4,096 tokens: an id past them is refused before queueing, not a job
+    that fails once it runs."""
+    with stack.http() as http:
+        r = http.post("/v1/jobs", json=body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and "token id 4096 is out of vocabulary" in err["message"], err
+
+
 def test_neither_or_both_inputs_is_400(stack) -> None:
     with stack.http() as http:
         for body in ({"max_tokens": 3}, {"prompt": "x", "messages": [{"role": "user", "content": "y"}]}):

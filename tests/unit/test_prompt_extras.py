@@ -91,6 +91,25 @@ def test_the_gateway_checks_token_ids_against_the_context_and_the_vocabulary_wit
     asyncio.run(service.check_context(JobRequest(prompt_token_ids=[1, 100]), worker_info()))
 
 
+def test_stop_token_ids_and_logit_bias_out_of_vocabulary_are_refused_naming_the_field() -> None:
+    """Both reach the engine as token ids: out of the vocabulary, the gateway answers 400 naming the
+    field before queueing (the engine would fail the job once it ran), and a worker refuses them
+    the same way for a job no gateway could check."""
+    service = JobService(Settings(), None, None, None)  # type: ignore[arg-type]  (the check needs none)
+    info = worker_info(vocab_size=100)
+    asyncio.run(service.check_context(JobRequest(prompt="x", stop_token_ids=[0, 99], logit_bias={99: 1}), info))
+    for req, param, bad in ((JobRequest(prompt="x", stop_token_ids=[3, 100]), "stop_token_ids", 100),
+                            (JobRequest(prompt="x", stop_token_ids=[-1]), "stop_token_ids", -1),
+                            (JobRequest(prompt="x", logit_bias={5: 1.0, 4096: -1.0}), "logit_bias", 4096),
+                            (JobRequest(prompt="x", logit_bias={-1: 2.0}), "logit_bias", -1)):
+        with pytest.raises(InvalidRequest) as e:
+            asyncio.run(service.check_context(req, info))
+        assert e.value.param == param and f"token id {bad} is out of vocabulary" in e.value.message
+        with pytest.raises(InvalidRequest) as e:
+            runner(vocab_size=100).prepare(message(**req.model_dump(exclude_defaults=True)))
+        assert e.value.param == param
+
+
 class Tokenizer:
     """The tokenizer calls a worker makes, recorded."""
 

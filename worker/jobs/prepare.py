@@ -7,7 +7,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from inferq.shared.request_limits import check_token_ids
+from inferq.shared.request_limits import check_token_ids, check_vocabulary
 from inferq.shared.schemas import JobMessage
 from inferq.worker.engine.encode import encode_request
 
@@ -35,7 +35,10 @@ class Preparer:
         self._lock = threading.Lock()
 
     def prepare(self, msg: JobMessage) -> Prepared:
-        """The job's token ids and, with ``echo``, its prompt's text."""
+        """The job's token ids and, with ``echo``, its prompt's text. Token ids the request names
+        outside the model's vocabulary are refused here, naming the field (vLLM would not)."""
+        if self.host.vocab_size:
+            check_vocabulary(msg.request, self.host.vocab_size)
         ids = self.prompt_ids(msg)
         return Prepared(ids, self.echo_text(msg, ids) if msg.request.echo else None)
 
