@@ -251,13 +251,15 @@ class StreamHub:
         raise AssertionError("unreachable")
 
     async def events(self, job_id: str, after: int = 0, merge: bool = False,
-                     kind: str | None = None) -> AsyncIterator[Event | PlainToken]:
+                     kind: str | None = None, last_attempt: bool = False) -> AsyncIterator[Event | PlainToken]:
         """Every event of the job with ``seq > after``, exactly once and in order, up to the last.
         With ``merge``, plain token events come as :class:`PlainToken`, and those that were already
         waiting together as one (a reader that is behind gets fewer, larger deltas; their ``seq``
         is the last one's). ``kind``: a client stream of that kind (``ws``, ``sse``), counted in the
-        gateway's metrics."""
+        gateway's metrics. ``last_attempt``: see :func:`from_last_restart`."""
         async for batch in self.batches(job_id, after, kind):
+            if last_attempt:
+                batch = from_last_restart(batch)
             for ev in merged(batch) if merge else [f.event() for f in batch]:
                 yield ev
 
@@ -308,6 +310,17 @@ class StreamHub:
                         yield batch
                         if batch[-1].terminal:
                             return
+
+
+def from_last_restart(frames: list[Frame]) -> list[Frame]:
+    """The frames from the last ``restart`` among them on: the events of an attempt that was lost
+    are dropped when the restart that ends it comes with them (a stream that replays a restarted
+    job from its log starts at the attempt that counts). A reader that already passed a lost
+    attempt's text on sees the restart itself, as before."""
+    for i in range(len(frames) - 1, -1, -1):
+        if frames[i].type == "restart":
+            return frames[i:]
+    return frames
 
 
 def _upto_terminal(frames: list[Frame]) -> list[Frame]:

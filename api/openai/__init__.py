@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from inferq.api.openai.answers import Collected, Collector, chat_response, collect, completion_response
 from inferq.api.openai.chunks import DONE, chat_chunks, completion_chunks
-from inferq.api.openai.jobs import answer_headers, chat_job, check_chat, completion_jobs
+from inferq.api.openai.jobs import answer_headers, chat_job, check_chat, completion_jobs, job_fields
 
 __all__ = ["DONE", "Collected", "Collector", "answer_headers", "chat_chunks", "chat_job", "chat_response", "check_chat",
-           "collect", "completion_chunks", "completion_jobs", "completion_response"]
+           "collect", "completion_chunks", "completion_jobs", "completion_response", "job_fields"]

@@ -18,7 +18,7 @@ from inferq.api.openai.messages import NamedToolChoice
 from inferq.api.openai.objects import ChatCompletionChunk, ChunkChoice, Delta, TextChoice, TextCompletion, ToolCallDelta
 from inferq.api.openai.params import ChatCompletionRequest, CompletionRequest
 from inferq.api.sse import Payload
-from inferq.api.streams import PlainToken, StreamHub, merged
+from inferq.api.streams import PlainToken, StreamHub, from_last_restart, merged
 from inferq.shared.errors import InferqError, Unavailable, error_from
 from inferq.shared.schemas import DoneEvent, ErrorEvent, RestartEvent, TokenEvent, Usage
 
@@ -43,7 +43,7 @@ async def chat_chunks(hub: StreamHub, job_id: str, model: str,
 
     calls = _StreamedCalls(req)
     async for batch in hub.batches(job_id, kind="sse"):  # not hub.events: one async hop less per token
-        for ev in merged(batch):
+        for ev in merged(from_last_restart(batch)):
             if ev.type == "restart" and not started:  # nothing sent yet: the next attempt just streams
                 continue
             if ev.type == "token" and ev.prompt_logprobs is not None:  # never streamed
@@ -153,7 +153,7 @@ async def completion_chunks(hub: StreamHub, job_ids: list[str], model: str,
     plain: dict[int, TextTemplate] = {}  # per choice: a plain text chunk's template
     for p, job_id in enumerate(job_ids):
         sent = False  # any of this job's text: a restart after it cannot be taken back
-        async for ev in hub.events(job_id, merge=True, kind="sse"):
+        async for ev in hub.events(job_id, merge=True, kind="sse", last_attempt=True):
             if ev.type == "restart" and not sent:  # nothing of it sent yet: the next attempt just streams
                 continue
             if ev.type == "token" and ev.prompt_logprobs is not None:  # never streamed

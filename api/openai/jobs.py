@@ -6,6 +6,10 @@ streamed through ``/v1/jobs``; a prompt of token ids goes to the worker as ids.
 
 from __future__ import annotations
 
+from typing import Any
+
+from pydantic import BaseModel
+
 from inferq.api.openai import tools
 from inferq.api.openai.params import ChatCompletionRequest, CompletionRequest
 from inferq.shared.request_limits import check_json
@@ -59,3 +63,14 @@ def answer_headers(first_id: str, replayed: bool) -> dict[str, str]:
     """The headers of an answer: its (first) job's id, and whether an earlier request with the same
     ``Idempotency-Key`` created its jobs."""
     return {"X-Inferq-Job-Id": first_id, **({"Idempotent-Replayed": "true"} if replayed else {})}
+
+
+#: What says how a request's answer is delivered, not what its jobs are.
+DELIVERY_FIELDS = frozenset({"stream", "stream_options", "background"})
+
+
+def job_fields(req: BaseModel) -> dict[str, Any]:
+    """A request as its ``Idempotency-Key`` fingerprint takes it: everything but how the answer is
+    delivered, so that the same request, streamed or not, answers from the same job (a streamed
+    request retried without streaming collects the job's answer)."""
+    return req.model_dump(mode="json", exclude=DELIVERY_FIELDS)

@@ -185,7 +185,7 @@ async def stream_events(hub: StreamHub, rec: JobRecord, after: int = -1, finishe
     for p in pending:
         if p is not None:
             yield p
-    async for ev in hub.events(rec.id, merge=False, kind="sse"):
+    async for ev in hub.events(rec.id, merge=False, kind="sse", last_attempt=True):
         if ev.type == "token":
             text += ev.text
             if (p := nxt("response.output_text.delta", item_id=item, output_index=0, content_index=0,

@@ -26,7 +26,7 @@ async def create_response(req: rs.ResponsesRequest, request: Request, service: S
     if req.previous_response_id is not None:
         history = rs.history(await service.record(rs.job_id(req.previous_response_id), caller))
     admitted = await admission.submit(caller, [req.job(history)], idempotency_key=idempotency_key,
-                                      fingerprint=lambda: fingerprint("responses", req.model_dump(mode="json")))
+                                      fingerprint=lambda: fingerprint("responses", oc.job_fields(req)))
     rec = admitted.records[0]
     cancel = partial(service.cancel_soon, [] if req.background or idempotency_key else [rec.id])
     headers = oc.answer_headers(rec.id, admitted.replayed)

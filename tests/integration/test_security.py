@@ -284,6 +284,27 @@ def test_openai_repeat_returns_the_same_completion(secure) -> None:
         assert seen[0] == seen[1] and sorted(seen[0][2]) == [0, 1] and all(seen[0][2].values())
 
 
+def test_a_streamed_request_retried_without_streaming_answers_from_the_same_job(secure) -> None:
+    """An Idempotency-Key names the request, not how its answer is delivered: the same chat request
+    streamed, then again without ``stream``, is one job, and the second gets its whole answer."""
+    body = {"messages": [{"role": "user", "content": "once"}], "max_tokens": 6, "ignore_eos": True,
+            "temperature": 1.0}
+    headers = {"Idempotency-Key": "stream-then-not"}
+    with secure.http("sk-idem") as http:
+        streamed = http.post("/v1/chat/completions", json={**body, "stream": True,
+                                                           "stream_options": {"include_usage": True}}, headers=headers)
+        assert streamed.status_code == 200 and streamed.text.rstrip().endswith("data: [DONE]")
+        text = "".join(c["delta"].get("content") or "" for line in streamed.text.splitlines()
+                       if line.startswith("data: {") for c in json.loads(line[6:])["choices"])
+        whole = http.post("/v1/chat/completions", json=body, headers=headers)
+        assert whole.status_code == 200, whole.text
+        assert whole.headers["idempotent-replayed"] == "true"
+        assert whole.json()["id"] == streamed.headers["x-inferq-job-id"]
+        assert whole.json()["choices"][0]["message"]["content"] == text
+        other = http.post("/v1/chat/completions", json={**body, "max_tokens": 7}, headers=headers)
+        assert other.status_code == 400 and other.json()["error"]["code"] == "idempotency_key_reused"
+
+
 def test_without_keys_limits_count_per_client_ip(stack, logdir) -> None:
     """Auth off: no key needed, and the limits apply to the client's address instead."""
     port = free_port()
