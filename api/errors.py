@@ -15,6 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError as RedisResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -73,6 +74,9 @@ def typed(exc: BaseException) -> InferqError:
     if isinstance(exc, (RedisConnectionError, RedisTimeoutError)):
         log.warning("Redis unavailable: %s", exc)
         return Unavailable("the job store (Redis) is unavailable; retry shortly", retry_after=1.0)
+    if isinstance(exc, RedisResponseError) and str(exc).startswith("OOM"):  # at maxmemory (noeviction)
+        log.error("Redis refuses writes: it is at its maxmemory (%s)", exc)
+        return Unavailable("the job store (Redis) is full; retry later", code="redis_full", retry_after=5.0)
     if isinstance(exc, StarletteHTTPException) and isinstance(exc.__cause__, RecursionError):
         # FastAPI's body parser gave up (thousands of levels): no field can be named yet
         return InvalidRequest("the request body nests JSON too deeply to be parsed")

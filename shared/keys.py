@@ -169,6 +169,11 @@ def files(owner: str | None) -> str:
     return f"{PREFIX}:files:{_owner(owner)}"
 
 
+def file_bytes(owner: str | None) -> str:
+    """The bytes of the files the owner stores (counted against INFERQ_MAX_FILE_BYTES_PER_KEY)."""
+    return f"{PREFIX}:file_bytes:{_owner(owner)}"
+
+
 def batch(batch_id: str) -> str:
     """A batch's record and cancel request."""
     return f"{PREFIX}:batch:{batch_id}"

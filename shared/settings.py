@@ -132,6 +132,10 @@ class Settings(BaseSettings):
         default=None, description="Folder (shared by every gateway) that uploaded and batch output files "
         "are kept in; unset: file contents live in Redis, each at most max_file_bytes.")
     max_file_bytes: int = Field(default=64 << 20, ge=1024, description="Largest file upload (POST /v1/files).")
+    max_file_bytes_per_key: int = Field(default=256 << 20, ge=0, description="Most bytes of files one key "
+                                        "(one client address without keys) may store, uploads and batch "
+                                        "outputs together; an upload past it is refused (400) until files are "
+                                        "deleted or expire. 0: no limit.")
     max_batch_lines: int = Field(default=50_000, ge=1, description="Most requests in one batch's input file.")
     file_ttl_s: int = Field(default=30 * 86400, ge=0, description="An uploaded file expires this long after "
                             "its upload unless the upload names its own expires_after (OpenAI's default for "

@@ -22,7 +22,7 @@ from starlette.concurrency import run_in_threadpool
 
 from inferq.api.auth import Principal
 from inferq.api.batches.schemas import FileList, FileObject, FilePurpose
-from inferq.shared import keys
+from inferq.shared import keys, lua
 from inferq.shared.errors import InvalidRequest, NotFound
 from inferq.shared.settings import Settings
 
@@ -41,6 +41,9 @@ class FileStore:
     def __init__(self, settings: Settings, redis: Redis) -> None:
         self.redis = redis
         self.max_bytes = settings.max_file_bytes
+        self.quota = settings.max_file_bytes_per_key
+        self._reserve = lua.register(redis, "file_reserve")
+        self._remove_script = lua.register(redis, "file_remove")
         self.ttl_s = settings.file_ttl_s  # an upload's, unless it names its own
         self.dir = settings.files_dir
         if self.dir is not None:
@@ -53,8 +56,8 @@ class FileStore:
     async def create(self, owner: str | None, purpose: FilePurpose, filename: str, data: bytes,
                      limited: bool = True, ttl_s: int | None = None) -> FileObject:
         """Keep ``data`` as a new file of ``owner``'s, for ``ttl_s`` seconds (None: until deleted);
-        400 when it is too large (an upload: ``limited``) or not UTF-8. A batch's output is
-        written whatever its size."""
+        400 when it is too large or over the owner's quota (an upload: ``limited``), or not
+        UTF-8. A batch's output is written whatever its size, and counts towards the quota."""
         if limited and len(data) > self.max_bytes:
             raise InvalidRequest(f"the file has {len(data)} bytes; at most {self.max_bytes} "
                                  "(INFERQ_MAX_FILE_BYTES)", param="file", code="file_too_large")
@@ -63,10 +66,27 @@ class FileStore:
         except UnicodeDecodeError as e:
             raise InvalidRequest(f"the file is not UTF-8 text (byte {e.start}); a batch input file is "
                                  "JSONL", param="file", code="invalid_file_format") from None
+        await self._count(owner, len(data), limited)
+        try:
+            return await self._write(owner, purpose, filename, data, text, ttl_s)
+        except BaseException:  # not kept after all: its bytes go back
+            await self.redis.decrby(keys.file_bytes(owner), len(data))
+            raise
+
+    async def _count(self, owner: str | None, size: int, limited: bool) -> None:
+        """Count ``size`` bytes against the owner's quota; an upload past it (``limited``) is refused."""
+        used = int(await self._reserve(keys=[keys.file_bytes(owner)], args=[size, self.quota if limited else 0]))
+        if used >= 0:
+            raise InvalidRequest(f"the file has {size} bytes and this key stores {used} of at most {self.quota} "
+                                 "(INFERQ_MAX_FILE_BYTES_PER_KEY); delete files to make room", param="file",
+                                 code="file_quota_exceeded")
+
+    async def _write(self, owner: str | None, purpose: FilePurpose, filename: str, data: bytes, text: str,
+                     ttl_s: int | None) -> FileObject:
         now = int(time.time())
         meta = FileObject(id=new_file_id(), bytes=len(data), created_at=now, filename=filename[:255] or "file.jsonl",
                           purpose=purpose, expires_at=now + ttl_s if ttl_s else None)
-        fields = {"meta": meta.model_dump_json(), "owner": json.dumps(owner)}
+        fields = {"meta": meta.model_dump_json(), "owner": json.dumps(owner), "size": str(len(data))}
         if self.dir is None:
             fields["content"] = text
         else:
@@ -114,11 +134,8 @@ class FileStore:
         owner = json.loads(await self.redis.hget(keys.file(file_id), "owner") or "null")
         if self.dir is not None:
             await run_in_threadpool(self._path(file_id).unlink, True)
-        async with self.redis.pipeline(transaction=True) as p:
-            p.delete(keys.file(file_id))
-            p.zrem(keys.files(owner), file_id)
-            p.zrem(keys.FILES_EXPIRING, file_id)
-            await p.execute()
+        await self._remove_script(keys=[keys.file(file_id), keys.files(owner), keys.FILES_EXPIRING,
+                                        keys.file_bytes(owner)], args=[file_id])
 
     async def sweep(self, now: float | None = None, most: int = 100) -> int:
         """Delete up to ``most`` files whose time is up; how many (every gateway's batch runner

@@ -101,6 +101,28 @@ async def test_file_store_in_a_folder(r: redis.asyncio.Redis, tmp_path: Path) ->
         await files.content(f.id, ALICE)
 
 
+async def test_a_keys_files_count_against_its_quota_until_deleted_or_expired(r: redis.asyncio.Redis) -> None:
+    """Files live in Redis without INFERQ_FILES_DIR: one key's uploads stop at its quota (400 naming
+    the file and the limit), another key's are not affected, and a delete or an expiry gives the
+    bytes back. A batch's output is written past the quota (it is counted)."""
+    files = FileStore(Settings(max_file_bytes=2048, max_file_bytes_per_key=3000), r)
+    a = await files.create("alice", "batch", "a.jsonl", b"x" * 1500)
+    b = await files.create("alice", "batch", "b.jsonl", b"x" * 1500, ttl_s=3600)
+    with pytest.raises(InvalidRequest) as e:
+        await files.create("alice", "batch", "c.jsonl", b"x")
+    assert (e.value.param, e.value.code) == ("file", "file_quota_exceeded") and "at most 3000" in e.value.message
+    assert len((await files.list(ALICE, None, 10, None)).data) == 2  # the refused one left nothing
+    await files.create("bob", "batch", "b.jsonl", b"x" * 2000)  # per key
+    out = await files.create("alice", "batch_output", "out.jsonl", b"y" * 100, limited=False)
+    assert int(await r.get(keys.file_bytes("alice"))) == 3100
+    await files.delete(a.id, ALICE)
+    await files.delete(out.id, ALICE)
+    await files.create("alice", "batch", "c.jsonl", b"x" * 1500)
+    assert await files.sweep(now=b.expires_at + 1) == 1
+    assert await files.sweep(now=b.expires_at + 1) == 0  # removed once: its bytes given back once
+    assert int(await r.get(keys.file_bytes("alice"))) == 1500
+
+
 async def test_files_expire_and_the_sweep_deletes_them(r: redis.asyncio.Redis, tmp_path: Path) -> None:
     files = FileStore(Settings(files_dir=tmp_path / "files"), r)
     keep = await files.create("alice", "batch", "keep.jsonl", b"{}\n")

@@ -164,6 +164,22 @@ def test_compose_monitoring_profile_mounts_what_exists() -> None:
             assert (ROOT / volume.split(":")[0]).exists(), volume
 
 
+def _redis_args(args: list[str]) -> dict[str, str]:
+    return {a.removeprefix("--"): b for a, b in zip(args, args[1:], strict=False) if a.startswith("--")}
+
+
+def test_shipped_redis_is_capped_and_refuses_writes_when_full() -> None:
+    """Compose and Kubernetes cap Redis' memory (a flood of uploads or jobs must not grow it until
+    the host kills it) and never evict (a job or its log would vanish): writes are refused at the
+    cap, below the container's memory limit."""
+    compose = _redis_args(yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]["redis"]["command"])
+    assert compose["maxmemory-policy"] == "noeviction" and compose["maxmemory"] == "${INFERQ_REDIS_MAXMEMORY:-2gb}"
+    container = _one("Deployment", "redis")["spec"]["template"]["spec"]["containers"][0]
+    k8s = _redis_args(container["args"])
+    assert k8s["maxmemory-policy"] == "noeviction" and k8s["maxmemory"] == "3gb"
+    assert container["resources"]["limits"]["memory"] == "4Gi"
+
+
 def test_compose_prometheus_scrapes_every_process_of_the_workers_engine_group() -> None:
     """Process i of an engine group serves its metrics on INFERQ_METRICS_PORT + i: Prometheus scrapes
     as many ports as the compose file's default INFERQ_FRONTENDS."""

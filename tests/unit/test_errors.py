@@ -13,6 +13,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from pydantic import BaseModel, Field
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
 from starlette.websockets import WebSocketDisconnect
 
 from inferq.api import errors
@@ -96,6 +97,14 @@ def test_redis_away_is_503_redis_unavailable() -> None:
     r = errors.to_response(RedisConnectionError("refused"))
     assert r.status_code == 503 and r.headers["retry-after"] == "1"
     assert (body(r)["error"]["type"], body(r)["error"]["code"]) == ("service_unavailable", "redis_unavailable")
+
+
+def test_redis_at_its_memory_limit_is_503_redis_full() -> None:
+    """With maxmemory and noeviction (the shipped configuration), Redis refuses writes when full."""
+    r = errors.to_response(ResponseError("OOM command not allowed when used memory > 'maxmemory'."))
+    assert r.status_code == 503 and r.headers["retry-after"] == "5"
+    assert (body(r)["error"]["type"], body(r)["error"]["code"]) == ("service_unavailable", "redis_full")
+    assert "maxmemory" not in body(r)["error"]["message"]  # the detail is for the logs
 
 
 def test_an_unexpected_exception_is_500_without_its_details() -> None:
@@ -185,7 +194,7 @@ class ScriptedHub:
             yield [f]
 
     async def events(self, job_id: str, after: int = 0, merge: bool = False,
-                     kind: str | None = None) -> AsyncIterator[object]:
+                     kind: str | None = None, last_attempt: bool = False) -> AsyncIterator[object]:
         async for f in self.frames(job_id, after):
             yield f.event()
 
