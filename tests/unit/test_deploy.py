@@ -173,7 +173,7 @@ def test_shipped_redis_is_capped_and_refuses_writes_when_full() -> None:
     the host kills it) and never evict (a job or its log would vanish): writes are refused at the
     cap, below the container's memory limit."""
     compose = _redis_args(yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]["redis"]["command"])
-    assert compose["maxmemory-policy"] == "noeviction" and compose["maxmemory"] == "${INFERQ_REDIS_MAXMEMORY:-2gb}"
+    assert compose["maxmemory-policy"] == "noeviction" and compose["maxmemory"] == "${REDIS_MAXMEMORY:-2gb}"
     container = _one("Deployment", "redis")["spec"]["template"]["spec"]["containers"][0]
     k8s = _redis_args(container["args"])
     assert k8s["maxmemory-policy"] == "noeviction" and k8s["maxmemory"] == "3gb"
