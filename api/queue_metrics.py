@@ -20,6 +20,7 @@ from redis.asyncio import Redis
 
 from inferq.shared import keys, lua
 from inferq.shared.schemas import WorkerInfo
+from inferq.shared.store import queue_depths
 
 _ARITY = {"submitted": 1, "end": 3, "requeue": 2, "reaped": 1, "batch_line": 1}  # labels of each kind of keys.stat()
 
@@ -29,7 +30,7 @@ class QueueSnapshot:
     """What Redis said, at one moment."""
 
     now: float
-    depth: dict[tuple[str, int], int] = field(default_factory=dict)  # (model, priority) -> messages
+    depth: dict[tuple[str, int], int] = field(default_factory=dict)  # (model, priority) -> jobs queued
     oldest: dict[str, float] = field(default_factory=dict)  # model -> oldest queued job's time
     workers: dict[tuple[str, str], int] = field(default_factory=dict)  # (model, live|draining) -> n
     running: dict[str, int] = field(default_factory=dict)  # model -> jobs its live workers hold
@@ -45,12 +46,11 @@ async def snapshot(redis: Redis, default_model: str, ttl_s: float, window_s: flo
                          batches=await redis.scard(keys.BATCHES_ACTIVE))
     for model in sorted(models):
         lists = keys.queue_lists(model)
+        lengths = await queue_depths(redis, model)  # jobs cancelled while queued not counted
         async with redis.pipeline(transaction=False) as p:
-            for name in lists:
-                p.llen(name)
             p.eval(lua.source("queue_oldest"), len(lists) + 1, *lists, keys.QUEUED)
             p.zrangebyscore(keys.workers(model), now - ttl_s, "+inf")
-            *lengths, oldest, wids = await p.execute()
+            oldest, wids = await p.execute()
         snap.depth.update({(model, prio): n for prio, n in zip(keys.PRIORITIES, lengths, strict=True)})
         if oldest is not None:
             snap.oldest[model] = float(oldest)
@@ -86,8 +86,8 @@ class QueueCollector(Collector):
         for model in {m for m, _ in s.depth}:
             age.add_metric([model], max(0.0, s.now - s.oldest[model]) if model in s.oldest else 0.0)
         yield age
-        jobs = GaugeMetricFamily("inferq_jobs", "Jobs not finished, by status (queued: messages in the "
-                                 "queue; running: held by live workers).", labels=["model", "status"])
+        jobs = GaugeMetricFamily("inferq_jobs", "Jobs not finished, by status (queued: in the queue, "
+                                 "not cancelled; running: held by live workers).", labels=["model", "status"])
         for model in {m for m, _ in s.depth}:
             jobs.add_metric([model, "queued"], sum(n for (m, _), n in s.depth.items() if m == model))
             jobs.add_metric([model, "running"], s.running.get(model, 0))

@@ -22,6 +22,8 @@ inferq:stats                    hash      cluster-wide counters (jobs ended by m
 inferq:models                   zset      served model name -> last heartbeat (unix s); never pruned:
                                           readers keep only models seen within worker_ttl_s
 inferq.q.{model}[:{p}]          list      the model's Celery queue, one list per priority p (kombu)
+inferq:cancelled:{list}         zset      job ids cancelled while queued whose message is still in the
+                                          list -> cancel time: not counted in the queue's depth (TTL)
 unacked, unacked_index          hash,zset kombu's delivered-but-unacked messages (the reaper sweeps)
 inferq:rate:{subject}           zset      submission times of the last minute (sliding window; TTL)
 inferq:active:{subject}         zset      the subject's unfinished job ids -> submit time (TTL)
@@ -114,6 +116,12 @@ def queue_lists(model: str) -> list[str]:
     """The Redis lists holding the queue's messages, one per priority (kombu's naming)."""
     q = queue(model)
     return [q if p == 0 else f"{q}{PRIORITY_SEP}{p}" for p in PRIORITIES]
+
+
+def queue_cancelled(queue_list: str) -> str:
+    """Jobs cancelled while queued whose Celery message is still in ``queue_list`` (one of
+    :func:`queue_lists`): the queue's depth is the list's length less these."""
+    return f"{PREFIX}:cancelled:{queue_list}"
 
 
 def worker_jobs(worker_id: str) -> str:

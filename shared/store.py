@@ -89,17 +89,21 @@ class JobStore:
 
     async def submit(self, record: JobRecord, queue_list: str, message: str, max_depth: int) -> int | None:
         """Write the job's record and put its Celery message on ``queue_list`` in one step, unless
-        the model's queue already holds ``max_depth`` messages: then nothing is written and the
-        depth is returned. :class:`AlreadyQueued` when a job with the record's id exists: nothing
-        is written then either."""
+        the model's queue already holds ``max_depth`` jobs (as :func:`queue_depths` counts them): then
+        nothing is written and the depth is returned. :class:`AlreadyQueued` when a job with the
+        record's id exists: nothing is written then either."""
         return await self._write(record, queue_list, message, max_depth)
 
     async def _write(self, record: JobRecord, queue_list: str | None = None, message: str = "",
                      max_depth: int | None = None) -> int | None:
-        fields = [x for kv in record.to_hash().items() for x in kv]
         lists = keys.queue_lists(record.model)
+        queue_list = queue_list or lists[record.request.priority]  # where its messages go (job_message)
+        # the record names the zset its job joins if it is cancelled while its message waits in that list
+        fields = [x for kv in record.to_hash().items() for x in kv] + ["queue_cancelled",
+                                                                        keys.queue_cancelled(queue_list)]
         depth = int(await self._submit(
-            keys=[keys.job(record.id), keys.QUEUED, keys.STATS, queue_list or lists[0], *lists],
+            keys=[keys.job(record.id), keys.QUEUED, keys.STATS, queue_list, *lists,
+                  *map(keys.queue_cancelled, lists)],
             args=["" if max_depth is None else max_depth, self.ttl_s, record.id, repr(record.created_at),
                   keys.stat("submitted", record.model), message, *fields]))
         if depth == -2:
@@ -123,7 +127,7 @@ class JobStore:
         with the same ``token`` after its answer was lost gets the answer the first call had."""
         res = await self._claim(keys=[keys.job(job_id), keys.job_log(job_id), keys.worker_jobs(worker_id),
                                       keys.QUEUED],
-                                args=[_Q(worker_id), str(time.time()), job_id, token])
+                                args=[_Q(worker_id), str(time.time()), job_id, token, self.ttl_s])
         if res is None:
             return None
         return Claim(JobStatus(json.loads(res[0])), int(res[1]), int(res[2]))
@@ -226,11 +230,8 @@ class JobStore:
         return list(results)
 
     async def queue_depth(self, model: str) -> int:
-        """Messages waiting in the model's Celery queue, all priorities together (one round trip)."""
-        async with self.redis.pipeline(transaction=False) as p:
-            for name in keys.queue_lists(model):
-                p.llen(name)
-            return sum(await p.execute())
+        """Jobs waiting in the model's Celery queue, all priorities together (one round trip)."""
+        return sum(await queue_depths(self.redis, model))
 
     async def read_log(self, job_id: str, after: int = 0) -> list[Event]:
         """Every logged event with ``seq > after``, in order."""
@@ -240,6 +241,19 @@ class JobStore:
         """:meth:`read_log` as stored: each event's JSON text."""
         rows = await self.redis.xrange(keys.job_log(job_id), min=f"{after + 1}-0", max="+")
         return [fields["e"] for _, fields in rows]
+
+
+async def queue_depths(redis: Redis, model: str) -> list[int]:
+    """Jobs waiting in each of the model's queue lists (by priority), in one round trip: each list's
+    messages less those of jobs cancelled while queued (a worker pops and skips them later;
+    shared/lua/job_submit.lua counts the same)."""
+    lists = keys.queue_lists(model)
+    async with redis.pipeline(transaction=False) as p:
+        for name in lists:
+            p.llen(name)
+            p.zcard(keys.queue_cancelled(name))
+        counts = await p.execute()
+    return [max(0, n - cancelled) for n, cancelled in zip(counts[::2], counts[1::2], strict=True)]
 
 
 def is_duplicate_id(err: Exception | None) -> bool:

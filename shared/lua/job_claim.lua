@@ -1,10 +1,15 @@
 -- queued -> running, attempt + 1.
 -- KEYS: job hash, log, worker's job set, queued zset. ARGV: worker id (JSON), now, job id, claim
--- token ('' : none). Returns {status before (JSON), attempt, last seq in the log}. The same token
+-- token ('' : none), ttl. Returns {status before (JSON), attempt, last seq in the log}. The same token
 -- again (a retry whose first call took the job but whose answer was lost) gets the same answer,
 -- not "running": else the job would stay running with nobody on it.
+-- Every claim consumes one of the job's messages: a job cancelled while queued is no longer among
+-- those whose message waits in its queue's list (the zset named in the record, see job_cancel.lua).
+-- A job taken gets a full ttl for its record and log (the heartbeat renews them while it runs).
 local st = redis.call('HGET', KEYS[1], 'status')
 if not st then return nil end
+local cancelled = redis.call('HGET', KEYS[1], 'queue_cancelled')
+if cancelled then redis.call('ZREM', cancelled, ARGV[3]) end
 if st ~= STATUS.queued then
   if ARGV[4] ~= '' and st == STATUS.running and redis.call('HGET', KEYS[1], 'claim') == ARGV[4] then
     return {STATUS.queued, tonumber(redis.call('HGET', KEYS[1], 'attempt')), last_seq(KEYS[2])}
@@ -14,6 +19,8 @@ end
 local attempt = tonumber(redis.call('HGET', KEYS[1], 'attempt') or '0') + 1
 redis.call('HSET', KEYS[1], 'status', STATUS.running, 'worker', ARGV[1], 'started_at', ARGV[2],
            'attempt', attempt, 'claim', ARGV[4])
+redis.call('EXPIRE', KEYS[1], ARGV[5])
+redis.call('EXPIRE', KEYS[2], ARGV[5])
 redis.call('SADD', KEYS[3], ARGV[3])
 redis.call('ZREM', KEYS[4], ARGV[3])
 return {st, attempt, last_seq(KEYS[2])}

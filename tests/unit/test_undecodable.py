@@ -20,7 +20,7 @@ from tests.unit.workerkit import GatedEngine, start_runtime
 @pytest.fixture(autouse=True)
 def runtime(own_redis, monkeypatch):
     """A real WorkerRuntime (scripted engine) behind the task, as a worker process has."""
-    rig = start_runtime(own_redis, GatedEngine(), job_ttl_s=120)
+    rig = start_runtime(own_redis, GatedEngine(), job_ttl_s=120, max_timeout_s=120, default_timeout_s=120)
     monkeypatch.setattr(tasks, "_runtime", rig.runtime)
     yield rig.runtime
     rig.stop()

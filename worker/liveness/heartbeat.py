@@ -5,8 +5,14 @@ loop, which the token path can keep busy for longer than a worker TTL. From that
 reads the worker's state (plain attribute reads) and hands work to the engine loop without
 waiting for it (:class:`WorkerView`).
 
+Each beat also keeps the worker's jobs in order, in one script call
+(shared/lua/worker_keep_jobs.lua): the record and log of every job it runs get a full job TTL
+again (a job may run longer than the TTL after its last refresh by an event), and ids in its job
+set that are not running under it (a record that expired, a job that ended or was taken) leave
+the set, where ``/v1/queue`` and ``/metrics`` would count them as running forever.
+
 Each beat also checks that the worker is still registered. A worker that finds itself reaped (its
-id gone from the model's live set, or fewer jobs in its job set than it runs) re-registers, keeps
+id gone from the model's live set, or jobs it runs missing from its job set) re-registers, keeps
 the jobs that are still its own, and stops the attempts that were taken from it: their writes are
 fenced anyway, and they end without writing an end.
 """
@@ -20,6 +26,7 @@ import time
 from typing import Protocol
 
 from redis.asyncio import Redis
+from redis.commands.core import AsyncScript
 
 from inferq.shared import keys, lua
 from inferq.shared.redis import make_redis
@@ -61,6 +68,7 @@ class Heartbeat:
         self._registered = False
         self._wake: asyncio.Event | None = None
         self._thread: LoopThread | None = None
+        self._keep: AsyncScript | None = None
 
     def start(self, timeout: float | None = None) -> None:
         """Register (the first beat: raises if it fails), then beat from a thread of its own."""
@@ -71,6 +79,7 @@ class Heartbeat:
 
     async def _open(self) -> None:
         self.redis = make_redis(self.settings.redis_url, max_connections=4)
+        self._keep = lua.register(self.redis, "worker_keep_jobs")
         self._wake = asyncio.Event()
         await self.beat()
         self.trusted_since = time.monotonic()
@@ -93,21 +102,38 @@ class Heartbeat:
         info = self.worker.describe()
         async with self.redis.pipeline(transaction=False) as p:
             p.zscore(keys.workers(s.model_name), wid)
-            p.scard(keys.worker_jobs(wid))
+            p.smembers(keys.worker_jobs(wid))
             p.set(keys.worker(wid), info.model_dump_json(), px=int(s.worker_ttl_s * 1000))
             p.zadd(keys.workers(s.model_name), {wid: info.last_seen})
             p.zadd(keys.MODELS, {s.model_name: info.last_seen})
             if info.tokenizer_files:  # published files live while a worker names them
                 p.expire(info.tokenizer_files, tokenizer_files.TTL_S)
-            score, held, *_ = await p.execute()
+            score, listed, *_ = await p.execute()
         reaped, self._registered = self._registered and score is None, True
         claimed = self.worker.claimed()
+        listed = set(listed) - await self._keep_jobs(set(listed), claimed)
         if reaped:
             self.reaped += 1
             self.trusted_since = None  # others saw no beat for a TTL: count this as a reconnection
             log.warning("this worker was taken for dead and reaped; re-registered (%d jobs to check)", len(claimed))
-        if reaped or held < len(claimed):
+        if reaped or not listed.issuperset(claimed):
             await self._reconcile(claimed)
+
+    async def _keep_jobs(self, listed: set[str], claimed: dict[str, int]) -> set[str]:
+        """Renew the TTL of the record and log of each job the worker runs, and take out of its job
+        set the ids not running under it (phantoms): one script call. Returns the ids taken out."""
+        assert self.redis is not None and self._keep is not None
+        ids = sorted(listed | claimed.keys())
+        if not ids:
+            return set()
+        removed = set(await self._keep(
+            keys=[keys.worker_jobs(self.worker_id), *(k for j in ids for k in (keys.job(j), keys.job_log(j)))],
+            args=[json.dumps(self.worker_id), self.settings.job_ttl_s,
+                  *(x for j in ids for x in (j, "1" if j in claimed else ""))]))
+        if removed:
+            log.warning("%d jobs in this worker's job set were not running under it (record expired, ended "
+                        "or taken); removed: %s", len(removed), ", ".join(sorted(removed)[:8]))
+        return removed
 
     async def _reconcile(self, claimed: dict[str, int]) -> None:
         """Keep (and re-list) the jobs still ours; stop the attempts that were taken from us."""
