@@ -11,7 +11,7 @@ from starlette.middleware.cors import CORSMiddleware
 
 from inferq.api import errors
 from inferq.api.admission import Admission
-from inferq.api.auth import KeyRing
+from inferq.api.auth import KeyBeforeBody, KeyRing
 from inferq.api.batches.files import FileStore
 from inferq.api.batches.runner import BatchRunner
 from inferq.api.batches.service import BatchService
@@ -83,8 +83,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for module in (jobs, stream, chat, models, responses, health, tokenize, metrics, files, batches, console):
         app.include_router(module.router)
     # uploads may be larger: up to a file's limit, plus room for the multipart framing
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes,
-                       routes={"/v1/files": settings.max_file_bytes + (64 << 10)})
+    uploads = {"/v1/files": settings.max_file_bytes + (64 << 10)}
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, routes=uploads,
+                       body_timeout_s=settings.http_body_timeout_s)
+    if keyring.enabled:  # outside BodyLimit: an upload without a valid key gets 401 before any of its body is read
+        app.add_middleware(KeyBeforeBody, keyring=keyring, paths=uploads)
     if settings.origins:  # browser pages on these origins may call the API (keys go in headers)
         app.add_middleware(CORSMiddleware, allow_origins=settings.origins, allow_methods=["*"],
                            allow_headers=["*"], expose_headers=["Retry-After", "Location"])

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from starlette.requests import HTTPConnection
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from inferq.api.errors import to_response
 from inferq.shared.errors import Unauthenticated
 from inferq.shared.settings import Settings
 
@@ -96,6 +99,23 @@ class KeyRing:
         if found is None:
             raise Unauthenticated("invalid API key", code="invalid_api_key")
         return Principal(found.id, found.name, ip)
+
+
+class KeyBeforeBody:
+    """A pure ASGI middleware: a POST to one of ``paths`` (uploads: large bodies) without a valid
+    key is answered 401 before any of its body is read. FastAPI reads and parses a form body before
+    it resolves a route's dependencies, the key among them; the route still checks the key itself."""
+
+    def __init__(self, app: ASGIApp, keyring: KeyRing, paths: Iterable[str]) -> None:
+        self.app, self.keyring, self.paths = app, keyring, frozenset(paths)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in self.paths:
+            try:
+                self.keyring.authenticate(HTTPConnection(scope))
+            except Unauthenticated as e:
+                return await to_response(e)(scope, receive, send)
+        await self.app(scope, receive, send)
 
 
 def read_keys_file(path: Path) -> dict[str, str | None]:

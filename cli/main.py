@@ -15,6 +15,7 @@ def cmd_api(args: argparse.Namespace) -> int:
 
     from inferq.api import metrics
     from inferq.api.app import create_app
+    from inferq.api.connections import uvicorn_options
 
     s = get_settings()
     workers = args.workers or s.api_workers
@@ -24,8 +25,10 @@ def cmd_api(args: argparse.Namespace) -> int:
     app = "inferq.api.app:create_app" if workers > 1 else create_app(s)
     # JSON logs: uvicorn's own loggers go through the root handler (shared/logs.py) too
     log_config = {} if s.log_format == "json" else uvicorn.config.LOGGING_CONFIG
+    # http, ws (uvicorn's httptools and sans-I/O protocols with the gateway's limits) and keep-alive:
+    # api/connections.py; `inferq up` runs this command for its gateway
     uvicorn.run(app, factory=workers > 1, workers=workers, host=args.host or s.host,
-                port=args.port or s.port, log_level=s.log_level.lower(), ws="websockets-sansio",
+                port=args.port or s.port, log_level=s.log_level.lower(), **uvicorn_options(s),
                 log_config=log_config or None,
                 ws_max_size=s.max_body_bytes, ws_per_message_deflate=s.ws_compression,
                 timeout_graceful_shutdown=5)

@@ -82,13 +82,34 @@ class ContextLengthExceeded(InvalidRequest):
 
 
 class BodyTooLarge(InvalidRequest):
-    """The one ``invalid_request_error`` that is not a 400."""
+    """An ``invalid_request_error`` that is not a 400 (as are the three below)."""
 
     status = 413
     default_code = "body_too_large"
 
     def __init__(self, max_bytes: int) -> None:
         super().__init__(f"request body is larger than {max_bytes} bytes")
+
+
+class RequestTimeout(InvalidRequest):
+    """The client stopped sending its request, headers or body, for longer than the gateway waits."""
+
+    status = 408
+    default_code = "request_timeout"
+
+
+class HeadersTooLarge(InvalidRequest):
+    """A request's line and headers are larger than the gateway reads."""
+
+    status = 431
+    default_code = "headers_too_large"
+
+
+class UriTooLong(InvalidRequest):
+    """A request line (its URL) longer than the gateway reads."""
+
+    status = 414
+    default_code = "uri_too_long"
 
 
 class Unauthenticated(InferqError):

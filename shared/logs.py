@@ -14,6 +14,7 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from urllib.parse import unquote_plus
 
 from pythonjsonlogger.json import JsonFormatter
 
@@ -38,23 +39,52 @@ class JobFields(logging.Filter):
         return True
 
 
-class RedactKeys(logging.Filter):
-    """Hides the value of ``api_key=`` in a line's arguments: a WebSocket client (the browser
-    console) may send its key in the query string, which uvicorn's access lines would print."""
+#: A query parameter as it appears in a URL or a log line: a name, ``=``, and a value that ends at
+#: ``&``, whitespace, ``#``, or a quote closing the text around it (a quote inside the value is kept)
+_PARAM = re.compile(r"""([^\s?&=#"'/]+)=((?:[^&\s#"']|["'](?=\S))*)""")
+#: Arguments a line's parameters may hold a key in and :func:`hide_keys` can edit one by one
+_PLAIN = (str, int, float, type(None))
 
-    _KEY = re.compile(r"(api_key=)[^&\s\"']*")
+
+def _is_key_name(name: str) -> bool:
+    """Whether a query parameter's name is ``api_key`` once decoded as the gateway decodes it
+    (``%XX``, ``+``), in any case and with spaces around it."""
+    return unquote_plus(name).strip().casefold() == "api_key"
+
+
+def hide_keys(text: str) -> str:
+    """``text`` with the value of every query parameter named ``api_key`` (:func:`_is_key_name`) as ``***``."""
+    if "=" not in text:
+        return text
+    return _PARAM.sub(lambda m: f"{m[1]}=***" if _is_key_name(m[1]) else m[0], text)
+
+
+class RedactKeys(logging.Filter):
+    """Hides API keys given in query strings (``?api_key=``, however spelled): a WebSocket client
+    (the browser console) may send its key there, and uvicorn's access and socket lines print the
+    query. Plain arguments are edited in place (uvicorn's access formatter reads them one by one);
+    a line with other arguments (a dict) is formatted first."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if isinstance(record.args, tuple) and any(isinstance(a, str) and "api_key=" in a for a in record.args):
-            record.args = tuple(self._KEY.sub(r"\1***", a) if isinstance(a, str) else a for a in record.args)
-        if isinstance(record.msg, str) and "api_key=" in record.msg:
-            record.msg = self._KEY.sub(r"\1***", record.msg)
+        args = record.args
+        if isinstance(record.msg, str) and isinstance(args, tuple) and all(isinstance(a, _PLAIN) for a in args):
+            record.args = tuple(hide_keys(a) if isinstance(a, str) else a for a in args)
+            record.msg = hide_keys(record.msg)
+            return True
+        try:
+            text = record.getMessage()
+        except Exception:  # a line that does not format: its handler reports that
+            return True
+        hidden = hide_keys(text)
+        if hidden != text:
+            record.msg, record.args = hidden, None
         return True
 
 
 def redact_keys() -> None:
-    """Install :class:`RedactKeys` on the loggers that print request paths (uvicorn's)."""
-    for name in ("uvicorn.access", "uvicorn.error"):
+    """Install :class:`RedactKeys` on the loggers that print request paths (uvicorn's; the root
+    handler :func:`setup` adds has it too)."""
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access", "uvicorn.asgi"):
         log = logging.getLogger(name)
         if not any(isinstance(f, RedactKeys) for f in log.filters):
             log.addFilter(RedactKeys())
@@ -96,5 +126,6 @@ def setup(settings: Settings, component: str, prefix: str = "") -> None:
     handler = logging.StreamHandler()
     handler.setFormatter(formatter(settings.log_format, prefix))
     handler.addFilter(JobFields())
+    handler.addFilter(RedactKeys())
     root.addHandler(handler)
     root.setLevel(settings.log_level.upper())

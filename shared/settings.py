@@ -10,7 +10,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 #: Served name of the built-in demo model (used when ``INFERQ_MODEL`` is unset).
@@ -126,6 +126,22 @@ class Settings(BaseSettings):
                                              "client IP without keys), 429 beyond; 0: off.")
     idempotency_ttl_s: int = Field(default=24 * 3600, ge=1, description="How long an Idempotency-Key "
                                    "returns the job it created (seconds).")
+    http_header_timeout_s: float = Field(
+        default=10.0, gt=0, description="Seconds a client has to send a request's line and headers, counted "
+        "from the connection's opening (or, on a kept-alive connection, from the request's first bytes); "
+        "after that the connection is closed, with a 408 if part of a request came. Half-sent requests "
+        "cannot hold connections (and file descriptors).")
+    http_body_timeout_s: float = Field(
+        default=30.0, gt=0, description="Longest wait for the next part of a request body (seconds); "
+        "beyond, the request gets 408 and its connection is closed.")
+    http_max_header_bytes: int = Field(
+        default=16 * 1024, ge=8 * 1024, le=1 << 20, description="Largest request head, the request line "
+        "and headers together (431 beyond; a request line over 8 KiB gets 414), on plain HTTP and on "
+        "WebSocket upgrades alike.")
+    http_keep_alive_s: float = Field(
+        default=5.0, gt=0, description="How long an idle kept-alive connection stays open between two "
+        "requests (uvicorn's timeout_keep_alive); behind a load balancer, set it above the balancer's "
+        "idle timeout.")
 
     # --- files and batches (the Batch API; api/batches) ---------------------------------------
     files_dir: Path | None = Field(
@@ -212,6 +228,19 @@ class Settings(BaseSettings):
         default=9400, ge=0, le=65535, description="The worker's Prometheus /metrics and "
         "/ready port (vLLM's metrics and inferq's); 0: off; a port already taken is logged and skipped. An "
         "engine group's frontend i serves it on this port + i.")
+
+    @model_validator(mode="after")
+    def _records_outlive_deadlines(self) -> Settings:
+        """A job's record (and its log) must not expire before the job's deadline: a job still queued
+        or running then would vanish (its client gets job_not_found, and no end is ever written)."""
+        for name in ("max_timeout_s", "default_timeout_s"):
+            timeout, setting = getattr(self, name), f"INFERQ_{name.upper()}"
+            if self.job_ttl_s < timeout:
+                raise ValueError(
+                    f"INFERQ_JOB_TTL_S ({self.job_ttl_s} s) is below {setting} ({timeout:g} s): a job's record "
+                    f"would expire before its deadline, and a job still queued or running would vanish; set "
+                    f"INFERQ_JOB_TTL_S >= {setting}")
+        return self
 
     @property
     def reaper_budget(self) -> float:

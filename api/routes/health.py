@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from importlib.metadata import PackageNotFoundError, version
 
 from fastapi import APIRouter, Response
@@ -11,6 +12,7 @@ from inferq.api.deps import Caller, Service
 from inferq.shared.schemas import WorkerInfo
 
 router = APIRouter(tags=["health"])
+log = logging.getLogger(__name__)
 
 
 @router.get("/healthz")
@@ -21,13 +23,15 @@ async def healthz() -> dict[str, str]:
 
 @router.get("/readyz")
 async def readyz(service: Service) -> JSONResponse:
-    """Redis answers and at least one live worker serves the default model; 503 otherwise."""
+    """Redis answers and at least one live worker serves the default model; 503 otherwise. Anyone
+    may ask (no key): why Redis cannot be reached, and where it is, goes to the log only."""
     model = service.settings.model_name
     try:
         await service.redis.ping()
         workers = [w for w in await service.live_workers(model) if not w.draining]
     except Exception as e:
-        return JSONResponse({"status": "unavailable", "redis": f"unreachable: {e}", "model": model}, 503)
+        log.warning("not ready: Redis unreachable: %s: %s", type(e).__name__, e)
+        return JSONResponse({"status": "unavailable", "redis": "unreachable", "model": model}, 503)
     body = {"status": "ready" if workers else "unavailable", "redis": "ok", "model": model,
             "workers": len(workers)}
     return JSONResponse(body, 200 if workers else 503)

@@ -17,14 +17,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.chaos import scenarios
+from tests.chaos import bookkeeping, scenarios, slowloris
 from tests.chaos.client import Client
 from tests.fleet import Fleet
 
 KEYS = ("chaos-key-a", "chaos-key-b")
 TIMINGS = {"INFERQ_HEARTBEAT_S": "0.5", "INFERQ_WORKER_TTL_S": "3", "INFERQ_MAX_NUM_SEQS": "32",
-           "INFERQ_API_KEYS": ",".join(KEYS)}
-ORDER = ["poison", "expiry", "load", "sigstop", "redis_down", "faults"]
+           "INFERQ_API_KEYS": ",".join(KEYS), "INFERQ_MAX_QUEUE_DEPTH": "200"}
+ORDER = ["poison", *slowloris.SCENARIOS, "expiry", "load", "sigstop", "redis_down", "faults", *bookkeeping.SCENARIOS]
 
 
 def verdict(name: str, r: dict[str, Any]) -> list[str]:
@@ -46,11 +46,19 @@ def verdict(name: str, r: dict[str, Any]) -> list[str]:
     if name in ("load", "sigstop", "redis_down", "poison"):
         if r.get("succeeded", 0) + sum(r.get("failed", {}).values()) != r.get("submitted", 0):
             bad.append("not every job ended")
+    if name in bookkeeping.SCENARIOS:
+        bad += bookkeeping.problems(name, r)
+    if name in slowloris.SCENARIOS:
+        bad += slowloris.problems(name, r)
     return bad
 
 
 def _cell(name: str, r: dict[str, Any]) -> str:
     """What is particular to the scenario, in a few words."""
+    if name in bookkeeping.SCENARIOS:
+        return bookkeeping.cell(name, r)
+    if name in slowloris.SCENARIOS:
+        return slowloris.cell(name, r)
     if name == "load":
         return f"{r['max_tokens']} tokens each, all at once; reaped {r['reaped']}; wall {r['wall_s']} s"
     if name == "sigstop":
@@ -107,7 +115,8 @@ async def run(fleet: Fleet, only: list[str], sizes: dict[str, dict[str, Any]]) -
         for name in only:
             await settle(fleet)
             t0 = time.time()
-            fn = getattr(scenarios, name)
+            module = next((m for m in (bookkeeping, slowloris) if name in m.SCENARIOS), scenarios)
+            fn = getattr(module, name)
             r = await (fn(fleet, a, b) if name == "expiry" else fn(fleet, a, **sizes.get(name, {})))
             r["scenario_s"] = round(time.time() - t0, 1)
             r["verdict"] = verdict(name, r)

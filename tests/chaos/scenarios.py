@@ -7,6 +7,10 @@ none), and returns its figures (``client.figures``) plus what is particular to i
 - ``expiry``: a job's record expires while its log still lives.
 - ``poison``: requests and queue messages built to choke the gateway or a worker.
 - ``faults``: workers SIGKILLed (and replaced) and Redis restarted while jobs run.
+
+``cancel_depth`` and ``short_ttl`` (what the queue counts, records of long jobs) are in
+tests/chaos/bookkeeping.py.
+``slow_clients`` (half-sent requests holding the gateway's connections) is in tests/chaos/slowloris.py.
 """
 
 from __future__ import annotations
