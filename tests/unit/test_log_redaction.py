@@ -24,7 +24,15 @@ OTHER_NAMES = ["api_keys", "xapi_key", "api-key", "key", "api%5Fkey2"]
 @pytest.fixture
 def captured() -> Iterator[dict[str, io.StringIO]]:
     """What uvicorn's access and error loggers and a JSON root-style handler write, formatted as
-    the gateway formats them, with the gateway's redaction installed."""
+    the gateway formats them, with the gateway's redaction installed and only it: a library
+    imported earlier in the same process (litellm, by the frameworks test) adds its own filters to
+    uvicorn's loggers, which rewrite the same lines their own way."""
+    foreign = {}
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access", "uvicorn.asgi"):
+        log = logging.getLogger(name)
+        foreign[name] = [f for f in log.filters if not isinstance(f, logs.RedactKeys)]
+        for f in foreign[name]:
+            log.removeFilter(f)
     logs.redact_keys()
     out = {"uvicorn.access": io.StringIO(), "uvicorn.error": io.StringIO(), "inferq.test.urls": io.StringIO()}
     formats = {"uvicorn.access": AccessFormatter('%(levelprefix)s %(client_addr)s - "%(request_line)s" %(status_code)s',
@@ -46,6 +54,9 @@ def captured() -> Iterator[dict[str, io.StringIO]]:
     for log, handler, propagate in added:
         log.removeHandler(handler)
         log.propagate = propagate
+    for name, filters in foreign.items():
+        for f in filters:
+            logging.getLogger(name).addFilter(f)
 
 
 @pytest.mark.parametrize("name", KEY_NAMES)
