@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from celery import Celery
 from redis.asyncio import Redis
 
+from inferq.api.adapters import Adapters
 from inferq.api.auth import Principal
 from inferq.api.metrics import PROMPTS
 from inferq.api.prompt_ids import Published, tokenize
@@ -26,6 +27,7 @@ from inferq.shared.celery_app import job_message
 from inferq.shared.errors import ContextLengthExceeded, InvalidRequest, NotFound, RateLimited, job_not_found
 from inferq.shared.request_limits import check_vocabulary
 from inferq.shared.schemas import (
+    AdapterRef,
     ChoiceView,
     ControlMessage,
     JobLinks,
@@ -65,6 +67,7 @@ class JobService:
         self._looking: dict[str, asyncio.Task[None]] = {}  # model -> its background look-up
         self._cancelling: set[asyncio.Task[JobStatus]] = set()  # cancels of jobs whose client went away
         self.published = Published(redis)  # tokenizers workers published (a gateway on another host)
+        self.adapters = Adapters(settings, redis)  # the fleet's LoRA adapters (names clients may send)
 
     async def live_workers(self, model: str) -> list[WorkerInfo]:
         ids = await self.redis.zrangebyscore(keys.workers(model), time.time() - self.settings.worker_ttl_s, "+inf")
@@ -94,6 +97,18 @@ class JobService:
         if info is None and model != self.settings.model_name:
             raise NotFound(f"model {model!r} is not served here", param="model", code="model_not_found")
         return model, info
+
+    async def resolve(self, requested: str | None) -> tuple[str, WorkerInfo | None, AdapterRef | None]:
+        """:meth:`resolve_model`, where ``requested`` may also name a LoRA adapter: then its base
+        model (whose queue its jobs go on) and the adapter. A model's name wins over an adapter's."""
+        try:
+            return (*await self.resolve_model(requested), None)
+        except NotFound:
+            adapter = await self.adapters.get(requested) if requested else None
+            if adapter is None:
+                raise
+        model, info = await self.resolve_model(adapter.parent)
+        return model, info, AdapterRef(name=adapter.name, path=adapter.path)
 
     async def _look_up(self, model: str, background: bool = False) -> WorkerInfo | None:
         """Read the model's live workers; remember one (or forget the model) and return it."""
@@ -139,9 +154,9 @@ class JobService:
         script, unless the model's queue holds ``max_depth`` (default ``INFERQ_MAX_QUEUE_DEPTH``)
         messages already (429 ``queue_full``). A ``job_id`` that was queued before is not queued
         again: its record is returned as it is (a batch's lines have ids of their own that way)."""
-        model, info = await self.resolve_model(req.model)
+        model, info, adapter = await self.resolve(req.model)
         ids = await self.check_context(req, info) if info is not None else None
-        record = JobRecord(id=job_id or new_job_id(), model=model, request=req, owner=owner)
+        record = JobRecord(id=job_id or new_job_id(), model=model, request=req, owner=owner, adapter=adapter)
         record.deadline = record.created_at + (req.timeout or self.settings.default_timeout_s)
         limit = self.settings.max_queue_depth if max_depth is None else max_depth
         with tracing.span("inferq.submit", job_id=record.id, model=model, priority=req.priority) as span:
@@ -187,7 +202,7 @@ class JobService:
                     texts = {}
             choices = [ChoiceView(index=i, text=texts.get(i, "")) for i in range(rec.request.n)]
         return JobView(
-            id=rec.id, model=rec.model, status=rec.status, text=choices[0].text if choices else "",
+            id=rec.id, model=rec.served_name, status=rec.status, text=choices[0].text if choices else "",
             choices=choices, finish_reason=rec.finish_reason, usage=rec.usage,
             created_at=rec.created_at, started_at=rec.started_at, first_token_at=rec.first_token_at,
             finished_at=rec.finished_at, worker=rec.worker, error=rec.error, links=links(rec.id),

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inferq.shared.schemas import EngineStats
+from inferq.worker.engine.adapters import EngineAdapters
 from inferq.worker.loopthread import LoopThread
 
 
@@ -57,6 +58,7 @@ class LoopHost:
         self.model_path = "scripted"
         self.frontend = None  # a lone worker, not a frontend of an engine group
         self.stats = EngineStats()
+        self.adapters = EngineAdapters(enabled=False)  # no LoRA on a scripted engine
         self._thread = LoopThread(thread_name)
         self.loop = self._thread.loop
 

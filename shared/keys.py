@@ -21,6 +21,9 @@ inferq:stats                    hash      cluster-wide counters (jobs ended by m
                                           redeliveries; reaped workers; submissions): /metrics
 inferq:models                   zset      served model name -> last heartbeat (unix s); never pruned:
                                           readers keep only models seen within worker_ttl_s
+inferq:adapters                 hash      LoRA adapter name -> its :class:`shared.schemas.AdapterInfo` (JSON)
+inferq:control:adapters         pub/sub   adapter loads and unloads for a model's workers
+inferq:adapter-reply:{nonce}    list      workers' answers to one run-time load (TTL)
 inferq.q.{model}[:{p}]          list      the model's Celery queue, one list per priority p (kombu)
 inferq:cancelled:{list}         zset      job ids cancelled while queued whose message is still in the
                                           list -> cancel time: not counted in the queue's depth (TTL)
@@ -55,6 +58,8 @@ _JOB_ID = re.compile(JOB_ID_PATTERN)
 #: ``:`` (the separator of keys and of a queue's priority lists), no spaces, no glob characters.
 MODEL_NAME_PATTERN = r"^[A-Za-z0-9._/@+-]+$"
 CONTROL_CHANNEL = f"{PREFIX}:control"
+ADAPTERS = f"{PREFIX}:adapters"
+ADAPTER_CHANNEL = f"{PREFIX}:control:adapters"
 MODELS = f"{PREFIX}:models"
 #: hash: cluster-wide counters, one field per (kind, labels): see :func:`stat`.
 STATS = f"{PREFIX}:stats"
@@ -195,3 +200,8 @@ def batch_part(batch_id: str, part: str) -> str:
 def batches(owner: str | None) -> str:
     """The owner's batch ids, scored by creation time."""
     return f"{PREFIX}:batches:{_owner(owner)}"
+
+
+def adapter_reply(nonce: str) -> str:
+    """The list workers push their answers to one run-time adapter load onto."""
+    return f"{PREFIX}:adapter-reply:{nonce}"

@@ -220,6 +220,14 @@ class JobRequest(SamplingOptions):
         return [*system, *(m.template_dict() for m in self.messages or ())]
 
 
+class AdapterRef(BaseModel):
+    """A LoRA adapter a job runs with: its name (what the client sent as ``model``) and the folder
+    its worker loads it from."""
+
+    name: str
+    path: str
+
+
 class JobMessage(BaseModel):
     """The Celery task payload: everything a worker needs to run the job."""
 
@@ -232,6 +240,8 @@ class JobMessage(BaseModel):
     prompt_ids: list[int] | None = Field(default=None, description="The prompt's token ids as the gateway "
                                          "tokenized it, where its tokenizing is the worker's "
                                          "(shared/prompt_probe.py); None: the worker tokenizes the prompt.")
+    adapter: AdapterRef | None = Field(default=None, description="The LoRA adapter the job runs with; None: "
+                                       "the base model.")
 
 
 class Usage(BaseModel):
@@ -398,12 +408,20 @@ class JobRecord(BaseModel):
     deadline: float | None = Field(default=None, description="Unix time after which the job is abandoned.")
     owner: str | None = Field(default=None, description="Hash id of the API key that submitted it.")
     traceparent: str | None = Field(default=None, description="W3C trace context of the submission.")
+    adapter: AdapterRef | None = Field(default=None, description="The LoRA adapter the job runs with "
+                                       "(``model`` is then its base model, whose queue the job is on).")
+
+    @property
+    def served_name(self) -> str:
+        """The name the job's answers carry as ``model``: its adapter's, else its model's (as vLLM)."""
+        return self.adapter.name if self.adapter is not None else self.model
 
     def message(self, prompt_ids: list[int] | None = None) -> JobMessage:
         """The Celery task payload that (re-)sends this job to a worker (with the prompt's token ids
         where the gateway tokenized it; a job re-sent from its record is tokenized by the worker)."""
         return JobMessage(id=self.id, model=self.model, request=self.request, created_at=self.created_at,
-                          deadline=self.deadline, traceparent=self.traceparent, prompt_ids=prompt_ids)
+                          deadline=self.deadline, traceparent=self.traceparent, prompt_ids=prompt_ids,
+                          adapter=self.adapter)
 
     def to_hash(self) -> dict[str, str]:
         return hash_fields(**self.model_dump(mode="json", exclude_none=True))
@@ -488,3 +506,32 @@ class WorkerInfo(BaseModel):
                                          "(shared/prompt_probe.py).")
     frontends: int = Field(default=1, description="Workers sharing this worker's engine (INFERQ_FRONTENDS); "
                            "each reports the whole engine's stats.")
+    adapters: list[str] = Field(default_factory=list, description="LoRA adapters this worker's engine has "
+                                "loaded (by name), most recently used last.")
+    max_loras: int = Field(default=0, description="Adapters one engine batch may mix (0: LoRA off).")
+
+
+class AdapterInfo(BaseModel):
+    """A LoRA adapter the fleet serves (``inferq:adapters``): clients send ``name`` as ``model``."""
+
+    name: str
+    parent: str = Field(description="The base model it adapts: its workers run it, on its queue.")
+    path: str = Field(description="Its folder, readable by every worker of the base model.")
+    source: Literal["settings", "runtime"] = "settings"
+    created_at: float = Field(default_factory=time.time)
+
+
+class AdapterCommand(BaseModel):
+    """Published on ``inferq:control:adapters``: the workers of ``adapter.parent`` load the adapter
+    (and push an :class:`AdapterReply` onto ``reply_to``) or unload it."""
+
+    op: Literal["load", "unload"]
+    adapter: AdapterInfo
+    reply_to: str | None = None
+
+
+class AdapterReply(BaseModel):
+    """A worker's answer to a load: ``error`` None when its engine took the adapter."""
+
+    worker: str
+    error: str | None = None

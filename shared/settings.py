@@ -6,12 +6,15 @@ use (model name, Redis URL, queue names, limits). Create it once with :func:`get
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from inferq.shared.keys import MODEL_NAME_PATTERN
 
 #: Served name of the built-in demo model (used when ``INFERQ_MODEL`` is unset).
 TINY_MODEL_NAME = "inferq-tiny"
@@ -199,6 +202,50 @@ class Settings(BaseSettings):
                                     "CPU build.")
     enforce_eager: bool | None = Field(default=None, description="vLLM's enforce_eager (no "
                                        "CUDA graphs); default: true on CPU, false on GPU.")
+    lora_modules: str = Field(
+        default="", description="LoRA adapters the workers serve on their model, as vllm serve's "
+        "--lora-modules: comma-separated name=path pairs (a local folder in PEFT layout, readable by every "
+        "worker of the model). Clients send the adapter's name as `model`; /v1/models lists it with its "
+        "parent. Any adapter turns LoRA on in the engine.")
+    lora_dir: Path | None = Field(
+        default=None, description="A folder of LoRA adapters: each subfolder holding an adapter_config.json "
+        "is an adapter named after the subfolder (added to INFERQ_LORA_MODULES).")
+    enable_lora: bool = Field(
+        default=False, description="Start the engine with LoRA on even with no adapter configured, so that "
+        "adapters can be loaded at run time (on whenever INFERQ_LORA_MODULES or INFERQ_LORA_DIR names one).")
+    max_loras: int = Field(default=4, ge=1, description="Adapters one engine batch may mix (vLLM's "
+                           "max_loras: GPU slots); more adapters queue for a slot.")
+    max_lora_rank: int = Field(default=16, ge=1, description="Highest adapter rank the engine takes (vLLM's "
+                               "max_lora_rank); an adapter above it is refused when loaded.")
+    max_cpu_loras: int | None = Field(default=None, ge=1, description="Adapters kept in host memory "
+                                      "(vLLM's max_cpu_loras); unset: max_loras.")
+    lora_runtime_updates: bool = Field(
+        default=False, description="Allow POST /v1/load_lora_adapter and /v1/unload_lora_adapter (as vLLM's "
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING): a caller names a path that every worker of the model then reads, "
+        "so keep it off unless every key holder may do that.")
+    lora_load_timeout_s: float = Field(default=60.0, gt=0, description="How long a run-time load waits "
+                                       "for a live worker of the model to load the adapter and say so.")
+
+    @property
+    def lora_adapters(self) -> dict[str, str]:
+        """The adapters configured at start: name -> path (INFERQ_LORA_DIR's, then INFERQ_LORA_MODULES)."""
+        found: dict[str, str] = {}
+        if self.lora_dir is not None and self.lora_dir.is_dir():
+            for sub in sorted(self.lora_dir.iterdir()):
+                if (sub / "adapter_config.json").is_file():
+                    found[sub.name] = str(sub)
+        for pair in filter(None, (p.strip() for p in self.lora_modules.split(","))):
+            name, sep, path = pair.partition("=")
+            if not sep or not name.strip() or not path.strip():
+                raise ValueError(f"INFERQ_LORA_MODULES: {pair!r} is not name=path")
+            found[name.strip()] = path.strip()
+        return found
+
+    @property
+    def lora_enabled(self) -> bool:
+        """Whether the engine starts with LoRA on."""
+        return self.enable_lora or bool(self.lora_modules.strip()) or self.lora_dir is not None
+
     heartbeat_s: float = Field(default=2.0, gt=0, description="Worker heartbeat period (seconds), and the "
                                "reaper's pass period.")
     worker_ttl_s: float = Field(default=10.0, gt=0, description="A worker silent this long is dead: its jobs "
@@ -240,6 +287,16 @@ class Settings(BaseSettings):
                     f"INFERQ_JOB_TTL_S ({self.job_ttl_s} s) is below {setting} ({timeout:g} s): a job's record "
                     f"would expire before its deadline, and a job still queued or running would vanish; set "
                     f"INFERQ_JOB_TTL_S >= {setting}")
+        return self
+
+    @model_validator(mode="after")
+    def _adapters_named_well(self) -> Settings:
+        """Adapter names become ``model`` values: the same characters as model names, none a model's."""
+        for name in self.lora_adapters:
+            if not re.fullmatch(MODEL_NAME_PATTERN, name) or len(name) > 256:
+                raise ValueError(f"LoRA adapter name {name!r} may hold only letters, digits and ._/@+-")
+            if name == self.model_name:
+                raise ValueError(f"LoRA adapter name {name!r} is the model's own name")
         return self
 
     @property

@@ -184,8 +184,29 @@ def _boot_early(request: pytest.FixtureRequest) -> Iterator[None]:
         _STARTED.popitem()[1].stop()
 
 
+#: The LoRA adapters of the session stack's workers (and of vLLM's server in the differential suite):
+#: name -> seed of its random weights (built by ``lora_adapters``).
+ADAPTER_SEEDS = {"tiny-a": 1, "tiny-b": 2}
+
+
 @pytest.fixture(scope="session")
-def booting_stack(redis_server: RedisServer, logdir: Path, otlp: Receiver) -> Iterator[Stack]:
+def lora_adapters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Random LoRA adapters for the built-in model, written here: name -> folder."""
+    from inferq.shared.settings import Settings
+    from inferq.worker.engine.models import build_tiny_adapter, tiny_model_dir
+
+    base, root = tiny_model_dir(Settings()), tmp_path_factory.mktemp("adapters")
+    return {name: build_tiny_adapter(root / name, base, seed) for name, seed in ADAPTER_SEEDS.items()}
+
+
+def lora_modules(adapters: dict[str, Path]) -> str:
+    """INFERQ_LORA_MODULES for ``adapters``."""
+    return ",".join(f"{name}={path}" for name, path in adapters.items())
+
+
+@pytest.fixture(scope="session")
+def booting_stack(redis_server: RedisServer, logdir: Path, otlp: Receiver,
+                  lora_adapters: dict[str, Path]) -> Iterator[Stack]:
     """The session stack's processes, started and not yet waited for (see ``stack``)."""
     py = [sys.executable, "-m", "inferq.cli"]
     port = quiet_port()
@@ -195,9 +216,11 @@ def booting_stack(redis_server: RedisServer, logdir: Path, otlp: Receiver) -> It
             st.metrics_ports[wid] = quiet_port()
             st.workers[wid] = spawn(f"worker-{wid}", [*py, "worker"], inferq_env(
                 redis_server.url, INFERQ_WORKER_ID=wid, INFERQ_METRICS_PORT=str(st.metrics_ports[wid]),
-                INFERQ_OTEL_ENDPOINT=otlp.endpoint, INFERQ_TOOL_CALL_PARSER="pythonic"), logdir)
+                INFERQ_OTEL_ENDPOINT=otlp.endpoint, INFERQ_TOOL_CALL_PARSER="pythonic",
+                INFERQ_LORA_MODULES=lora_modules(lora_adapters)), logdir)
         st.gateway = spawn("gateway", [*py, "api", "--port", str(port)],
-                           inferq_env(redis_server.url, INFERQ_OTEL_ENDPOINT=otlp.endpoint), logdir)
+                           inferq_env(redis_server.url, INFERQ_OTEL_ENDPOINT=otlp.endpoint,
+                                      INFERQ_LORA_RUNTIME_UPDATES="true"), logdir)
         yield st
     finally:
         for s in [st.gateway, *st.workers.values()]:
@@ -208,7 +231,8 @@ def booting_stack(redis_server: RedisServer, logdir: Path, otlp: Receiver) -> It
 @pytest.fixture(scope="session")
 def stack(booting_stack: Stack, request: pytest.FixtureRequest) -> Stack:
     """Two workers on the default model's queue and one gateway, all real processes, tracing to
-    ``otlp``; the workers parse tool calls as vLLM's ``pythonic`` parser does."""
+    ``otlp``; the workers parse tool calls as vLLM's ``pythonic`` parser does and serve the LoRA
+    adapters of ``lora_adapters``; the gateway allows run-time adapter loads."""
     st = booting_stack
     assert st.gateway is not None
 

@@ -23,6 +23,8 @@ log = logging.getLogger(__name__)
 
 JOBS_CLAIMED = Counter("inferq_worker_jobs_claimed_total", "Jobs this worker claimed (attempts started).",
                        ["model_name"])
+ADAPTER_JOBS = Counter("inferq_worker_adapter_jobs_total", "Jobs this worker claimed that run with a LoRA "
+                       "adapter, by adapter.", ["model_name", "adapter"])
 JOBS_FINISHED = Counter(
     "inferq_worker_jobs_finished_total", "Attempts that ended on this worker, by outcome: the status it "
     "wrote (succeeded, failed, cancelled), or not_ended (handed back to the queue, superseded, fenced out).",

@@ -37,7 +37,7 @@ from inferq.shared.schemas import JobMessage, JobStatus, WorkerInfo
 from inferq.shared.settings import Settings
 from inferq.shared.store import JobStore
 from inferq.worker import metrics
-from inferq.worker.engine import tokenizer_files
+from inferq.worker.engine import fleet_adapters, tokenizer_files
 from inferq.worker.engine.host import EngineHost
 from inferq.worker.jobs import control
 from inferq.worker.jobs.prepare import Prepared
@@ -70,7 +70,7 @@ class WorkerRuntime:
         self.tokenizer_key: str | None = None  # the tokenizer as published for gateways
         self.runner: JobRunner | None = None
         self.handback: LocalHandBack | None = None
-        self._control: asyncio.Task[None] | None = None
+        self._listeners: list[asyncio.Task[None]] = []  # the control channel's and the adapters'
         self.death = EngineDeath(self.host.loop, partial(self._hand_back_all, "engine_failure"),
                                  timeout_s=settings.worker_ttl_s, exit=exit)
         self.heartbeat = Heartbeat(settings, self.id, self)
@@ -114,7 +114,11 @@ class WorkerRuntime:
                                 on_engine_dead=self._engine_died_under, max_attempts=s.max_attempts,
                                 hand_back=self._hand_back_one, tool_call_parser=s.tool_call_parser)
         self.handback = LocalHandBack(self.runner.attempts, store, self.send, self.id, s.max_attempts)
-        self._control = asyncio.get_running_loop().create_task(control.listen(self.redis, self.runner.cancel))
+        await fleet_adapters.register(self.redis, s.model_name, s.lora_adapters)
+        loop = asyncio.get_running_loop()
+        self._listeners = [
+            loop.create_task(control.listen(self.redis, self.runner.cancel)),
+            loop.create_task(fleet_adapters.listen(self.redis, self.host.adapters, s.model_name, self.id))]
         if (files := tokenizer_files.files_of(self.host.tokenizer)) is not None:
             try:
                 self.tokenizer_key = await tokenizer_files.publish(self.redis, files)
@@ -169,9 +173,9 @@ class WorkerRuntime:
         gc.unfreeze()  # let the interpreter's exit free what start-up built
 
     async def _close_job_path(self) -> None:
-        if self._control is not None:
-            self._control.cancel()
-            await asyncio.gather(self._control, return_exceptions=True)
+        for task in self._listeners:
+            task.cancel()
+        await asyncio.gather(*self._listeners, return_exceptions=True)
         if self.runner is not None:
             await self.runner.writer.stop()
         if self.redis is not None:
@@ -207,6 +211,8 @@ class WorkerRuntime:
             started_at=self.started_at, last_seen=time.time(),
             draining=self.draining, stats=stats,
             frontend=fe.index if (fe := self.host.frontend) else 0, frontends=fe.count if fe else 1,
+            adapters=self.host.adapters.loaded(),
+            max_loras=self.settings.max_loras if self.host.adapters.enabled else 0,
         )
 
     def ready(self) -> bool:

@@ -325,19 +325,21 @@ class BatchRunner:
     async def _queue(self, rec: BatchRecord, jobs: list[JobRequest], ids: list[str], key_slots: int,
                      max_depth: int) -> str:
         """Queue the line's jobs that are not queued yet (a runner before this one may have queued
-        some or all, and died before recording them); the model they run on."""
+        some or all, and died before recording them); the model they run on, as their answers name it
+        (a LoRA adapter's name for its jobs)."""
         async with self.redis.pipeline(transaction=False) as p:
             for job_id in ids:
-                p.hget(keys.job(job_id), "model")
+                p.hmget(keys.job(job_id), ["model", "adapter"])
             models = await p.execute()
-        todo = [k for k, m in enumerate(models) if m is None]
+        todo = [k for k, m in enumerate(models) if m[0] is None]
         if todo:
             records = await self.admission.queue(rec.subject, rec.owner, [jobs[k] for k in todo],
                                                  [ids[k] for k in todo], limit=key_slots, max_depth=max_depth,
                                                  all_or_none=False)
-            return records[0].model
+            return records[0].served_name
         log.info("batch %s: adopting the jobs %s, queued by a runner before", rec.batch.id, ids)
-        return str(json.loads(models[0]))
+        model, adapter = models[0]
+        return str(json.loads(adapter)["name"] if adapter else json.loads(model))  # the name answers carry
 
     def _check_fits(self, ids: list[str]) -> None:
         """A line with more prompts than its key may have unfinished jobs would wait forever."""

@@ -324,6 +324,8 @@
         el("td", { class: "running" }, w.stats.running),
         el("td", { class: "waiting" }, w.stats.waiting),
         el("td", { class: "kv", "data-kv": String(kv) }, bar, (kv * 100).toFixed(1) + "%"),
+        el("td", { class: "adapters", title: "LoRA adapters loaded in this worker's engine" },
+          (w.adapters || []).join(", ") || "—"),
         el("td", { class: "state" }, w.draining ? "draining" : "live"));
     });
     $("workers").tBodies[0].replaceChildren(...rows);

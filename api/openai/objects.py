@@ -18,6 +18,7 @@ class ModelCard(BaseModel):
     owned_by: str = "inferq"
     max_model_len: int | None = Field(default=None, description="The context window, as vLLM's server "
                                       "reports it (tokens, prompt and output together).")
+    parent: str | None = Field(default=None, description="A LoRA adapter's base model; None for a model.")
 
 
 class ModelList(BaseModel):

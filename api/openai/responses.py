@@ -145,7 +145,7 @@ def response(rec: JobRecord, text: str | None = None, status: str | None = None)
     err = rec.error
     return {
         "id": response_id(rec.id), "object": "response", "created_at": int(rec.created_at), "status": status,
-        "model": rec.model, "output": output, "instructions": req.instructions,
+        "model": rec.served_name, "output": output, "instructions": req.instructions,
         "max_output_tokens": req.max_tokens, "temperature": req.temperature, "top_p": req.top_p,
         "previous_response_id": None, "metadata": req.metadata or {}, "user": req.user,
         "parallel_tool_calls": True, "tool_choice": "auto", "tools": [], "text": {"format": {"type": "text"}},

@@ -42,11 +42,11 @@ async def chat_completions(req: ChatBody, request: Request, service: Service, hu
     cancel = partial(service.cancel_soon, [] if idempotency_key else [rec.id])
     headers = oc.answer_headers(rec.id, admitted.replayed)
     if req.stream:
-        return await sse.held_stream(request, oc.chat_chunks(hub, rec.id, rec.model, req), cancel, headers)
+        return await sse.held_stream(request, oc.chat_chunks(hub, rec.id, rec.served_name, req), cancel, headers)
     got = await sse.unless_disconnected(request, oc.collect(hub, rec.id, req.n), cancel)
     if got is None:
         return Response(status_code=499)
-    return Response(oc.chat_response(rec.id, rec.model, req, got).model_dump_json(),
+    return Response(oc.chat_response(rec.id, rec.served_name, req, got).model_dump_json(),
                     media_type="application/json", headers=headers)
 
 
@@ -56,7 +56,7 @@ async def completions(req: CompletionBody, request: Request, service: Service, h
     """One job per prompt, admitted all or none; ``Idempotency-Key`` as for chat completions."""
     admitted = await admission.submit(caller, oc.completion_jobs(req), idempotency_key=idempotency_key,
                                       fingerprint=lambda: fingerprint("completions", oc.job_fields(req)))
-    ids, model = [r.id for r in admitted.records], admitted.records[0].model
+    ids, model = [r.id for r in admitted.records], admitted.records[0].served_name
     cancel = partial(service.cancel_soon, [] if idempotency_key else ids)
     headers = oc.answer_headers(ids[0], admitted.replayed)
     if req.stream:

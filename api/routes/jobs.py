@@ -29,7 +29,7 @@ async def submit(req: Annotated[JobRequest, Body(openapi_examples=EXAMPLES)], ca
     rec = got.records[0]
     if got.replayed:
         response.headers["Idempotent-Replayed"] = "true"
-    return JobAccepted(id=rec.id, status=rec.status, model=rec.model, links=links(rec.id))
+    return JobAccepted(id=rec.id, status=rec.status, model=rec.served_name, links=links(rec.id))
 
 
 @router.get("/{job_id}", response_model=JobView)

@@ -1,33 +1,74 @@
-"""``/v1/models``: the models live workers serve, as OpenAI lists them."""
+"""``/v1/models``: the models live workers serve and the LoRA adapters on them, as OpenAI and vLLM
+list them; vLLM's ``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter`` (api/adapters.py)."""
 
 from __future__ import annotations
 
 import time
 
 from fastapi import APIRouter
+from fastapi.responses import PlainTextResponse
 
+from inferq.api.adapters import LoadAdapterRequest, UnloadAdapterRequest
 from inferq.api.deps import Caller, Service
 from inferq.api.openai.objects import ModelCard, ModelList
 from inferq.api.service import JobService
-from inferq.shared.errors import NotFound
+from inferq.shared.errors import Forbidden, NotFound
+from inferq.shared.schemas import AdapterInfo
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
 
 @router.get("/models", response_model=ModelList)
 async def list_models(service: Service, _: Caller) -> ModelList:
-    now = int(time.time())
-    return ModelList(data=[await _card(service, m, now) for m in sorted(await service.live_models())])
+    now, live = int(time.time()), sorted(await service.live_models())
+    cards = [await _card(service, m, now) for m in live]
+    adapters = [_adapter_card(a, cards) for a in await service.adapters.all() if a.parent in live]
+    return ModelList(data=cards + adapters)
 
 
 @router.get("/models/{model:path}", response_model=ModelCard)
 async def get_model(model: str, service: Service, _: Caller) -> ModelCard:
-    if model not in await service.live_models():
+    now, live = int(time.time()), await service.live_models()
+    if model in live:
+        return await _card(service, model, now)
+    adapter = await service.adapters.get(model)
+    if adapter is None or adapter.parent not in live:
         raise NotFound(f"model {model!r} is not served here", param="model", code="model_not_found")
-    return await _card(service, model, int(time.time()))
+    return _adapter_card(adapter, [await _card(service, adapter.parent, now)])
+
+
+@router.post("/load_lora_adapter", response_class=PlainTextResponse)
+async def load_lora_adapter(body: LoadAdapterRequest, service: Service, _: Caller) -> str:
+    settings = service.settings
+    _runtime_updates(settings.lora_runtime_updates)
+    parent = body.model or settings.model_name
+    live = await service.live_workers(parent)
+    if not live and parent != settings.model_name:
+        raise NotFound(f"model {parent!r} is not served here", param="model", code="model_not_found")
+    return await service.adapters.load(body, parent, len(live))
+
+
+@router.post("/unload_lora_adapter", response_class=PlainTextResponse)
+async def unload_lora_adapter(body: UnloadAdapterRequest, service: Service, _: Caller) -> str:
+    _runtime_updates(service.settings.lora_runtime_updates)
+    return await service.adapters.unload(body)
+
+
+def _runtime_updates(allowed: bool) -> None:
+    if not allowed:
+        raise Forbidden("loading and unloading LoRA adapters at run time is off on this server "
+                        "(INFERQ_LORA_RUNTIME_UPDATES)", code="runtime_updates_off")
 
 
 async def _card(service: JobService, model: str, now: int) -> ModelCard:
     """A model's card, with the context window its live workers report (as vLLM's server does)."""
     workers = await service.live_workers(model)
     return ModelCard(id=model, created=now, max_model_len=max((w.max_model_len for w in workers), default=None))
+
+
+def _adapter_card(adapter: AdapterInfo, cards: list[ModelCard]) -> ModelCard:
+    """An adapter's card: its base model's context window and its parent (as vLLM's; no folder: paths
+    on the workers' disks are not shown to clients)."""
+    base = next((c for c in cards if c.id == adapter.parent), None)
+    return ModelCard(id=adapter.name, created=int(adapter.created_at), parent=adapter.parent,
+                     max_model_len=base.max_model_len if base else None)

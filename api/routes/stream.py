@@ -40,7 +40,7 @@ async def generate(ws: WebSocket, hub: Hub, service: Service, admission: Admit, 
     except Exception as e:  # invalid, refused, or Redis away
         return await fail(ws, typed(e))
     try:
-        await ws.send_text(AcceptedMessage(id=rec.id, model=rec.model).model_dump_json())
+        await ws.send_text(AcceptedMessage(id=rec.id, model=rec.served_name).model_dump_json())
     except Exception:  # the client left while its job was being queued: it cannot be told, so cancel
         await service.cancel(rec.id)
         return

@@ -61,6 +61,8 @@ async def _tokenizer(service: JobService, model: str | None) -> tuple[GatewayTok
     folder where this gateway can read it, else what the workers published in Redis (a gateway on
     another host); with the model's live workers (read once per request)."""
     settings = service.settings
+    if model not in (None, settings.model_name) and (adapter := await service.adapters.get(model)) is not None:
+        model = adapter.parent  # an adapter tokenizes as its base model
     if model not in (None, settings.model_name):
         raise NotFound(f"model {model!r}: this gateway tokenizes only its default model "
                        f"{settings.model_name!r}", param="model", code="model_not_found")

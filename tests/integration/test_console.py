@@ -23,7 +23,7 @@ from selenium.webdriver.common.by import By
 
 from bench.console_shot import chromium
 from inferq.shared.schemas import TERMINAL_STATUSES
-from tests.conftest import Service, Stack, free_port, http_ok, inferq_env, spawn
+from tests.conftest import ADAPTER_SEEDS, Service, Stack, free_port, http_ok, inferq_env, spawn
 from tests.helpers import LONG_JOB, submit, wait_status
 from tests.wait import eventually
 
@@ -221,7 +221,8 @@ def test_workers_and_queue_are_live(stack: Stack, browser: WebDriver) -> None:
               out[tr.dataset.workerId] = {kv: tr.querySelector('.kv').dataset.kv,
                 kv_text: tr.querySelector('.kv').textContent,
                 running: tr.querySelector('.running').textContent,
-                waiting: tr.querySelector('.waiting').textContent};
+                waiting: tr.querySelector('.waiting').textContent,
+                adapters: tr.querySelector('.adapters').textContent};
             }
             return out;""")
 
@@ -230,6 +231,12 @@ def test_workers_and_queue_are_live(stack: Stack, browser: WebDriver) -> None:
         assert 0.0 <= float(row["kv"]) <= 1.0, (wid, row)
         assert re.fullmatch(r"\d+\.\d%", row["kv_text"]), (wid, row)
         assert int(row["running"]) >= 0 and int(row["waiting"]) >= 0, (wid, row)
+    with stack.http() as http:  # each worker's LoRA adapters, as its heartbeat says (they change as jobs use them)
+        assert wait_status(http, submit(http, prompt="x", model="tiny-a", max_tokens=2))["status"] == "succeeded"
+        page.wait(lambda: any("tiny-a" in row["adapters"] for row in rows().values()), "tiny-a in a worker's row")
+        page.wait(lambda: {wid: row["adapters"] for wid, row in rows().items()} == {
+            w["id"]: ", ".join(w["adapters"]) or "—" for w in http.get("/v1/workers").json()},
+            "each worker's adapters in the panel")
     model = "#queue [data-model='inferq-tiny']"
     page.wait(lambda: page.js(f"return document.querySelector(\"{model} .live\")"), "the model's queue")
     live = page.js(f"return document.querySelector(\"{model} .live\").textContent")
@@ -277,7 +284,7 @@ def test_api_key_from_the_page(keyed: Keyed, browser: WebDriver) -> None:
     page.type("api-key", KEY)
     page.wait(lambda: not page.visible("auth-error"), "the error to go once the key is in")
     page.wait(lambda: page.js("return [...document.querySelectorAll('#model option')].map(o => o.value)")
-              == ["inferq-tiny"], "the models the key may see")
+              == ["inferq-tiny", *ADAPTER_SEEDS], "the models the key may see: the model, then its adapters")
     page.wait(lambda: page.js(WORKER_ROWS) == 2, "the workers")
     page.send("with a key", 8)
     job_id = page.job_id()

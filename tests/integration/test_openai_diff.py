@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import Service, ahead, http_ok, quiet_port, spawn, take
+from tests.conftest import ADAPTER_SEEDS, Service, ahead, http_ok, lora_modules, quiet_port, spawn, take
 from tests.wait import eventually
 
 pytestmark = pytest.mark.integration
@@ -185,7 +185,8 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
 #: unless asked for, and inferq leaves them out).
 NULL_MATTERS = ("finish_reason", "logprobs")
 
-_ROOT = "the model's path on the worker's disk is not shown to clients"
+_ROOT = "the model's (or adapter's) path on the worker's disk is not shown to clients"
+_ADAPTER_LEN = "an adapter's card carries its base model's context window"
 _PERMISSION = "a legacy OpenAI object that OpenAI itself no longer sends"
 _REFUSED_FIRST = ("refused before the stream starts (400 and the error body, as a request vLLM's renderer "
                   "refuses), where vLLM's engine refuses it after its stream started (200, then an error "
@@ -200,8 +201,10 @@ _VLLM_RESPONSES = ("vLLM's own additions to a Response: per-turn and tool usage 
 _RESPONSE_CASES = ("responses", "responses messages")
 # (case, path) -> why inferq differs on purpose.
 INTENDED: dict[tuple[str, str], str] = {
-    ("models", "shape .data[0].root"): _ROOT,
-    **{("models", f"shape .data[0].permission{p}"): _PERMISSION for p in (
+    # the model, then its two LoRA adapters
+    **{("models", f"shape .data[{i}].root"): _ROOT for i in range(3)},
+    **{("models", f"shape .data[{i}].max_model_len"): _ADAPTER_LEN for i in (1, 2)},
+    **{("models", f"shape .data[{i}].permission{p}"): _PERMISSION for i in range(3) for p in (
         "", "[0]", "[0].allow_create_engine", "[0].allow_fine_tuning", "[0].allow_logprobs", "[0].allow_sampling",
         "[0].allow_search_indices", "[0].allow_view", "[0].is_blocking", "[0].object", "[0].organization")},
     # a token id out of the vocabulary is refused before the first token (the prompt's by the gateway,
@@ -335,14 +338,16 @@ def start_vllm_server(request: pytest.FixtureRequest) -> VllmServer:
     from inferq.shared.settings import Settings
     from inferq.worker.engine.models import resolve_model
 
-    settings = {"max_num_seqs": 64, "cpu_kv_cache_gib": 0.5}
+    adapters = request.getfixturevalue("lora_adapters")
+    settings = {"max_num_seqs": 64, "cpu_kv_cache_gib": 0.5, "lora_modules": lora_modules(adapters)}
     path = resolve_model(Settings(**settings))
     port = quiet_port()  # its process starts for a while (quiet_port)
     # a tool-call parser: vLLM serves no tool_choice but "none" without one
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1", "--port",
            str(port), "--enable-auto-tool-choice", "--tool-call-parser", "pythonic",
            "--structured-outputs-config", json.dumps({"backend": "xgrammar", "disable_any_whitespace": True}),
-           *flags(engine_args({"model_path": path, "settings": settings}))]
+           *flags(engine_args({"model_path": path, "settings": settings})),
+           "--lora-modules", *(f"{name}={folder}" for name, folder in adapters.items())]
     service = spawn("vllm-openai", cmd, {**os.environ, "VLLM_NO_USAGE_STATS": "1"},
                     request.getfixturevalue("logdir"))
     return VllmServer(f"http://127.0.0.1:{port}", service)
@@ -373,3 +378,33 @@ def test_inferq_answers_as_vllm_serve_does(stack, vllm_server) -> None:
     report = "\n".join(f"  {c} | {p}: {v}" for (c, p), v in sorted(new.items()))
     assert not new, f"{len(new)} differences from vLLM's OpenAI server not on a list:\n{report}"
     assert not gone, f"matched now, take them off NOT_YET: {gone}"
+
+
+ADAPTER_CASES = {
+    "/v1/completions": {"prompt": "def main():", "max_tokens": 16, "temperature": 0},
+    "/v1/chat/completions": {"messages": [{"role": "user", "content": "Say something."}], "max_tokens": 16,
+                             "temperature": 0},
+}
+
+
+def _text(path: str, body: dict[str, Any]) -> str:
+    choice = body["choices"][0]
+    return choice["text"] if path == "/v1/completions" else choice["message"]["content"]
+
+
+def test_each_lora_adapter_answers_as_vllm_serve_does(stack, vllm_server) -> None:
+    """At temperature 0, each LoRA adapter's completions and chat answers are vLLM's own with the
+    same adapter, token for token, named as the adapter; and the adapters steer the model apart."""
+    texts: dict[tuple[str, str], str] = {}
+    with httpx.Client(base_url=stack.base, timeout=120) as ours, \
+            httpx.Client(base_url=vllm_server, timeout=120) as theirs:
+        for name in [MODEL, *ADAPTER_SEEDS]:
+            for path, body in ADAPTER_CASES.items():
+                a, b = (c.post(path, json={"model": name, **body}) for c in (ours, theirs))
+                assert a.status_code == b.status_code == 200, (name, path, a.text, b.text)
+                assert a.json()["model"] == b.json()["model"] == name
+                assert _text(path, a.json()) == _text(path, b.json()), (name, path)
+                assert a.json()["usage"]["total_tokens"] == b.json()["usage"]["total_tokens"], (name, path)
+                texts[name, path] = _text(path, a.json())
+    for path in ADAPTER_CASES:
+        assert len({texts[name, path] for name in [MODEL, *ADAPTER_SEEDS]}) == 1 + len(ADAPTER_SEEDS), texts

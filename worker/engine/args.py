@@ -44,6 +44,10 @@ def engine_args_for(settings: Settings, model_path: str) -> Any:
         enforce_eager=cpu if s.enforce_eager is None else s.enforce_eager,
         disable_log_stats=False,
         scheduling_policy=s.scheduling_policy,
+        enable_lora=s.lora_enabled,
+        max_loras=s.max_loras,
+        max_lora_rank=s.max_lora_rank,
+        max_cpu_loras=s.max_cpu_loras,
         # JSON modes emit compact JSON: a model is never steered into endless whitespace
         structured_outputs_config=StructuredOutputsConfig(backend="xgrammar", disable_any_whitespace=True),
     )

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 from inferq.shared import prompt_probe
 from inferq.shared.schemas import EngineStats
 from inferq.shared.settings import Settings
+from inferq.worker.engine.adapters import EngineAdapters
 from inferq.worker.engine.args import engine_args_for
 from inferq.worker.engine.encode import encode_request
 from inferq.worker.engine.group import Frontend
@@ -71,6 +72,7 @@ class EngineHost:
         self.model_path = ""
         self.max_model_len = 0
         self.vocab_size = 0  # token ids from 0 to this (excluded) are the model's
+        self.adapters = EngineAdapters(settings.lora_enabled)  # LoRA adapters the engine has taken
         self.prompt_probe: dict[str, str] = {}  # shared/prompt_probe.py: what this tokenizer makes of the probes
 
     def start(self) -> None:
@@ -102,6 +104,7 @@ class EngineHost:
         from vllm import envs
 
         envs.enable_envs_cache()
+        self.adapters.engine = self.engine
         tokenizer = self.engine.get_tokenizer()
         self.tokenizer = await tokenizer if inspect.isawaitable(tokenizer) else tokenizer  # async in older vLLM
         self.max_model_len = int(self.engine.model_config.max_model_len)

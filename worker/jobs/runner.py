@@ -41,7 +41,7 @@ from inferq.worker.jobs.prompt import PromptReturn
 from inferq.worker.jobs.sampling import sampling_params
 from inferq.worker.jobs.toolcalls import ToolCallStream, parser_class
 from inferq.worker.jobs.writer import AttemptSink, EventWriter
-from inferq.worker.metrics import JOBS_CLAIMED, JOBS_FINISHED
+from inferq.worker.metrics import ADAPTER_JOBS, JOBS_CLAIMED, JOBS_FINISHED
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +153,8 @@ class JobRunner:
             return False
         run.attempt, progress.seq = claim.attempt, claim.last_seq
         JOBS_CLAIMED.labels(msg.model).inc()
+        if msg.adapter is not None:
+            ADAPTER_JOBS.labels(msg.model, msg.adapter.name).inc()
         run.span.event("claimed", attempt=run.attempt, worker=self.worker_id)
         self.writer.open(msg.id, run.attempt)
         return True
@@ -174,7 +176,8 @@ class JobRunner:
                               self.host.tokenizer, params.logprobs, sink, self._tool_calls(msg))
         try:
             async with asyncio.timeout(left if left != float("inf") else None):
-                await self._generate(msg.id, run, pre.ids, params, req.priority, events, sink)
+                lora = await self.host.adapters.request(msg.adapter) if msg.adapter is not None else None
+                await self._generate(msg.id, run, pre.ids, params, req.priority, events, sink, lora)
         except TimeoutError:
             raise DeadlineExceeded("the job ran past its deadline and was aborted") from None
 
@@ -198,10 +201,12 @@ class JobRunner:
         return partial(ToolCallStream, self.tool_parser, self.host.tokenizer, msg.request)
 
     async def _generate(self, job_id: str, run: Attempt, ids: list[int], params: Any, priority: int,
-                        events: OutputEvents, sink: AttemptSink) -> None:
+                        events: OutputEvents, sink: AttemptSink, lora: Any = None) -> None:
         from vllm.inputs import TokensPrompt
 
-        extra = {"priority": priority} if self.priority_scheduling else {}
+        extra: dict[str, Any] = {"priority": priority} if self.priority_scheduling else {}
+        if lora is not None:
+            extra["lora_request"] = lora
         # one generation per job on this worker: an earlier attempt's must have ended (its engine
         # request aborted) before this one starts with the same request id
         while (busy := self._engine_busy.get(job_id)) is not None:

@@ -1,0 +1,77 @@
+"""A worker's part in the fleet's LoRA adapters: it registers the adapters its settings name (so
+that gateways resolve them as ``model``), and it loads or unloads the adapters that run-time
+commands name for its model, answering each load with what its engine said."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from redis.asyncio import Redis
+
+from inferq.shared import keys
+from inferq.shared.schemas import AdapterCommand, AdapterInfo, AdapterRef, AdapterReply
+from inferq.worker.engine.adapters import AdapterLoadFailed, EngineAdapters
+
+log = logging.getLogger(__name__)
+
+#: How long a load's answers are kept for the gateway that asked (it waits at most its timeout).
+REPLY_TTL_S = 300
+
+
+async def register(redis: Redis, model: str, adapters: dict[str, str]) -> None:
+    """Write the adapters of this worker's settings into the fleet's registry (name -> info). A
+    name another model's workers registered is taken over, with a warning."""
+    if not adapters:
+        return
+    known = await redis.hmget(keys.ADAPTERS, list(adapters))
+    for name, raw in zip(adapters, known, strict=True):
+        if raw is not None and (old := AdapterInfo.model_validate_json(raw)).parent != model:
+            log.warning("adapter %r was registered for model %r; it now names this worker's model %r",
+                        name, old.parent, model)
+    await redis.hset(keys.ADAPTERS, mapping={
+        name: AdapterInfo(name=name, parent=model, path=path).model_dump_json() for name, path in adapters.items()})
+    log.info("adapters served on %s: %s", model, ", ".join(sorted(adapters)))
+
+
+async def handle(redis: Redis, adapters: EngineAdapters, model: str, worker_id: str, cmd: AdapterCommand) -> None:
+    """Carry out one command for this worker's model (on the engine loop)."""
+    info = cmd.adapter
+    if info.parent != model:
+        return
+    if cmd.op == "unload":
+        if await adapters.unload(info.name):
+            log.info("adapter %s unloaded", info.name)
+        return
+    reply = AdapterReply(worker=worker_id)
+    try:
+        await adapters.request(AdapterRef(name=info.name, path=info.path))
+    except AdapterLoadFailed as e:
+        reply.error = e.message
+    if cmd.reply_to:
+        async with redis.pipeline(transaction=True) as pipe:
+            pipe.rpush(cmd.reply_to, reply.model_dump_json())
+            pipe.expire(cmd.reply_to, REPLY_TTL_S)
+            await pipe.execute()
+
+
+async def listen(redis: Redis, adapters: EngineAdapters, model: str, worker_id: str, retry_s: float = 0.5) -> None:
+    """Carry out adapter commands until cancelled; resubscribe after a lost connection."""
+    while True:
+        try:
+            async with redis.pubsub(ignore_subscribe_messages=True) as ps:
+                await ps.subscribe(keys.ADAPTER_CHANNEL)
+                async for raw in ps.listen():
+                    if raw.get("type") != "message":
+                        continue
+                    try:
+                        cmd = AdapterCommand.model_validate_json(raw["data"])
+                    except ValueError:
+                        log.warning("ignored a malformed adapter command")
+                        continue
+                    await handle(redis, adapters, model, worker_id, cmd)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            log.warning("adapter channel lost (%s); resubscribing", e)
+            await asyncio.sleep(retry_s)
