@@ -46,12 +46,13 @@ def make_celery(settings: Settings) -> Celery:
     return app
 
 
-def job_message(app: Celery, msg: JobMessage) -> tuple[str, str]:
+def job_message(app: Celery, msg: JobMessage, queue: str | None = None) -> tuple[str, str]:
     """The job's Celery message as kombu's Redis transport stores it, and the Redis list it goes on
     (the one of its queue and priority): what :func:`send_job` would push, byte for byte in meaning.
     Celery builds the task's headers and body (protocol 2); the envelope is kombu's virtual
-    transport's (``prepare_message``, then ``basic_publish`` to the default exchange)."""
-    queue, priority = keys.queue(msg.model), msg.request.priority
+    transport's (``prepare_message``, then ``basic_publish`` to the default exchange). ``queue``: the
+    model's queue, or another (a worker's lane)."""
+    queue, priority = queue or keys.queue(msg.model), msg.request.priority
     payload = msg.model_dump_json(exclude_none=True)
     headers, properties, body, _ = app.amqp.as_task_v2(
         msg.id, keys.TASK_NAME, args=[payload], kwargs={}, argsrepr=f"[{msg.id!r}]", kwargsrepr="{}",
@@ -67,7 +68,7 @@ def job_message(app: Celery, msg: JobMessage) -> tuple[str, str]:
                        "delivery_info": {"exchange": "", "routing_key": queue},
                        "delivery_tag": str(uuid.uuid4())},
     }
-    return keys.queue_lists(msg.model)[priority], json.dumps(envelope)
+    return keys.priority_lists(queue)[priority], json.dumps(envelope)
 
 
 def send_job(app: Celery, msg: JobMessage) -> None:

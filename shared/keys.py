@@ -25,6 +25,10 @@ inferq:adapters                 hash      LoRA adapter name -> its :class:`share
 inferq:control:adapters         pub/sub   adapter loads and unloads for a model's workers
 inferq:adapter-reply:{nonce}    list      workers' answers to one run-time load (TTL)
 inferq.q.{model}[:{p}]          list      the model's Celery queue, one list per priority p (kombu)
+inferq.q.{model}.w.{wid}[:{p}]  list      the worker's lane: jobs other workers of the model passed to it because it
+                                          holds their prompt's prefix or adapter (only it consumes it)
+inferq:px:{model}:{hash}        string    the worker that last ran a prompt whose prefix block hashes to {hash}
+                                          (or ``a:{adapter}``: that last ran the adapter) (TTL)
 inferq:cancelled:{list}         zset      job ids cancelled while queued whose message is still in the
                                           list -> cancel time: not counted in the queue's depth (TTL)
 unacked, unacked_index          hash,zset kombu's delivered-but-unacked messages (the reaper sweeps)
@@ -119,8 +123,22 @@ def queue(model: str) -> str:
 
 def queue_lists(model: str) -> list[str]:
     """The Redis lists holding the queue's messages, one per priority (kombu's naming)."""
-    q = queue(model)
+    return priority_lists(queue(model))
+
+
+def lane(model: str, worker_id: str) -> str:
+    """The worker's lane: a Celery queue of the model's jobs that only that worker consumes."""
+    return f"{queue(model)}.w.{worker_id}"
+
+
+def priority_lists(q: str) -> list[str]:
+    """The Redis lists of Celery queue ``q``, one per priority (kombu's naming)."""
     return [q if p == 0 else f"{q}{PRIORITY_SEP}{p}" for p in PRIORITIES]
+
+
+def prefix_owner(model: str, block_hash: str) -> str:
+    """The worker that last ran a prompt with this prefix block (or ``a:{adapter}``)."""
+    return f"{PREFIX}:px:{model}:{block_hash}"
 
 
 def queue_cancelled(queue_list: str) -> str:

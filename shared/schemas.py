@@ -242,6 +242,8 @@ class JobMessage(BaseModel):
                                          "(shared/prompt_probe.py); None: the worker tokenizes the prompt.")
     adapter: AdapterRef | None = Field(default=None, description="The LoRA adapter the job runs with; None: "
                                        "the base model.")
+    passed_by: str | None = Field(default=None, description="The worker that passed the job to this one's lane "
+                                  "(cache-affine pull, worker/jobs/affinity.py): it is run, never passed again.")
 
 
 class Usage(BaseModel):

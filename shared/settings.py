@@ -246,6 +246,16 @@ class Settings(BaseSettings):
         """Whether the engine starts with LoRA on."""
         return self.enable_lora or bool(self.lora_modules.strip()) or self.lora_dir is not None
 
+    affinity: Literal["prefix", "off"] = Field(
+        default="prefix", description="Cache-affine pull. 'prefix': a worker that takes a job whose prompt's "
+        "prefix (in blocks of INFERQ_AFFINITY_BLOCK_TOKENS) or LoRA adapter another live worker of the model "
+        "ran last, while that worker has a free slot, passes the job to that worker's lane instead of running "
+        "it (once; a worker whose slots are full hands its lane back to the queue at its next heartbeat). "
+        "'off': plain pull, each job runs on the worker that took it (docs/design.md).")
+    affinity_block_tokens: int = Field(default=64, ge=8, le=4096, description="Tokens per prefix block that "
+                                       "cache-affine pull matches prompts by.")
+    affinity_ttl_s: int = Field(default=600, ge=1, description="How long a worker is taken to still hold a "
+                                "prefix (or an adapter) it ran (seconds).")
     heartbeat_s: float = Field(default=2.0, gt=0, description="Worker heartbeat period (seconds), and the "
                                "reaper's pass period.")
     worker_ttl_s: float = Field(default=10.0, gt=0, description="A worker silent this long is dead: its jobs "
@@ -269,7 +279,8 @@ class Settings(BaseSettings):
     visibility_timeout_s: int = Field(default=6 * 3600, ge=60, description="Celery's Redis transport "
                                       "redelivers an unacknowledged job after this long (seconds): keep it "
                                       "above the longest job. Lost workers are found by their heartbeat instead.")
-    worker_id: str | None = Field(default=None, description="The worker's id in heartbeats, metrics and logs "
+    worker_id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._@+-]+$", max_length=128,
+                                  description="The worker's id in heartbeats, metrics and logs "
                                   "(an engine group's frontend i adds -i); default: host-pid-random.")
     metrics_port: int = Field(
         default=9400, ge=0, le=65535, description="The worker's Prometheus /metrics and "

@@ -25,6 +25,9 @@ JOBS_CLAIMED = Counter("inferq_worker_jobs_claimed_total", "Jobs this worker cla
                        ["model_name"])
 ADAPTER_JOBS = Counter("inferq_worker_adapter_jobs_total", "Jobs this worker claimed that run with a LoRA "
                        "adapter, by adapter.", ["model_name", "adapter"])
+JOBS_PASSED = Counter("inferq_worker_jobs_passed_total", "Jobs this worker took from its model's queue and "
+                      "passed to the lane of a worker holding their prompt's prefix or adapter (cache-affine "
+                      "pull).", ["model_name"])
 JOBS_FINISHED = Counter(
     "inferq_worker_jobs_finished_total", "Attempts that ended on this worker, by outcome: the status it "
     "wrote (succeeded, failed, cancelled), or not_ended (handed back to the queue, superseded, fenced out).",

@@ -38,8 +38,10 @@ from inferq.shared.settings import Settings
 from inferq.shared.store import JobStore
 from inferq.worker import metrics
 from inferq.worker.engine import fleet_adapters, tokenizer_files
+from inferq.worker.engine.group import frontend_slots
 from inferq.worker.engine.host import EngineHost
 from inferq.worker.jobs import control
+from inferq.worker.jobs.affinity import Affinity
 from inferq.worker.jobs.prepare import Prepared
 from inferq.worker.jobs.runner import JobRunner
 from inferq.worker.jobs.undecodable import fail_undecodable
@@ -47,6 +49,7 @@ from inferq.worker.jobs.writer import EventWriter
 from inferq.worker.liveness.death import EngineDeath, hard_exit
 from inferq.worker.liveness.handback import LocalHandBack
 from inferq.worker.liveness.heartbeat import Heartbeat
+from inferq.worker.liveness.lanes import return_lane
 from inferq.worker.liveness.reaper import Reaper
 
 log = logging.getLogger(__name__)
@@ -73,6 +76,9 @@ class WorkerRuntime:
         self._listeners: list[asyncio.Task[None]] = []  # the control channel's and the adapters'
         self.death = EngineDeath(self.host.loop, partial(self._hand_back_all, "engine_failure"),
                                  timeout_s=settings.worker_ttl_s, exit=exit)
+        fe = self.host.frontend
+        self.slots = frontend_slots(settings.max_num_seqs, fe.count) if fe is not None else settings.max_num_seqs
+        self.affinity = Affinity(settings, celery, self.id, self.slots) if settings.affinity != "off" else None
         self.heartbeat = Heartbeat(settings, self.id, self)
         self.reaper = Reaper(settings, self.id, self.send, trusted=self.heartbeat.trusted)
 
@@ -131,28 +137,63 @@ class WorkerRuntime:
         return self.host.run(fail_undecodable(self.runner.store, job_id, error))
 
     def run_job(self, msg: JobMessage) -> JobStatus | None:
-        """Called from a Celery thread: run the job on the engine loop and wait for its end."""
+        """Called from a Celery thread: run the job on the engine loop and wait for its end; or,
+        with cache-affine pull, pass it to the worker that holds its prefix (None)."""
         assert self.runner is not None, "worker runtime not started"
         if self.death.triggered:  # about to exit: leave the job (e.g. one just handed back) to another worker
             raise Reject("the engine is dead", requeue=True)
+        early = self._early(msg) if self.affinity is not None else None
+        if self.affinity is not None and self._passed(msg, early):
+            return None
         # the prompt is tokenized on this thread (it would wait anyway) while the engine loop
         # claims the job: no hand-off to a tokenizing thread on the job's way to the engine
         prepared: concurrent.futures.Future[Prepared] = concurrent.futures.Future()
         result = self.host.submit(self.runner.run(msg, prepared))
         if prepared.set_running_or_notify_cancel():  # False: the run ended without waiting for it
             try:
-                prepared.set_result(self.runner.prepare(msg))
+                if isinstance(early, BaseException):
+                    raise early
+                prepared.set_result(early or self.runner.prepare(msg))
             except BaseException as e:  # raised where the run reads it, after its claim
                 prepared.set_exception(e)
                 if not isinstance(e, Exception):
                     raise
         return result.result()
 
+    def _early(self, msg: JobMessage) -> Prepared | Exception | None:
+        """For cache-affine pull, the prompt tokenized before the claim where neither the gateway
+        nor the client gave its token ids (None: they did); what preparing raised is kept for the
+        run to report after its claim."""
+        if msg.prompt_ids is not None or msg.request.prompt_token_ids is not None:
+            return None
+        assert self.runner is not None
+        try:
+            return self.runner.prepare(msg)
+        except Exception as e:
+            return e
+
+    def _passed(self, msg: JobMessage, early: Prepared | Exception | None) -> bool:
+        """Whether the job went to the lane of the worker that holds its prefix or adapter."""
+        assert self.affinity is not None
+        ids = early.ids if isinstance(early, Prepared) else msg.prompt_ids or msg.request.prompt_token_ids
+        if ids is None:  # not tokenized: the run reports why
+            return False
+        try:
+            holder = self.affinity.place(msg, ids)
+            if holder is not None:
+                self.affinity.pass_to(msg, holder)
+        except Exception as e:  # Redis away: run it here (the claim path has its own retries)
+            log.warning("job %s: cache-affine placement failed (%s); running it here", msg.id, e)
+            return False
+        return holder is not None
+
     def drain(self) -> None:
         """SIGTERM (Celery has stopped consuming): announce draining in the next beat, let held
         jobs finish up to the grace period, then hand the rest back to the queue."""
         self.draining = True
         self.heartbeat.poke()
+        if self.affinity is not None and self.redis is not None:  # no job waits in the lane of a worker leaving
+            self.host.run(return_lane(self.redis, self.settings.model_name, self.id, "it is draining"))
         if self.runner is None or self.runner.idle.wait(self.settings.drain_timeout_s):
             return
         log.warning("drain timeout: handing %d jobs back to the queue", len(self.runner.attempts))
@@ -223,6 +264,9 @@ class WorkerRuntime:
 
     def held_jobs(self) -> int:
         return len(self.runner.attempts) if self.runner is not None else 0
+
+    def saturated(self) -> bool:
+        return self.held_jobs() >= self.slots
 
     def last_beat(self) -> float | None:
         return self.heartbeat.last_ok

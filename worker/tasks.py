@@ -50,6 +50,14 @@ def _start_engine(**_: Any) -> None:
         os._exit(3)
 
 
+@signals.celeryd_after_setup.connect
+def _consume_lane(instance: Any, **_: Any) -> None:
+    """With cache-affine pull, consume this worker's lane besides its model's queue (the jobs other
+    workers pass to it: worker/jobs/affinity.py)."""
+    if _runtime is not None and _runtime.affinity is not None:
+        instance.app.amqp.queues.select_add(keys.lane(_runtime.settings.model_name, _runtime.id))
+
+
 @signals.worker_shutting_down.connect
 def _drain(**_: Any) -> None:
     """SIGTERM: Celery stops taking jobs and waits for its threads; finish or hand back ours."""

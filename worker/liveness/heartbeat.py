@@ -33,6 +33,7 @@ from inferq.shared.redis import make_redis
 from inferq.shared.schemas import WorkerInfo
 from inferq.shared.settings import Settings
 from inferq.worker.engine import tokenizer_files
+from inferq.worker.liveness.lanes import return_lane
 from inferq.worker.liveness.reaper import forget_worker
 from inferq.worker.loopthread import LoopThread
 
@@ -54,6 +55,9 @@ class WorkerView(Protocol):
 
     def on_engine_dead(self) -> None:
         """Start the engine-death path (must not block)."""
+
+    def saturated(self) -> bool:
+        """Every job slot taken: jobs in this worker's lane would wait (cache-affine pull)."""
 
 
 class Heartbeat:
@@ -118,6 +122,8 @@ class Heartbeat:
             log.warning("this worker was taken for dead and reaped; re-registered (%d jobs to check)", len(claimed))
         if reaped or not listed.issuperset(claimed):
             await self._reconcile(claimed)
+        if s.affinity != "off" and self.worker.saturated():
+            await return_lane(self.redis, s.model_name, wid, "its slots are full")
 
     async def _keep_jobs(self, listed: set[str], claimed: dict[str, int]) -> set[str]:
         """Renew the TTL of the record and log of each job the worker runs, and take out of its job

@@ -30,6 +30,7 @@ from inferq.shared.redis import make_redis
 from inferq.shared.settings import Settings
 from inferq.shared.store import JobStore
 from inferq.worker.liveness.handback import hand_back
+from inferq.worker.liveness.lanes import return_lane
 from inferq.worker.liveness.unacked import Send, UnackedEntries, sweep_queued, sweep_unacked
 from inferq.worker.loopthread import LoopThread
 
@@ -147,6 +148,7 @@ class Reaper:
             if not await extend(keys=[keys.REAPER_LOCK], args=[token, int(self.lock_ttl_s * 1000)]):
                 raise LockLost
         if await forget_worker(self.redis, dead.model, dead.worker_id, dead.beat_before):
+            await return_lane(self.redis, dead.model, dead.worker_id, "it is dead")
             await self.redis.hincrby(keys.STATS, keys.stat("reaped", dead.model), 1)
             log.warning("worker %s stopped heartbeating; %d of its jobs were handed back", dead.worker_id, handed)
         return handed

@@ -110,10 +110,11 @@ async def sweep_queued(store: JobStore, send: Send, entries: UnackedEntries, que
         if rec is None or rec.status is not JobStatus.queued:
             await redis.zrem(keys.QUEUED, job_id)
             continue
+        lanes = [keys.lane(rec.model, w) for w in await redis.zrange(keys.workers(rec.model), 0, -1)]
         async with redis.pipeline(transaction=False) as p:
-            for q in keys.queue_lists(rec.model):
+            for q in [*keys.queue_lists(rec.model), *(x for lane in lanes for x in keys.priority_lists(lane))]:
                 p.llen(q)
-            depth = sum(await p.execute())
+            depth = sum(await p.execute())  # its model's queue and its workers' lanes
         if depth == 0 and job_id not in held:
             await asyncio.to_thread(send, rec.message())
             await redis.zadd(keys.QUEUED, {job_id: now})

@@ -1,0 +1,118 @@
+"""Cache-affine pull's parts on a real Redis, without an engine: prefix block hashes, a worker's
+choice between running a job and passing it to the worker that holds its prefix or adapter, and a
+lane handed back to the queue."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import redis
+
+from inferq.shared import keys
+from inferq.shared.celery_app import make_celery
+from inferq.shared.schemas import AdapterRef, EngineStats, JobMessage, JobRequest, WorkerInfo
+from inferq.shared.settings import Settings
+from inferq.worker.jobs.affinity import Affinity, block_hashes
+from inferq.worker.liveness.lanes import return_lane
+
+BLOCK = 8
+MODEL = "m-aff"
+
+
+def test_a_prompt_shares_the_hashes_of_every_whole_block_it_shares() -> None:
+    base = list(range(40))
+    longer = base + [7] * 20
+    other = base[:10] + [999] + base[11:]
+    assert len(block_hashes(base, None, BLOCK)) == 5 and len(block_hashes(base[:7], None, BLOCK)) == 0
+    assert block_hashes(longer, None, BLOCK)[:5] == block_hashes(base, None, BLOCK)
+    assert block_hashes(other, None, BLOCK)[:1] == block_hashes(base, None, BLOCK)[:1]
+    assert not set(block_hashes(other, None, BLOCK)[1:]) & set(block_hashes(base, None, BLOCK))
+    assert not set(block_hashes(base, "lora-a", BLOCK)) & set(block_hashes(base, None, BLOCK))
+    assert len(block_hashes(list(range(1000)), None, BLOCK, limit=3)) == 3
+
+
+@pytest.fixture
+def sync_r(own_redis: str) -> redis.Redis:
+    r = redis.Redis.from_url(own_redis, decode_responses=True)
+    r.flushdb()
+    return r
+
+
+def worker(own_redis: str, wid: str) -> Affinity:
+    s = Settings(redis_url=own_redis, served_model_name=MODEL, affinity_block_tokens=BLOCK)
+    return Affinity(s, make_celery(s), wid, slots=4)
+
+
+def beat(r: redis.Redis, wid: str, running: int = 0, draining: bool = False, age: float = 0.0) -> None:
+    now = time.time()
+    info = WorkerInfo(id=wid, model=MODEL, host="h", pid=1, max_model_len=4096, max_num_seqs=4, started_at=now,
+                      last_seen=now - age, draining=draining, stats=EngineStats(running=running))
+    r.set(keys.worker(wid), info.model_dump_json())
+
+
+def job(ids: list[int], adapter: str | None = None, passed_by: str | None = None) -> JobMessage:
+    return JobMessage(id="job-" + "a" * 32, model=MODEL, request=JobRequest(prompt_token_ids=ids), created_at=1.0,
+                      adapter=AdapterRef(name=adapter, path="/a") if adapter else None, passed_by=passed_by)
+
+
+def lane_messages(r: redis.Redis, wid: str) -> list[dict]:
+    out = []
+    for name in keys.priority_lists(keys.lane(MODEL, wid)):
+        out += [json.loads(m) for m in r.lrange(name, 0, -1)]
+    return out
+
+
+def test_a_follow_up_goes_to_the_worker_that_ran_its_prefix_while_it_has_room(own_redis, sync_r) -> None:
+    w1, w2 = worker(own_redis, "w1"), worker(own_redis, "w2")
+    first = list(range(24))
+    assert w2.place(job(first), first) is None  # nobody held it: w2 runs it, and now holds its blocks
+    follow_up = first + list(range(100, 120))
+    beat(sync_r, "w2")
+    assert w1.place(job(follow_up), follow_up) == "w2"
+    w1.pass_to(job(follow_up), "w2")
+    [msg] = lane_messages(sync_r, "w2")
+    payload = JobMessage.model_validate_json(json.loads(__import__("base64").b64decode(msg["body"]))[0][0])
+    assert payload.passed_by == "w1" and payload.id == job(follow_up).id
+    assert msg["properties"]["delivery_info"]["routing_key"] == keys.lane(MODEL, "w2")
+    # the lane's worker runs what was passed to it, and holds the longer prefix from then on
+    assert w2.place(payload, follow_up) is None
+    assert sync_r.get(keys.prefix_owner(MODEL, block_hashes(follow_up, None, BLOCK)[-1])) == "w2"
+
+
+@pytest.mark.parametrize("state", ["full", "lane full", "draining", "dead", "gone"])
+def test_a_job_runs_where_it_was_taken_when_its_holder_has_no_room(own_redis, sync_r, state: str) -> None:
+    w1, w2 = worker(own_redis, "w1"), worker(own_redis, "w2")
+    ids = list(range(16))
+    w2.place(job(ids), ids)
+    if state != "gone":
+        beat(sync_r, "w2", running=4 if state == "full" else 1, draining=state == "draining",
+             age=60 if state == "dead" else 0)
+    if state == "lane full":
+        for _ in range(3):
+            w1.pass_to(job(ids), "w2")
+    assert w1.place(job(ids), ids) is None
+    assert sync_r.get(keys.prefix_owner(MODEL, block_hashes(ids, None, BLOCK)[0])) == "w1"  # it runs on w1
+
+
+def test_an_adapter_draws_its_jobs_when_no_prefix_does(own_redis, sync_r) -> None:
+    w1, w2 = worker(own_redis, "w1"), worker(own_redis, "w2")
+    w2.place(job([1, 2], adapter="lora-x"), [1, 2])  # a prompt shorter than a block: the adapter alone
+    beat(sync_r, "w2")
+    assert w1.place(job([5, 6, 7], adapter="lora-x"), [5, 6, 7]) == "w2"
+    assert w1.place(job([5, 6, 7]), [5, 6, 7]) is None  # no adapter, no whole block: nothing to match
+    assert w1.place(job(list(range(16)), adapter="lora-x", passed_by="w3"), list(range(16))) is None
+
+
+async def test_a_lane_goes_back_to_the_queue_in_order_and_by_priority(own_redis, r) -> None:
+    lane = keys.priority_lists(keys.lane(MODEL, "w9"))
+    for i in range(3):
+        await r.lpush(lane[5], f"p5-{i}")  # kombu pushes left, pops right: p5-0 is the oldest
+    await r.lpush(lane[0], "p0-0")
+    await r.lpush(keys.queue_lists(MODEL)[5], "queued-before")
+    assert await return_lane(r, MODEL, "w9", "test") == 4
+    assert [await r.llen(name) for name in lane] == [0] * 10
+    assert await r.lrange(keys.queue_lists(MODEL)[0], 0, -1) == ["p0-0"]
+    popped = [await r.rpop(keys.queue_lists(MODEL)[5]) for _ in range(4)]
+    assert popped == ["p5-0", "p5-1", "p5-2", "queued-before"]  # the lane's waited longest

@@ -1,0 +1,119 @@
+"""Cache-affine pull: a job goes where its prompt's prefix and its adapter already are, and the
+workers decide it, not a router.
+
+Every worker keeps, in Redis, which prompt prefixes it ran last: a prompt's token ids are cut into
+blocks of INFERQ_AFFINITY_BLOCK_TOKENS, each block hashed with the ones before it (and the job's
+adapter), and ``inferq:px:{model}:{hash}`` names the last worker that ran a prompt holding that
+block (a TTL drops what its cache has long evicted). A worker that takes a job from its model's
+queue looks the job's blocks up (one MGET): if another live worker ran the longest of them (or,
+failing a prefix, the job's adapter), and that worker has a free slot by its last heartbeat, the job
+is passed to that worker's lane (a queue only it consumes) and this worker takes the next one.
+
+What keeps a queue's promises: a job is passed at most once (``passed_by``: the lane's worker runs
+it); only to a live worker with room, so that no job waits on a busy worker while another is free,
+and a worker that fills up hands its lane back to the queue at its next heartbeat, as a draining
+or dead one does (liveness/lanes.py); passing is a push of the same message (same job id) before
+this one is acked, so a crash in between leaves the job twice on queues, never lost, and the claim
+runs it once. Cancel, deadlines, priorities (the lane has a list per priority) and fencing are the
+claim's, unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from array import array
+from collections.abc import Sequence
+
+import redis
+from celery import Celery
+
+from inferq.shared import keys
+from inferq.shared.celery_app import job_message
+from inferq.shared.schemas import JobMessage, WorkerInfo
+from inferq.shared.settings import Settings
+from inferq.worker.metrics import JOBS_PASSED
+
+log = logging.getLogger(__name__)
+
+
+def block_hashes(ids: Sequence[int], adapter: str | None, block: int, limit: int = 64) -> list[str]:
+    """The hashes of the prompt's whole blocks of ``block`` tokens (at most ``limit``), each of a
+    block and every block before it, and of the adapter: two prompts share a hash where they
+    share every token up to the end of that block, with the same adapter (vLLM's prefix cache
+    is per adapter too)."""
+    prev = hashlib.blake2b((adapter or "").encode(), digest_size=8).digest()
+    out = []
+    for i in range(min(len(ids) // block, limit)):
+        prev = hashlib.blake2b(prev + array("q", ids[i * block:(i + 1) * block]).tobytes(), digest_size=8).digest()
+        out.append(prev.hex())
+    return out
+
+
+class Affinity:
+    """One worker's side of cache-affine pull, called from Celery's threads (a client of its own)."""
+
+    def __init__(self, settings: Settings, celery: Celery, worker_id: str, slots: int) -> None:
+        self.settings = settings
+        self.celery = celery
+        self.worker_id = worker_id
+        self.model = settings.model_name
+        self.slots = slots
+        self.redis = redis.Redis.from_url(settings.redis_url, decode_responses=True, socket_timeout=5,
+                                          max_connections=max(4, slots))
+
+    def _keys(self, hashes: list[str], adapter: str | None) -> list[str]:
+        names = [keys.prefix_owner(self.model, h) for h in hashes]
+        return names + [keys.prefix_owner(self.model, f"a:{adapter}")] if adapter else names
+
+    def place(self, msg: JobMessage, ids: Sequence[int]) -> str | None:
+        """The worker to pass the job to, or None to run it here (and remember it ran here)."""
+        adapter = msg.adapter.name if msg.adapter is not None else None
+        hashes = block_hashes(ids, adapter, self.settings.affinity_block_tokens)
+        names = self._keys(hashes, adapter)
+        if not names:
+            return None
+        holder = None
+        if msg.passed_by is None:
+            owners = self.redis.mget(names)
+            holder = next((o for o in reversed(owners[:len(hashes)]) if o), None) or (owners[-1] if adapter else None)
+            if holder == self.worker_id or (holder is not None and not self._has_room(holder)):
+                holder = None
+        if holder is None:
+            self.remember(names)
+        return holder
+
+    def remember(self, names: list[str]) -> None:
+        """This worker now holds these blocks (and adapter)."""
+        with self.redis.pipeline(transaction=False) as p:
+            for name in names:
+                p.set(name, self.worker_id, ex=self.settings.affinity_ttl_s)
+            p.execute()
+
+    def _has_room(self, worker_id: str) -> bool:
+        """Whether the worker is live, serving this model, not draining, and has a slot free (by
+        its last heartbeat, less what its lane already holds)."""
+        with self.redis.pipeline(transaction=False) as p:
+            p.get(keys.worker(worker_id))
+            for name in keys.priority_lists(keys.lane(self.model, worker_id)):
+                p.llen(name)
+            raw, *lane = p.execute()
+        if raw is None:
+            return False
+        info = WorkerInfo.model_validate_json(raw)
+        if info.model != self.model or info.draining or time.time() - info.last_seen > self.settings.worker_ttl_s:
+            return False
+        return info.stats.running + info.stats.waiting + sum(lane) < info.max_num_seqs
+
+    def pass_to(self, msg: JobMessage, worker_id: str) -> None:
+        """Put the job on the worker's lane, marked as passed (its message here is acked after)."""
+        passed = msg.model_copy(update={"passed_by": self.worker_id})
+        queue_list, message = job_message(self.celery, passed, keys.lane(self.model, worker_id))
+        self.redis.lpush(queue_list, message)
+        JOBS_PASSED.labels(self.model).inc()
+        log.info("job %s passed to worker %s, which holds its prefix or adapter", msg.id, worker_id,
+                 extra={"job_id": msg.id})
+
+    def close(self) -> None:
+        self.redis.close()
