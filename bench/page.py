@@ -83,13 +83,44 @@ def table(spec: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+SESSIONS_HEADER = ("| stack | follow-up prefix-cache hit rate | of the ideal | follow-up TTFT p50 / p90 ms | "
+                   "out tok/s | busy time max/min |\n|---|---|---|---|---|---|")
+
+
+def _range(s: dict[str, float] | None, fmt: str, scale: float = 1.0) -> str:
+    if s is None:
+        return "—"
+    return f"{s['median'] * scale:{fmt}} ({s['min'] * scale:{fmt}}–{s['max'] * scale:{fmt}})"
+
+
+def sessions_table(spec: dict[str, Any]) -> str:
+    """A ``python -m bench.sessions`` result: one row per stack, medians of its repeats (range)."""
+    result = json.loads((HERE / spec["file"]).read_text())
+    stacks = result["stacks"]
+    ideal = stacks.get("single", {}).get("summary", {}).get("follow_up_hit_rate")
+    lines = [spec["line"], "", SESSIONS_HEADER]
+    for label, st in stacks.items():
+        s = st["summary"]
+        hit = s["follow_up_hit_rate"]
+        share = f"{hit['median'] / ideal['median']:.0%}" if hit and ideal else "—"
+        name = "1 worker (the ideal)" if label == "single" else \
+            f"{st['workers']} workers, {'cache-affine pull' if st['affinity'] == 'prefix' else 'plain pull'}"
+        if st.get("adapters"):
+            name += f", {st['adapters']} LoRA adapter{'s' if st['adapters'] > 1 else ''}"
+        ttft = f"{s['follow_up_ttft_p50_ms']['median']:,.0f} / {s['follow_up_ttft_p90_ms']['median']:,.0f}"
+        lines.append(f"| {name} | {_range(hit, '.1f', 100)} % | {share} | {ttft} | {_range(s['output_tok_s'], ',.0f')} "
+                     f"| {_range(s['busy_spread'], '.2f')} |")
+    lines += ["", "Runs: " + "; ".join(f"**{k}** {v}" for k, v in spec["runs"].items()) + "."]
+    return "\n".join(lines)
+
+
 def render(page: str, specs: list[dict[str, Any]]) -> str:
     for spec in specs:
         begin, end = f"<!-- table:{spec['id']} -->", f"<!-- /table:{spec['id']} -->"
         pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.S)
         if not pattern.search(page):
             raise SystemExit(f"{PAGE.name} has no {begin} ... {end}")
-        text = f"{begin}\n{table(spec)}\n{end}"
+        text = f"{begin}\n{sessions_table(spec) if spec.get('kind') == 'sessions' else table(spec)}\n{end}"
         page = pattern.sub(lambda _m, t=text: t, page)
     return page
 
@@ -167,7 +198,7 @@ def main(argv: list[str]) -> int:
             return 1
         return 0
     PAGE.write_text(new)
-    plots(specs)
+    plots([s for s in specs if s.get("kind") != "sessions"])
     return 0
 
 

@@ -479,6 +479,9 @@ class EngineStats(BaseModel):
     jobs_started: int = 0
     jobs_finished: int = 0
     steps: int = 0
+    prefix_cache_queries: int = Field(default=0, description="Prompt tokens looked up in the prefix cache "
+                                      "since start (of the steps whose stats reached this worker).")
+    prefix_cache_hits: int = Field(default=0, description="Of those, the tokens found cached.")
     last_step_at: float | None = Field(
         default=None, description="Unix time of the engine's last step: a busy engine moves it, a stuck one does not.")
 

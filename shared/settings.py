@@ -254,6 +254,10 @@ class Settings(BaseSettings):
         "'off': plain pull, each job runs on the worker that took it (docs/design.md).")
     affinity_block_tokens: int = Field(default=64, ge=8, le=4096, description="Tokens per prefix block that "
                                        "cache-affine pull matches prompts by.")
+    affinity_slack: float = Field(default=0.25, ge=0, le=1, description="How much busier (running, waiting "
+                                  "and in its lane, as a fraction of its sequences) than the worker that took a "
+                                  "job the worker holding its prefix may be and still get it: above, the job runs "
+                                  "where it was taken. Lower balances load, higher follows caches.")
     affinity_ttl_s: int = Field(default=600, ge=1, description="How long a worker is taken to still hold a "
                                 "prefix (or an adapter) it ran (seconds).")
     heartbeat_s: float = Field(default=2.0, gt=0, description="Worker heartbeat period (seconds), and the "

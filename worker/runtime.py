@@ -78,7 +78,8 @@ class WorkerRuntime:
                                  timeout_s=settings.worker_ttl_s, exit=exit)
         fe = self.host.frontend
         self.slots = frontend_slots(settings.max_num_seqs, fe.count) if fe is not None else settings.max_num_seqs
-        self.affinity = Affinity(settings, celery, self.id, self.slots) if settings.affinity != "off" else None
+        self.affinity = Affinity(settings, celery, self.id, self.slots, self._engine_load) \
+            if settings.affinity != "off" else None
         self.heartbeat = Heartbeat(settings, self.id, self)
         self.reaper = Reaper(settings, self.id, self.send, trusted=self.heartbeat.trusted)
 
@@ -264,6 +265,10 @@ class WorkerRuntime:
 
     def held_jobs(self) -> int:
         return len(self.runner.attempts) if self.runner is not None else 0
+
+    def _engine_load(self) -> int:
+        """Sequences this worker's engine runs and holds waiting (its last step's)."""
+        return self.host.stats.running + self.host.stats.waiting
 
     def saturated(self) -> bool:
         return self.held_jobs() >= self.slots

@@ -324,6 +324,9 @@
         el("td", { class: "running" }, w.stats.running),
         el("td", { class: "waiting" }, w.stats.waiting),
         el("td", { class: "kv", "data-kv": String(kv) }, bar, (kv * 100).toFixed(1) + "%"),
+        el("td", { class: "hits", title: "prompt tokens found in this engine's prefix cache, since it started" },
+          w.stats.prefix_cache_queries ? (100 * w.stats.prefix_cache_hits / w.stats.prefix_cache_queries).toFixed(1) + "%"
+            : "—"),
         el("td", { class: "adapters", title: "LoRA adapters loaded in this worker's engine" },
           (w.adapters || []).join(", ") || "—"),
         el("td", { class: "state" }, w.draining ? "draining" : "live"));

@@ -24,7 +24,8 @@ from tests.fleet import Fleet
 KEYS = ("chaos-key-a", "chaos-key-b")
 TIMINGS = {"INFERQ_HEARTBEAT_S": "0.5", "INFERQ_WORKER_TTL_S": "3", "INFERQ_MAX_NUM_SEQS": "32",
            "INFERQ_API_KEYS": ",".join(KEYS), "INFERQ_MAX_QUEUE_DEPTH": "200"}
-ORDER = ["poison", *slowloris.SCENARIOS, "expiry", "load", "sigstop", "redis_down", "faults", *bookkeeping.SCENARIOS]
+ORDER = ["poison", *slowloris.SCENARIOS, "expiry", "load", "sigstop", "redis_down", "faults", "hot_prefix",
+         *bookkeeping.SCENARIOS]
 
 
 def verdict(name: str, r: dict[str, Any]) -> list[str]:
@@ -43,7 +44,9 @@ def verdict(name: str, r: dict[str, Any]) -> list[str]:
         socks = [v for k, v in r["sockets_and_messages"].items() if not k.startswith("message")]
         if r["not_4xx"] or any(v != "failed undecodable_job" for v in msgs) or any("no event" in v for v in socks):
             bad.append("a poison request was not refused with a 4xx, or a message was not failed")
-    if name in ("load", "sigstop", "redis_down", "poison"):
+    if name == "hot_prefix" and not r.get("killed"):
+        bad.append("no job was seen running on a worker to kill")
+    if name in ("load", "sigstop", "redis_down", "poison", "hot_prefix"):
         if r.get("succeeded", 0) + sum(r.get("failed", {}).values()) != r.get("submitted", 0):
             bad.append("not every job ended")
     if name in bookkeeping.SCENARIOS:
@@ -69,6 +72,9 @@ def _cell(name: str, r: dict[str, Any]) -> str:
     if name == "expiry":
         return (f"record TTL {r['record_ttl_s']} s ≥ log TTL {r['log_ttl_s']} s; after the record expired: "
                 + ", ".join(f"{k} {v}" for k, v in r["after"].items()) + f"; leaked {r['leaked']}")
+    if name == "hot_prefix":
+        return (f"{r['submitted']} jobs sharing a ~1,000-token prefix; killed {r.get('killed')}, the worker running "
+                f"them; ended on: " + ", ".join(f"{w} {n}" for w, n in sorted(r["ended_on"].items())))
     if name == "poison":
         return (f"{len(r['requests'])} requests: not 4xx {r['not_4xx']}; "
                 + "; ".join(f"{k}: {v}" for k, v in r["sockets_and_messages"].items()))

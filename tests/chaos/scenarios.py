@@ -7,6 +7,7 @@ none), and returns its figures (``client.figures``) plus what is particular to i
 - ``expiry``: a job's record expires while its log still lives.
 - ``poison``: requests and queue messages built to choke the gateway or a worker.
 - ``faults``: workers SIGKILLed (and replaced) and Redis restarted while jobs run.
+- ``hot_prefix``: the worker that cache-affine pull draws a shared prefix's jobs to, SIGKILLed mid-load.
 
 ``cancel_depth`` and ``short_ttl`` (what the queue counts, records of long jobs) are in
 tests/chaos/bookkeeping.py.
@@ -23,6 +24,7 @@ import signal
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from websockets.asyncio.client import connect
@@ -286,6 +288,37 @@ async def faults(fleet: Fleet, client: Client, jobs: int = 200, kills: int = 3, 
     report.update(kills=len(kill_times), redis_restarts=redis_restarts, restarted_jobs=len(redelivery),
                   redelivery_s=summary(redelivery), wall_s=round(time.time() - t0, 1),
                   cancel_to_abort_s=summary(await client.cancel_to_abort(3)))
+    return report
+
+
+async def hot_prefix(fleet: Fleet, client: Client, jobs: int = 48, max_tokens: int = 600,
+                     concurrency: int = 24) -> dict[str, Any]:
+    """Jobs that share one long prompt prefix, so that cache-affine pull draws them to the worker
+    that ran it first (through its lane); that worker SIGKILLed mid-load and replaced: its running
+    jobs and those waiting in its lane run elsewhere, none lost or run twice."""
+    prefix = Path(json.__file__).read_text()[:3000]  # ~1,000 tokens of the tiny model's tokenizer
+    killed: dict[str, Any] = {}
+
+    async def kill_holder(ids: list[str]) -> None:
+        view = await _any_running(client, ids, fleet)
+        if view is None:
+            return
+        wid = killed["killed"] = view["worker"]
+        await asyncio.to_thread(fleet.kill_worker, wid, signal.SIGKILL)
+        fleet.start_worker(wait=False)
+
+    def body(i: int) -> dict[str, Any]:
+        return {"prompt": f"{prefix}\n# job {i}\n", "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0}
+
+    outcomes, _ = await run_jobs(client, jobs, body, concurrency, during=kill_holder)
+    for wid in fleet.live():
+        await asyncio.to_thread(fleet.wait_worker, wid)
+    report = figures(outcomes)
+    ended_on: dict[str, int] = {}
+    for o in outcomes:
+        worker = str((o.final or {}).get("worker"))
+        ended_on[worker] = ended_on.get(worker, 0) + 1
+    report.update(killed, ended_on=ended_on, workers_alive=len(fleet.live()), workers=len(fleet.workers))
     return report
 
 

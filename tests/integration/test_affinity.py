@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 
 from tests.helpers import submit, wait_status
+from tests.wait import eventually
 
 #: a long shared start (the tiny model's tokenizer was trained on Python's standard library)
 SYSTEM = Path(json.__file__).read_text()[:2500]
@@ -37,3 +38,21 @@ def test_each_turn_runs_where_the_conversation_is_cached(stack) -> None:
     holder = ran[0]
     # each follow-up found at least the shared start cached (hundreds of tokens) on that engine
     assert after[holder] - before[holder] >= 3 * 256, (before, after)
+    with stack.http() as http:  # and the worker's heartbeat says so (the console's worker panel shows it)
+        eventually(lambda: {w["id"]: w["stats"] for w in http.get("/v1/workers").json()}[holder], 10,
+                   "the holder's prefix-cache counters", until=lambda s: s["prefix_cache_hits"] >= after[holder])
+
+
+def test_the_sessions_benchmark_runs_against_the_stack(stack, tmp_path: Path) -> None:
+    """bench/sessions.py's smoke case: a few two-turn sessions on the stack; every follow-up finds
+    its session's prefix cached (256 of its 320 tokens: the ideal is 0.8)."""
+    from bench.sessions import main
+
+    config = tmp_path / "smoke.json"
+    config.write_text(json.dumps({"sessions": 4, "turns": 2, "prefix_tokens": 256, "turn_tokens": 64,
+                                  "output_tokens": 4, "repeats": 1}))
+    ports = ",".join(str(p) for p in stack.metrics_ports.values())
+    assert main([str(config), "--out", str(tmp_path), "--base", stack.base, "--metrics", ports]) == 0
+    summary = json.loads((tmp_path / "sessions.json").read_text())["stacks"]["given"]["summary"]
+    assert summary["errors"] == 0, summary
+    assert summary["follow_up_hit_rate"]["median"] >= 0.7, summary

@@ -222,7 +222,8 @@ def test_workers_and_queue_are_live(stack: Stack, browser: WebDriver) -> None:
                 kv_text: tr.querySelector('.kv').textContent,
                 running: tr.querySelector('.running').textContent,
                 waiting: tr.querySelector('.waiting').textContent,
-                adapters: tr.querySelector('.adapters').textContent};
+                adapters: tr.querySelector('.adapters').textContent,
+                hits: tr.querySelector('.hits').textContent};
             }
             return out;""")
 
@@ -231,6 +232,7 @@ def test_workers_and_queue_are_live(stack: Stack, browser: WebDriver) -> None:
         assert 0.0 <= float(row["kv"]) <= 1.0, (wid, row)
         assert re.fullmatch(r"\d+\.\d%", row["kv_text"]), (wid, row)
         assert int(row["running"]) >= 0 and int(row["waiting"]) >= 0, (wid, row)
+        assert re.fullmatch(r"\d+\.\d%|—", row["hits"]), (wid, row)
     with stack.http() as http:  # each worker's LoRA adapters, as its heartbeat says (they change as jobs use them)
         assert wait_status(http, submit(http, prompt="x", model="tiny-a", max_tokens=2))["status"] == "succeeded"
         page.wait(lambda: any("tiny-a" in row["adapters"] for row in rows().values()), "tiny-a in a worker's row")

@@ -96,6 +96,19 @@ def test_a_job_runs_where_it_was_taken_when_its_holder_has_no_room(own_redis, sy
     assert sync_r.get(keys.prefix_owner(MODEL, block_hashes(ids, None, BLOCK)[0])) == "w1"  # it runs on w1
 
 
+def test_a_holder_much_busier_than_the_taker_leaves_it_the_job(own_redis, sync_r) -> None:
+    """INFERQ_AFFINITY_SLACK (1/4 of 4 sequences: 1): a holder with 3 more sequences than the taker
+    (which counts the job it took) does not get the job; with the taker as busy, it does."""
+    w1, w2 = worker(own_redis, "w1"), worker(own_redis, "w2")
+    ids = list(range(16))
+    w2.place(job(ids), ids)
+    beat(sync_r, "w2", running=3)
+    assert w1.place(job(ids), ids) is None
+    w2.place(job(ids), ids)  # w2 holds it again
+    w1.own_load = lambda: 3
+    assert w1.place(job(ids), ids) == "w2"
+
+
 def test_an_adapter_draws_its_jobs_when_no_prefix_does(own_redis, sync_r) -> None:
     w1, w2 = worker(own_redis, "w1"), worker(own_redis, "w2")
     w2.place(job([1, 2], adapter="lora-x"), [1, 2])  # a prompt shorter than a block: the adapter alone

@@ -51,6 +51,9 @@ def _stats_logger_class(stats: EngineStats) -> type:
             s.waiting = scheduler_stats.num_waiting_reqs
             s.kv_cache_usage = float(getattr(scheduler_stats, "kv_cache_usage", 0.0))
             s.peak_running = max(s.peak_running, s.running)
+            if (cache := getattr(scheduler_stats, "prefix_cache_stats", None)) is not None:
+                s.prefix_cache_queries += int(cache.queries)
+                s.prefix_cache_hits += int(cache.hits)
 
         def log_engine_initialized(self) -> None:
             pass

@@ -24,7 +24,7 @@ import hashlib
 import logging
 import time
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import redis
 from celery import Celery
@@ -54,8 +54,10 @@ def block_hashes(ids: Sequence[int], adapter: str | None, block: int, limit: int
 class Affinity:
     """One worker's side of cache-affine pull, called from Celery's threads (a client of its own)."""
 
-    def __init__(self, settings: Settings, celery: Celery, worker_id: str, slots: int) -> None:
+    def __init__(self, settings: Settings, celery: Celery, worker_id: str, slots: int,
+                 own_load: Callable[[], int] = lambda: 0) -> None:
         self.settings = settings
+        self.own_load = own_load  # this worker's engine: sequences running and waiting
         self.celery = celery
         self.worker_id = worker_id
         self.model = settings.model_name
@@ -93,7 +95,9 @@ class Affinity:
 
     def _has_room(self, worker_id: str) -> bool:
         """Whether the worker is live, serving this model, not draining, and has a slot free (by
-        its last heartbeat, less what its lane already holds)."""
+        its last heartbeat, less what its lane already holds), and is not busier than this one by
+        more than INFERQ_AFFINITY_SLACK of its slots (then the job runs here: the two loads even
+        out, and this worker holds the prefix from then on)."""
         with self.redis.pipeline(transaction=False) as p:
             p.get(keys.worker(worker_id))
             for name in keys.priority_lists(keys.lane(self.model, worker_id)):
@@ -104,7 +108,9 @@ class Affinity:
         info = WorkerInfo.model_validate_json(raw)
         if info.model != self.model or info.draining or time.time() - info.last_seen > self.settings.worker_ttl_s:
             return False
-        return info.stats.running + info.stats.waiting + sum(lane) < info.max_num_seqs
+        load = info.stats.running + info.stats.waiting + sum(lane)
+        slack = max(1, int(self.settings.affinity_slack * info.max_num_seqs))
+        return load < info.max_num_seqs and load <= self.own_load() + 1 + slack  # + 1: this job, here
 
     def pass_to(self, msg: JobMessage, worker_id: str) -> None:
         """Put the job on the worker's lane, marked as passed (its message here is acked after)."""
