@@ -84,7 +84,7 @@ def table(spec: dict[str, Any]) -> str:
 
 
 SESSIONS_HEADER = ("| stack | follow-up prefix-cache hit rate | of the ideal | follow-up TTFT p50 / p90 ms | "
-                   "out tok/s | busy time max/min |\n|---|---|---|---|---|---|")
+                   "out tok/s | busy time max/min | requests max/min |\n|---|---|---|---|---|---|---|")
 
 
 def _range(s: dict[str, float] | None, fmt: str, scale: float = 1.0) -> str:
@@ -109,7 +109,7 @@ def sessions_table(spec: dict[str, Any]) -> str:
             name += f", {st['adapters']} LoRA adapter{'s' if st['adapters'] > 1 else ''}"
         ttft = f"{s['follow_up_ttft_p50_ms']['median']:,.0f} / {s['follow_up_ttft_p90_ms']['median']:,.0f}"
         lines.append(f"| {name} | {_range(hit, '.1f', 100)} % | {share} | {ttft} | {_range(s['output_tok_s'], ',.0f')} "
-                     f"| {_range(s['busy_spread'], '.2f')} |")
+                     f"| {_range(s['busy_spread'], '.2f')} | {_range(s.get('requests_spread'), '.2f')} |")
     lines += ["", "Runs: " + "; ".join(f"**{k}** {v}" for k, v in spec["runs"].items()) + "."]
     return "\n".join(lines)
 

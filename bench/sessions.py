@@ -6,9 +6,9 @@ shares its whole prompt but the new part with the turn before. Turns go in waves
 session's first turn, wave 2 every second turn, and so on (``sessions`` requests in flight), each
 a streamed ``/v1/completions`` request (TTFT at the first token). Between waves each worker's vLLM
 counters are read: the prefix cache's hit rate of the follow-up waves, and each engine's busy time
-(``vllm:request_inference_time_seconds``) for the spread across workers. With ``adapters`` > 0 each
-session runs on one of that many LoRA adapters, drawn Zipf-like (the built-in model only; a list
-of counts runs each).
+(``vllm:request_inference_time_seconds``) and requests served, for their spread across workers.
+With ``adapters`` > 0 each session runs on one of that many LoRA adapters, drawn Zipf-like (the
+built-in model only; a list of counts runs each).
 
     python -m bench.sessions bench/configs/cpu-sessions.json --out results/sessions
 
@@ -73,7 +73,8 @@ async def scrape(client: httpx.AsyncClient, ports: list[int]) -> list[dict[str, 
     for port in ports:
         text = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
         out.append({k: metric_sum(text, f"vllm:{k}") for k in (
-            "prefix_cache_hits_total", "prefix_cache_queries_total", "request_inference_time_seconds_sum")})
+            "prefix_cache_hits_total", "prefix_cache_queries_total", "request_inference_time_seconds_sum",
+            "request_success_total")})
     return out
 
 
@@ -129,6 +130,7 @@ async def run_once(cfg: SessionsConfig, base: str, ports: list[int], models: lis
         wall = time.perf_counter() - t0
         last = await scrape(client, ports)
     busy = delta(last, first, "request_inference_time_seconds_sum")
+    served = delta(last, first, "request_success_total")
     follow = waves[1:]
     follow_ttfts = [w["ttft_p50_ms"] for w in follow if w["ttft_p50_ms"] is not None]
     hits = sum(delta(last, first, "prefix_cache_hits_total"))
@@ -137,7 +139,9 @@ async def run_once(cfg: SessionsConfig, base: str, ports: list[int], models: lis
             "follow_up_hit_rate": statistics.mean(w["hit_rate"] for w in follow) if follow else None,
             "follow_up_ttft_p50_ms": statistics.median(follow_ttfts) if follow_ttfts else None,
             "follow_up_ttft_p90_ms": max((w["ttft_p90_ms"] for w in follow if w["ttft_p90_ms"]), default=None),
-            "busy_s": busy, "busy_spread": max(busy) / min(busy) if len(busy) > 1 and min(busy) > 0 else None}
+            "busy_s": busy, "busy_spread": max(busy) / min(busy) if len(busy) > 1 and min(busy) > 0 else None,
+            "requests": served,
+            "requests_spread": max(served) / min(served) if len(served) > 1 and min(served) else None}
 
 
 def adapters_for(cfg: SessionsConfig, out: Path) -> dict[str, str]:
@@ -183,7 +187,7 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Median and range of each total over the repeats."""
     out: dict[str, Any] = {"repeats": len(runs), "errors": sum(r["errors"] for r in runs)}
     for key in ("follow_up_hit_rate", "follow_up_ttft_p50_ms", "follow_up_ttft_p90_ms", "output_tok_s",
-                "busy_spread"):
+                "busy_spread", "requests_spread"):
         vals = [r[key] for r in runs if r[key] is not None]
         out[key] = {"median": statistics.median(vals), "min": min(vals), "max": max(vals)} if vals else None
     return out

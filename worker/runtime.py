@@ -21,6 +21,7 @@ import gc
 import logging
 import os
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -78,7 +79,8 @@ class WorkerRuntime:
                                  timeout_s=settings.worker_ttl_s, exit=exit)
         fe = self.host.frontend
         self.slots = frontend_slots(settings.max_num_seqs, fe.count) if fe is not None else settings.max_num_seqs
-        self.affinity = Affinity(settings, celery, self.id, self.slots, self._engine_load) \
+        self._taken, self._taking = 0, threading.Lock()  # jobs in run_job (Celery's threads)
+        self.affinity = Affinity(settings, celery, self.id, self.slots, self._load, self.host.adapters.loaded) \
             if settings.affinity != "off" else None
         self.heartbeat = Heartbeat(settings, self.id, self)
         self.reaper = Reaper(settings, self.id, self.send, trusted=self.heartbeat.trusted)
@@ -143,6 +145,16 @@ class WorkerRuntime:
         assert self.runner is not None, "worker runtime not started"
         if self.death.triggered:  # about to exit: leave the job (e.g. one just handed back) to another worker
             raise Reject("the engine is dead", requeue=True)
+        with self._taking:
+            self._taken += 1
+        try:
+            return self._run_or_pass(msg)
+        finally:
+            with self._taking:
+                self._taken -= 1
+
+    def _run_or_pass(self, msg: JobMessage) -> JobStatus | None:
+        assert self.runner is not None
         early = self._early(msg) if self.affinity is not None else None
         if self.affinity is not None and self._passed(msg, early):
             return None
@@ -266,9 +278,9 @@ class WorkerRuntime:
     def held_jobs(self) -> int:
         return len(self.runner.attempts) if self.runner is not None else 0
 
-    def _engine_load(self) -> int:
-        """Sequences this worker's engine runs and holds waiting (its last step's)."""
-        return self.host.stats.running + self.host.stats.waiting
+    def _load(self) -> int:
+        """Jobs this worker holds right now: taken from a queue and not yet ended or passed on."""
+        return self._taken
 
     def saturated(self) -> bool:
         return self.held_jobs() >= self.slots

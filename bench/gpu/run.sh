@@ -5,6 +5,7 @@
 #   bench/gpu/run.sh peer-refs; bench/gpu/run.sh peer-inferq   # one H200, two calls: in-process +
 #       vllm serve, then inferq (every level 3 times); then locally:
 #       python -m bench.merge OUT.json refs-results.json inferq-results.json
+#   bench/gpu/run.sh sessions   # bench.sessions on h200-sessions.json (plain vs cache-affine pull)
 #   bench/gpu/run.sh config NAME TARGETS TAG   # bench/configs/NAME.json, those targets only
 #   bench/gpu/run.sh table-7b-refs; bench/gpu/run.sh table-7b-inferq   # one H200, two calls of < 9 min:
 #       in-process + vllm serve with 1 and 4 API servers, then inferq WS + SSE, every OpenAI target
@@ -40,6 +41,12 @@ json.dump(c, open(p, "w"), indent=1)
 PY
 }
 case "${1:-serving}" in
+  sessions)  # multi-turn sessions, Mistral-7B shape, 2 workers on one GPU (0.42 of its memory each)
+    timeout "${2:-560}" python3 -m bench.sessions bench/configs/h200-sessions.json --out /tmp/b-sessions \
+      > /tmp/b-sessions.log 2>&1
+    cp /tmp/b-sessions/sessions.json "$out/h200-sessions.json" 2>/dev/null
+    tail -n 40 /tmp/b-sessions/logs/*/*.log > "$out/sessions-logs.txt" 2>/dev/null
+    cp /tmp/b-sessions.log "$out/"; tail -n 20 /tmp/b-sessions.log ;;
   config)  # NAME TARGETS TAG [TIMEOUT_S]
     timeout "${5:-560}" python3 -m bench run --config "bench/configs/$2.json" --targets "$3" --out "/tmp/b-$4" \
       > "/tmp/b-$4.log" 2>&1

@@ -97,8 +97,8 @@ def test_a_job_runs_where_it_was_taken_when_its_holder_has_no_room(own_redis, sy
 
 
 def test_a_holder_much_busier_than_the_taker_leaves_it_the_job(own_redis, sync_r) -> None:
-    """INFERQ_AFFINITY_SLACK (1/4 of 4 sequences: 1): a holder with 3 more sequences than the taker
-    (which counts the job it took) does not get the job; with the taker as busy, it does."""
+    """INFERQ_AFFINITY_SLACK (1/4 of 4 sequences: 1): a holder with 3 sequences does not get the job
+    from a taker that holds none; from a taker that holds 3 jobs, it does."""
     w1, w2 = worker(own_redis, "w1"), worker(own_redis, "w2")
     ids = list(range(16))
     w2.place(job(ids), ids)
@@ -114,6 +114,10 @@ def test_an_adapter_draws_its_jobs_when_no_prefix_does(own_redis, sync_r) -> Non
     w2.place(job([1, 2], adapter="lora-x"), [1, 2])  # a prompt shorter than a block: the adapter alone
     beat(sync_r, "w2")
     assert w1.place(job([5, 6, 7], adapter="lora-x"), [5, 6, 7]) == "w2"
+    w1.own_adapters = lambda: ["lora-x"]  # loaded here too: nothing to gain by passing it
+    assert w1.place(job([5, 6, 7], adapter="lora-x"), [5, 6, 7]) is None
+    w1.own_adapters = lambda: []
+    w2.place(job([1, 2], adapter="lora-x"), [1, 2])
     assert w1.place(job([5, 6, 7]), [5, 6, 7]) is None  # no adapter, no whole block: nothing to match
     assert w1.place(job(list(range(16)), adapter="lora-x", passed_by="w3"), list(range(16))) is None
 

@@ -55,9 +55,11 @@ class Affinity:
     """One worker's side of cache-affine pull, called from Celery's threads (a client of its own)."""
 
     def __init__(self, settings: Settings, celery: Celery, worker_id: str, slots: int,
-                 own_load: Callable[[], int] = lambda: 0) -> None:
+                 own_load: Callable[[], int] = lambda: 0,
+                 own_adapters: Callable[[], list[str]] = lambda: []) -> None:
         self.settings = settings
-        self.own_load = own_load  # this worker's engine: sequences running and waiting
+        self.own_load = own_load  # the jobs this worker holds (taken, not yet ended or passed)
+        self.own_adapters = own_adapters  # the adapters this worker's engine has loaded
         self.celery = celery
         self.worker_id = worker_id
         self.model = settings.model_name
@@ -70,7 +72,9 @@ class Affinity:
         return names + [keys.prefix_owner(self.model, f"a:{adapter}")] if adapter else names
 
     def place(self, msg: JobMessage, ids: Sequence[int]) -> str | None:
-        """The worker to pass the job to, or None to run it here (and remember it ran here)."""
+        """The worker to pass the job to, or None to run it here (and remember it ran here). The
+        deepest prefix block another worker holds decides; failing any, the job's adapter, unless
+        this worker has it loaded too."""
         adapter = msg.adapter.name if msg.adapter is not None else None
         hashes = block_hashes(ids, adapter, self.settings.affinity_block_tokens)
         names = self._keys(hashes, adapter)
@@ -79,7 +83,9 @@ class Affinity:
         holder = None
         if msg.passed_by is None:
             owners = self.redis.mget(names)
-            holder = next((o for o in reversed(owners[:len(hashes)]) if o), None) or (owners[-1] if adapter else None)
+            holder = next((o for o in reversed(owners[:len(hashes)]) if o), None)
+            if holder is None and adapter and adapter not in self.own_adapters():
+                holder = owners[-1]  # no prefix held anywhere: go where the adapter is loaded
             if holder == self.worker_id or (holder is not None and not self._has_room(holder)):
                 holder = None
         if holder is None:
@@ -97,7 +103,8 @@ class Affinity:
         """Whether the worker is live, serving this model, not draining, and has a slot free (by
         its last heartbeat, less what its lane already holds), and is not busier than this one by
         more than INFERQ_AFFINITY_SLACK of its slots (then the job runs here: the two loads even
-        out, and this worker holds the prefix from then on)."""
+        out, and this worker holds the prefix from then on). The holder's load is its engine's
+        sequences and its lane; this worker's, the jobs it holds, this one included."""
         with self.redis.pipeline(transaction=False) as p:
             p.get(keys.worker(worker_id))
             for name in keys.priority_lists(keys.lane(self.model, worker_id)):
@@ -110,7 +117,7 @@ class Affinity:
             return False
         load = info.stats.running + info.stats.waiting + sum(lane)
         slack = max(1, int(self.settings.affinity_slack * info.max_num_seqs))
-        return load < info.max_num_seqs and load <= self.own_load() + 1 + slack  # + 1: this job, here
+        return load < info.max_num_seqs and load <= self.own_load() + slack
 
     def pass_to(self, msg: JobMessage, worker_id: str) -> None:
         """Put the job on the worker's lane, marked as passed (its message here is acked after)."""
