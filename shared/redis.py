@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
@@ -13,6 +15,7 @@ from redis.exceptions import ConnectionError, TimeoutError
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 #: What a Redis restart or failover raises (redis-py's errors; an OSError from the socket)
 TRANSIENT = (ConnectionError, TimeoutError, OSError)
 
@@ -81,3 +84,20 @@ async def retried(call: Callable[[], Awaitable[T]], seconds: float = 30.0) -> T:
         with attempt:
             return await call()
     raise AssertionError("unreachable")  # redis_retrying re-raises once it gives up
+
+
+async def listen(redis: Redis, channel: str, handle: Callable[[str], Awaitable[None]], retry_s: float = 0.5) -> None:
+    """Pass each message published on ``channel`` to ``handle``, until cancelled; subscribe again
+    after a lost connection (what was published meanwhile is missed)."""
+    while True:
+        try:
+            async with redis.pubsub(ignore_subscribe_messages=True) as ps:
+                await ps.subscribe(channel)
+                async for raw in ps.listen():
+                    if raw.get("type") == "message":
+                        await handle(raw["data"])
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            log.warning("subscription to %s lost (%s); subscribing again", channel, e)
+            await asyncio.sleep(retry_s)  # back off before reconnecting

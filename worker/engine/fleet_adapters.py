@@ -4,12 +4,12 @@ commands name for its model, answering each load with what its engine said."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from redis.asyncio import Redis
 
 from inferq.shared import keys
+from inferq.shared.redis import listen as redis_listen
 from inferq.shared.schemas import AdapterCommand, AdapterInfo, AdapterRef, AdapterReply
 from inferq.worker.engine.adapters import AdapterLoadFailed, EngineAdapters
 
@@ -57,21 +57,13 @@ async def handle(redis: Redis, adapters: EngineAdapters, model: str, worker_id: 
 
 async def listen(redis: Redis, adapters: EngineAdapters, model: str, worker_id: str, retry_s: float = 0.5) -> None:
     """Carry out adapter commands until cancelled; resubscribe after a lost connection."""
-    while True:
+
+    async def on_message(data: str) -> None:
         try:
-            async with redis.pubsub(ignore_subscribe_messages=True) as ps:
-                await ps.subscribe(keys.ADAPTER_CHANNEL)
-                async for raw in ps.listen():
-                    if raw.get("type") != "message":
-                        continue
-                    try:
-                        cmd = AdapterCommand.model_validate_json(raw["data"])
-                    except ValueError:
-                        log.warning("ignored a malformed adapter command")
-                        continue
-                    await handle(redis, adapters, model, worker_id, cmd)
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:
-            log.warning("adapter channel lost (%s); resubscribing", e)
-            await asyncio.sleep(retry_s)
+            cmd = AdapterCommand.model_validate_json(data)
+        except ValueError:
+            log.warning("ignored a malformed adapter command")
+            return
+        await handle(redis, adapters, model, worker_id, cmd)
+
+    await redis_listen(redis, keys.ADAPTER_CHANNEL, on_message, retry_s)
