@@ -514,6 +514,8 @@ class WorkerInfo(BaseModel):
     adapters: list[str] = Field(default_factory=list, description="LoRA adapters this worker's engine has "
                                 "loaded (by name), most recently used last.")
     max_loras: int = Field(default=0, description="Adapters one engine batch may mix (0: LoRA off).")
+    lane: bool = Field(default=False, description="Whether this worker consumes its lane (cache-affine pull): "
+                       "only then may other workers pass jobs to it.")
 
 
 class AdapterInfo(BaseModel):

@@ -265,7 +265,7 @@ class WorkerRuntime:
             started_at=self.started_at, last_seen=time.time(),
             draining=self.draining, stats=stats,
             frontend=fe.index if (fe := self.host.frontend) else 0, frontends=fe.count if fe else 1,
-            adapters=self.host.adapters.loaded(),
+            adapters=self.host.adapters.loaded(), lane=self.affinity is not None,
             max_loras=self.settings.max_loras if self.host.adapters.enabled else 0,
         )
 

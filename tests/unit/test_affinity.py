@@ -45,10 +45,11 @@ def worker(own_redis: str, wid: str) -> Affinity:
     return Affinity(s, make_celery(s), wid, slots=4)
 
 
-def beat(r: redis.Redis, wid: str, running: int = 0, draining: bool = False, age: float = 0.0) -> None:
+def beat(r: redis.Redis, wid: str, running: int = 0, draining: bool = False, age: float = 0.0,
+         lane: bool = True) -> None:
     now = time.time()
     info = WorkerInfo(id=wid, model=MODEL, host="h", pid=1, max_model_len=4096, max_num_seqs=4, started_at=now,
-                      last_seen=now - age, draining=draining, stats=EngineStats(running=running))
+                      last_seen=now - age, draining=draining, stats=EngineStats(running=running), lane=lane)
     r.set(keys.worker(wid), info.model_dump_json())
 
 
@@ -81,14 +82,14 @@ def test_a_follow_up_goes_to_the_worker_that_ran_its_prefix_while_it_has_room(ow
     assert sync_r.get(keys.prefix_owner(MODEL, block_hashes(follow_up, None, BLOCK)[-1])) == "w2"
 
 
-@pytest.mark.parametrize("state", ["full", "lane full", "draining", "dead", "gone"])
+@pytest.mark.parametrize("state", ["full", "lane full", "draining", "dead", "gone", "no lane"])
 def test_a_job_runs_where_it_was_taken_when_its_holder_has_no_room(own_redis, sync_r, state: str) -> None:
     w1, w2 = worker(own_redis, "w1"), worker(own_redis, "w2")
     ids = list(range(16))
     w2.place(job(ids), ids)
     if state != "gone":
         beat(sync_r, "w2", running=4 if state == "full" else 1, draining=state == "draining",
-             age=60 if state == "dead" else 0)
+             age=60 if state == "dead" else 0, lane=state != "no lane")
     if state == "lane full":
         for _ in range(3):
             w1.pass_to(job(ids), "w2")

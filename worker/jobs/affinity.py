@@ -100,7 +100,8 @@ class Affinity:
             p.execute()
 
     def _has_room(self, worker_id: str) -> bool:
-        """Whether the worker is live, serving this model, not draining, and has a slot free (by
+        """Whether the worker is live, serving this model, consuming its lane (a worker with
+        INFERQ_AFFINITY=off, or of an older release, does not), not draining, and has a slot free (by
         its last heartbeat, less what its lane already holds), and is not busier than this one by
         more than INFERQ_AFFINITY_SLACK of its slots (then the job runs here: the two loads even
         out, and this worker holds the prefix from then on). The holder's load is its engine's
@@ -113,7 +114,8 @@ class Affinity:
         if raw is None:
             return False
         info = WorkerInfo.model_validate_json(raw)
-        if info.model != self.model or info.draining or time.time() - info.last_seen > self.settings.worker_ttl_s:
+        if (info.model != self.model or not info.lane or info.draining
+                or time.time() - info.last_seen > self.settings.worker_ttl_s):
             return False
         load = info.stats.running + info.stats.waiting + sum(lane)
         slack = max(1, int(self.settings.affinity_slack * info.max_num_seqs))
