@@ -10,7 +10,7 @@ counters are read: the prefix cache's hit rate of the follow-up waves, and each 
 With ``adapters`` > 0 each session runs on one of that many LoRA adapters, drawn Zipf-like (the
 built-in model only; a list of counts runs each).
 
-    python -m bench.sessions bench/configs/cpu-sessions.json --out results/sessions
+    python -m bench.sessions bench/configs/sessions/cpu-sessions.json --out results/sessions
 
 Stacks: a single worker (the cache ideal: every follow-up lands on the cache that holds it), then
 for each worker count each INFERQ_AFFINITY mode; each stack runs ``repeats`` times with fresh

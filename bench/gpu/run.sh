@@ -42,7 +42,7 @@ PY
 }
 case "${1:-serving}" in
   sessions)  # multi-turn sessions, Mistral-7B shape, 2 workers on one GPU (0.42 of its memory each)
-    timeout "${2:-560}" python3 -m bench.sessions bench/configs/h200-sessions.json --out /tmp/b-sessions \
+    timeout "${2:-560}" python3 -m bench.sessions bench/configs/sessions/h200-sessions.json --out /tmp/b-sessions \
       > /tmp/b-sessions.log 2>&1
     cp /tmp/b-sessions/sessions.json "$out/h200-sessions.json" 2>/dev/null
     tail -n 40 /tmp/b-sessions/logs/*/*.log > "$out/sessions-logs.txt" 2>/dev/null

@@ -20,3 +20,17 @@ def test_the_config_parses(path: Path) -> None:
 def test_the_gpu_configs_spread_the_load_client() -> None:
     gpu = [load_workload(p) for p in CONFIGS if p.stem.endswith("clients4") or p.stem.startswith("h200x2")]
     assert gpu and all(w.client_processes == 4 for w in gpu), [(w.name, w.client_processes) for w in gpu]
+
+
+SESSIONS = sorted((Path(__file__).resolve().parents[2] / "bench" / "configs" / "sessions").glob("*.json"))
+
+
+@pytest.mark.parametrize("path", SESSIONS, ids=[p.stem for p in SESSIONS])
+def test_the_sessions_config_parses(path: Path) -> None:
+    """bench/configs/sessions/ holds bench.sessions' configs (every field one of SessionsConfig's)."""
+    import json
+
+    from bench.sessions import SessionsConfig, stacks
+
+    cfg = SessionsConfig(**json.loads(path.read_text()))
+    assert cfg.name == path.stem and stacks(cfg) and cfg.repeats >= 3
