@@ -11,6 +11,7 @@ import pytest
 
 from inferq.shared import keys
 from inferq.worker.engine.models import TINY_MAX_LEN
+from tests.conftest import ADAPTER_SEEDS
 from tests.helpers import LONG_JOB, ran_out_first, wait_status
 
 pytestmark = pytest.mark.integration
@@ -29,7 +30,7 @@ def aclient(stack) -> openai.AsyncOpenAI:
 
 
 def test_models_list_and_retrieve(client) -> None:
-    assert [m.id for m in client.models.list()] == [MODEL]
+    assert [m.id for m in client.models.list()] == [MODEL, *ADAPTER_SEEDS]  # the model, then its LoRA adapters
     assert client.models.retrieve(MODEL).id == MODEL
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("nope")

@@ -19,7 +19,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from tests.conftest import Service, Stack, free_port, http_ok, inferq_env, spawn
+from tests.conftest import ADAPTER_SEEDS, Service, Stack, free_port, http_ok, inferq_env, spawn
 from tests.helpers import LONG_JOB, fresh_rate_window, submit, wait_status
 from tests.wait import eventually
 
@@ -90,7 +90,7 @@ def test_every_endpoint_needs_a_valid_key(secure, auth) -> None:
 def test_valid_keys_from_env_and_file(secure, stack) -> None:
     for key in (KEYS[0], FILE_KEY):
         with secure.http(key) as http:
-            assert [m["id"] for m in http.get("/v1/models").json()["data"]] == ["inferq-tiny"]
+            assert [m["id"] for m in http.get("/v1/models").json()["data"]] == ["inferq-tiny", *ADAPTER_SEEDS]
             assert http.get("/openapi.json").json()["info"]["title"] == "inferq"
     with secure.http("sk-alice") as http:
         view = wait_status(http, submit(http, prompt="owned by alice", max_tokens=4))
