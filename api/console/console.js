@@ -319,7 +319,7 @@
       const bar = el("span", { class: "bar" }, el("i"));
       bar.firstChild.style.width = Math.min(100, kv * 100).toFixed(1) + "%";
       return el("tr", { "data-worker-id": w.id },
-        el("td", { class: "id" }, w.id),
+        el("td", { class: "id", title: w.id }, w.id),
         el("td", { class: "model" }, w.model),
         el("td", { class: "running" }, w.stats.running),
         el("td", { class: "waiting" }, w.stats.waiting),
