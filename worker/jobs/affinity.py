@@ -63,7 +63,6 @@ class Affinity:
         self.celery = celery
         self.worker_id = worker_id
         self.model = settings.model_name
-        self.slots = slots
         self.redis = redis.Redis.from_url(settings.redis_url, decode_responses=True, socket_timeout=5,
                                           max_connections=max(4, slots))
 
@@ -129,6 +128,3 @@ class Affinity:
         JOBS_PASSED.labels(self.model).inc()
         log.info("job %s passed to worker %s, which holds its prefix or adapter", msg.id, worker_id,
                  extra={"job_id": msg.id})
-
-    def close(self) -> None:
-        self.redis.close()
