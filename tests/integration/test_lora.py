@@ -107,21 +107,23 @@ def test_load_and_unload_at_run_time_reach_the_whole_fleet(stack, http, tmp_path
     folder = build_tiny_adapter(tmp_path / "tiny-c", tiny_model_dir(Settings()), seed=3)
     got = http.post("/v1/load_lora_adapter", json={"lora_name": "tiny-c", "lora_path": str(folder)})
     assert got.status_code == 200 and got.text == "Success: LoRA adapter 'tiny-c' added successfully."
-    again = http.post("/v1/load_lora_adapter", json={"lora_name": "tiny-c", "lora_path": str(folder)})
-    assert again.status_code == 400 and again.json()["error"]["code"] == "adapter_exists"
-    assert "tiny-c" in {m["id"] for m in http.get("/v1/models").json()["data"]}
-    view = polled_text(http, "tiny-c")
-    assert view["model"] == "tiny-c" and view["text"] != polled_text(http, "tiny-a")["text"]
-    workers = http.get("/v1/workers").json()
-    assert any("tiny-c" in w["adapters"] for w in workers), workers
-    assert all(w["max_loras"] >= 1 for w in workers)
-
-    gone = http.post("/v1/unload_lora_adapter", json={"lora_name": "tiny-c"})
+    try:
+        again = http.post("/v1/load_lora_adapter", json={"lora_name": "tiny-c", "lora_path": str(folder)})
+        assert again.status_code == 400 and again.json()["error"]["code"] == "adapter_exists"
+        assert "tiny-c" in {m["id"] for m in http.get("/v1/models").json()["data"]}
+        view = polled_text(http, "tiny-c")
+        assert view["model"] == "tiny-c" and view["text"] != polled_text(http, "tiny-a")["text"]
+        # /v1/workers is what the heartbeats last said: the load shows at the next beat
+        workers = eventually(lambda: http.get("/v1/workers").json(), 15, "a worker to list the adapter",
+                             until=lambda ws: any("tiny-c" in w["adapters"] for w in ws))
+        assert all(w["max_loras"] >= 1 for w in workers)
+    finally:  # the stack is shared by the session: never leave the adapter behind for other tests
+        gone = http.post("/v1/unload_lora_adapter", json={"lora_name": "tiny-c"})
     assert gone.status_code == 200 and gone.text == "Success: LoRA adapter 'tiny-c' removed successfully."
     eventually(lambda: http.post("/v1/jobs", json={"prompt": "x", "model": "tiny-c"}).status_code, 10,
                "jobs for the unloaded adapter to be refused", until=lambda status: status == 404)
     assert http.post("/v1/unload_lora_adapter", json={"lora_name": "tiny-c"}).status_code == 404
-    eventually(lambda: http.get("/v1/workers").json(), 10, "the workers to drop the adapter",
+    eventually(lambda: http.get("/v1/workers").json(), 15, "the workers to drop the adapter",
                until=lambda ws: all("tiny-c" not in w["adapters"] for w in ws))
 
 
