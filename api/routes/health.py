@@ -37,6 +37,19 @@ async def readyz(service: Service) -> JSONResponse:
     return JSONResponse(body, 200 if workers else 503)
 
 
+@router.get("/readyz/gateway")
+async def readyz_gateway(service: Service) -> JSONResponse:
+    """This gateway can take jobs: Redis answers; 503 otherwise. Workers are not counted (jobs for
+    the default model wait in the queue for them): the probe that keeps a gateway in its load
+    balancer while workers are scaled to zero, so that queued jobs can bring them back."""
+    try:
+        await service.redis.ping()
+    except Exception as e:
+        log.warning("gateway not ready: Redis unreachable: %s: %s", type(e).__name__, e)
+        return JSONResponse({"status": "unavailable", "redis": "unreachable"}, 503)
+    return JSONResponse({"status": "ready", "redis": "ok"}, 200)
+
+
 @router.get("/health")
 async def health(service: Service) -> Response:
     """vLLM's health route, for clients and load balancers written against ``vllm serve``: an

@@ -112,12 +112,15 @@ def test_keda_scales_workers_on_the_models_own_queue() -> None:
     s, so = _settings(), _one("ScaledObject", "worker")
     assert so["apiVersion"] == KEDA and so["spec"]["scaleTargetRef"]["name"] == "worker"
     assert so["spec"]["minReplicaCount"] == 0  # scale to zero
-    triggers = {t["type"]: t["metadata"] for t in so["spec"]["triggers"]}
-    prom, red = triggers["prometheus"], triggers["redis"]
-    default_priority = JobRequest.model_fields["priority"].default
-    assert red["listName"] == keys.queue_lists(s.model_name)[default_priority]
-    assert int(red["listLength"]) == s.max_num_seqs and int(prom["threshold"]) == s.max_num_seqs
-    assert red["address"].split(".")[0] == _one("Service", "redis")["metadata"]["name"]
+    [prom] = [t["metadata"] for t in so["spec"]["triggers"] if t["type"] == "prometheus"]
+    reds = [t["metadata"] for t in so["spec"]["triggers"] if t["type"] == "redis"]
+    # one trigger per priority list: a job queued at any priority (batches: 9) wakes the workers
+    assert [r["listName"] for r in reds] == keys.queue_lists(s.model_name)
+    assert JobRequest.model_fields["priority"].default in keys.PRIORITIES and s.batch_priority in keys.PRIORITIES
+    assert int(prom["threshold"]) == s.max_num_seqs and int(prom["activationThreshold"]) == 0
+    for red in reds:
+        assert int(red["listLength"]) == s.max_num_seqs and int(red["activationListLength"]) == 0
+        assert red["address"].split(".")[0] == _one("Service", "redis")["metadata"]["name"]
     assert f'model="{s.model_name}"' in prom["query"]
     for metric in re.findall(r"\b(inferq_[a-z_]+)\{", prom["query"]):
         assert metric in _metric_names(), metric
