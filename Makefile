@@ -26,7 +26,7 @@ PYENV_ROOT ?= $(HOME)/.pyenv
 PYTHON_V   ?= $(firstword $(if $(shell python$(PY_VERSION) -c 'import sys' 2>/dev/null && echo y),python$(PY_VERSION)) \
                 $(lastword $(sort $(wildcard $(PYENV_ROOT)/versions/$(PY_VERSION).*/bin/python$(PY_VERSION)))))
 
-.PHONY: setup run lint test test-fast test-heavy test-faults test-unit test-unit-py system-packages bench chaos clean
+.PHONY: setup run lint test test-fast test-heavy test-faults test-unit test-unit-py run-packages test-packages bench chaos clean
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" || { echo "need one of $(PYTHONS) (CPython 3.11 or later; 3.11 preferred)"; exit 1; }
@@ -40,24 +40,30 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
 	touch $(STAMP)
 
-setup: $(STAMP) system-packages
+setup: $(STAMP) test-packages
 
-# Debian packages: redis-server (make run, the tests), prometheus (the metrics test scrapes with it),
-# chromium and chromium-driver (the browser console's tests drive a headless Chromium)
-system-packages:
-	@missing=; command -v redis-server >/dev/null || missing="redis-server"; \
-	command -v prometheus >/dev/null || missing="$$missing prometheus"; \
-	command -v chromedriver >/dev/null || missing="$$missing chromium chromium-driver"; \
-	test -z "$$missing" || { echo "installing$$missing (Debian packages)"; \
-	  (apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing) >/dev/null; }
+# Debian packages, installed where a command is missing (with sudo when not root; off Debian, one
+# line says what to install). Running needs redis-server alone, and not even that where a Redis
+# already answers at INFERQ_REDIS_URL; the tests need it, prometheus (the metrics test scrapes with
+# it, a unit test checks the alert rules with its promtool), chromium and chromium-driver (the
+# browser console's tests drive a headless Chromium).
+RUN_PACKAGES  := redis-server=redis-server
+TEST_PACKAGES := $(RUN_PACKAGES) prometheus=prometheus chromium=chromium chromedriver=chromium-driver
 
-run: setup
+run-packages:
+	@sh scripts/system-packages.sh --optional "make run (unless a Redis already answers at INFERQ_REDIS_URL)" \
+	  $(RUN_PACKAGES)
+
+test-packages:
+	@sh scripts/system-packages.sh "the tests" $(TEST_PACKAGES)
+
+run: run-packages $(STAMP)
 	$(VENV)/bin/inferq up
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
-test: setup lint
+test: test-packages $(STAMP) lint
 	$(PY) -m pytest -q -p no:cacheprovider --durations=15 -m "not faults and not heavy"
 
 # The fast lane (CI runs it before make test): lint, then the unit tests (no engine started).
@@ -65,13 +71,13 @@ test-fast: lint test-unit
 
 # The bench harness on its test config and a chaos run (make test keeps a smoke run of the bench;
 # the chaos smoke run is with the faults, make test-faults).
-test-heavy: setup
+test-heavy: test-packages $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m heavy
 
-test-faults: setup
+test-faults: test-packages $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m faults
 
-test-unit: setup
+test-unit: test-packages $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider tests/unit
 
 $(STAMP_V): pyproject.toml
@@ -93,7 +99,7 @@ $(STAMP_V): pyproject.toml
 	fi
 	touch $(STAMP_V)
 
-test-unit-py: $(STAMP_V) system-packages
+test-unit-py: test-packages $(STAMP_V)
 	$(PY_V) -m pytest -q -p no:cacheprovider -rs tests/unit
 
 bench: setup
