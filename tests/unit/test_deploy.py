@@ -189,7 +189,7 @@ def test_compose_prometheus_scrapes_every_process_of_the_workers_engine_group() 
     import re
 
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
-    env = compose["services"]["worker"]["environment"]
+    env = compose["services"]["worker-gpu0"]["environment"]
     frontends = int(re.fullmatch(r"\$\{INFERQ_FRONTENDS:-(\d+)\}", env["INFERQ_FRONTENDS"])[1])
     base = int(env["INFERQ_METRICS_PORT"])
     prom = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
@@ -202,7 +202,7 @@ def test_kubernetes_workers_are_engine_groups_as_in_compose_and_every_process_is
     process (INFERQ_METRICS_PORT + i), and podmonitor.yaml scrapes each of them."""
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     default = re.fullmatch(r"\$\{INFERQ_FRONTENDS:-(\d+)\}",
-                           compose["services"]["worker"]["environment"]["INFERQ_FRONTENDS"])
+                           compose["services"]["worker-gpu0"]["environment"]["INFERQ_FRONTENDS"])
     [c] = _one("Deployment", "worker")["spec"]["template"]["spec"]["containers"]
     env = {e["name"]: e.get("value") for e in c["env"]}
     frontends = int(env["INFERQ_FRONTENDS"])

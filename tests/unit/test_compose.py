@@ -1,0 +1,95 @@
+"""docker-compose.yml: valid against the Compose specification's schema (and ``docker compose
+config`` where a Docker engine with the compose plugin is installed), one worker service per GPU
+(each pinned to its own device), every long-running service restarted unless stopped and with a
+healthcheck; Prometheus finds every worker service."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = ROOT / "docker-compose.yml"
+
+
+def services() -> dict[str, dict[str, Any]]:
+    return yaml.safe_load(COMPOSE.read_text())["services"]
+
+
+def workers() -> dict[str, dict[str, Any]]:
+    """The services that run inferq's worker, by name."""
+    return {name: s for name, s in services().items() if s.get("command", [])[:2] == ["inferq", "worker"]}
+
+
+def test_compose_file_is_valid_against_the_compose_spec() -> None:
+    tool = Path(sys.executable).parent / "check-jsonschema"  # pinned in the test extra
+    done = subprocess.run([str(tool), "--builtin-schema", "vendor.compose-spec", str(COMPOSE)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def has_compose() -> bool:
+    """Docker's CLI with its compose plugin (``config`` needs no engine)."""
+    return shutil.which("docker") is not None and subprocess.run(
+        ["docker", "compose", "version"], capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(not has_compose(), reason="no docker compose here: the schema check above stands in")
+def test_docker_compose_config_accepts_it() -> None:
+    for profiles in ([], ["--profile", "gpu1", "--profile", "monitoring"]):
+        subprocess.run(["docker", "compose", "-f", str(COMPOSE), *profiles, "config", "-q"], check=True, cwd=ROOT)
+
+
+def _gpus(service: dict[str, Any]) -> list[str]:
+    [device] = service["deploy"]["resources"]["reservations"]["devices"]
+    assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
+    assert "count" not in device, "count: 1 lets every replica take the same GPU; name the device"
+    return device["device_ids"]
+
+
+def test_one_worker_service_per_gpu_each_on_its_own_device() -> None:
+    ws = workers()
+    assert len(ws) >= 2, list(ws)
+    ids = [_gpus(s) for s in ws.values()]
+    assert all(len(i) == 1 for i in ids), ids  # one engine per GPU (tensor parallelism: a service of its own)
+    assert sorted(i[0] for i in ids) == [str(n) for n in range(len(ws))], ids  # distinct: GPU 0, 1, ...
+    # GPU 0's worker starts with a plain `docker compose up`; the others are opt-in, for hosts that have them
+    by_gpu = {_gpus(s)[0]: s for s in ws.values()}
+    assert "profiles" not in by_gpu["0"]
+    assert all(s.get("profiles") for gpu, s in by_gpu.items() if gpu != "0")
+
+
+def test_worker_services_differ_only_in_their_gpu() -> None:
+    """They come from one YAML anchor: settings, volumes, probes and drain time are the same."""
+    text = COMPOSE.read_text()
+    assert len(re.findall(r"^  worker-gpu\d+:.*\n    <<: \*worker$", text, re.M)) == len(workers())
+    drop = lambda s: {k: v for k, v in s.items() if k not in ("deploy", "profiles")}  # noqa: E731
+    [first, *rest] = [drop(s) for s in workers().values()]
+    assert all(other == first for other in rest)
+
+
+@pytest.mark.parametrize("name", list(services()))
+def test_every_service_restarts_and_has_a_healthcheck(name: str) -> None:
+    service = services()[name]
+    assert service.get("restart") == "unless-stopped", name
+    check = service.get("healthcheck", {})
+    assert check.get("test") and not check.get("disable"), name
+    assert check["test"][0] in ("CMD", "CMD-SHELL"), name
+
+
+def test_prometheus_scrapes_every_worker_service() -> None:
+    """Prometheus resolves one name to every worker container: each worker service carries it as a
+    network alias."""
+    prom = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
+    (job,) = [j for j in prom["scrape_configs"] if j["job_name"] == "inferq-worker"]
+    names = {n for c in job["dns_sd_configs"] for n in c["names"]}
+    for name, s in workers().items():
+        aliases = set(s.get("networks", {}).get("default", {}).get("aliases", []))
+        assert names & (aliases | {name}) == names, (name, names, aliases)
