@@ -62,6 +62,7 @@ run: run-packages $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/hadolint --config .hadolint.yaml Dockerfile
 
 test: test-packages $(STAMP) lint
 	$(PY) -m pytest -q -p no:cacheprovider --durations=15 -m "not faults and not heavy"
