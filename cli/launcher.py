@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import shlex
+import shutil
 import signal
 import sys
 import time
+from pathlib import Path
 from urllib.parse import urlparse
 
 from inferq.cli.procs import Proc, Procs, http_ok, redis_pings, start_redis
@@ -14,6 +17,38 @@ from inferq.shared.settings import Settings
 
 def _started(p: Proc) -> None:
     print(f"  {p.name:<8} pid {p.pid:<7} log {p.log}", flush=True)
+
+
+def cli_command(cwd: Path | None = None) -> str:
+    """The ``inferq`` command as a user can type it here: ``inferq`` when that is the one on PATH,
+    else this interpreter's script (``.venv/bin/inferq`` from a checkout that ``make run`` set up),
+    else ``python -m inferq.cli`` with this interpreter."""
+    script = Path(sys.executable).parent / "inferq"  # not resolved: a venv's python is a symlink
+    if not (script.is_file() and os.access(script, os.X_OK)):
+        return f"{shlex.quote(sys.executable)} -m inferq.cli"
+    on_path = shutil.which("inferq")
+    if on_path is not None and Path(on_path).resolve() == script.resolve():
+        return "inferq"
+    try:
+        rel = script.relative_to(cwd or Path.cwd())
+    except ValueError:
+        return shlex.quote(str(script))
+    return shlex.quote(str(rel) if rel.parent != Path(".") else f"./{rel}")  # a bare name is looked up on PATH
+
+
+def ready_banner(base: str, model: str, cli: str | None = None, own_url: bool = False) -> str:
+    """What ``inferq up`` prints once the gateway is ready: commands that work as printed (with
+    ``own_url``, the gateway is not where the CLI looks by default, so they name it)."""
+    cli = cli or cli_command()
+    url = f" --url {base}" if own_url else ""
+    stream, generate = f"stream <id>{url}", f"generate 'Hello'{url}"
+    return (f"\ninferq is ready at {base} serving model {model!r}. Try:\n"
+            f"  curl -s {base}/v1/jobs -H 'content-type: application/json' "
+            f"-d '{{\"prompt\": \"Hello\", \"max_tokens\": 32}}'\n"
+            f"  curl -s {base}/v1/jobs/<id>\n"
+            f"  {cli} {stream:<19} # tokens over WebSocket\n"
+            f"  {cli} {generate:<19} # submit + stream on one socket\n"
+            f"Browser console: {base}/console   API docs: {base}/docs   Ctrl-C stops everything.")
 
 
 def _interrupt(*_: object) -> None:
@@ -55,14 +90,8 @@ def up(settings: Settings, host: str | None = None, port: int | None = None) -> 
                         return 1
                 if not announced and http_ok(f"{base}/readyz"):
                     announced = True
-                    print(f"\ninferq is ready at {base} serving model {settings.model_name!r}. Try:\n"
-                          f"  curl -s {base}/v1/jobs -H 'content-type: application/json' "
-                          f"-d '{{\"prompt\": \"Hello\", \"max_tokens\": 32}}'\n"
-                          f"  curl -s {base}/v1/jobs/<id>\n"
-                          f"  inferq stream <id>          (tokens over WebSocket)\n"
-                          f"  inferq generate 'Hello'     (submit + stream on one socket)\n"
-                          f"Browser console: {base}/console   API docs: {base}/docs   Ctrl-C stops everything.",
-                          flush=True)
+                    own_url = (host, port) != (settings.host, settings.port)  # not where the CLI looks
+                    print(ready_banner(base, settings.model_name, own_url=own_url), flush=True)
                 time.sleep(0.5)
         except KeyboardInterrupt:
             print("\nstopping... (Ctrl-C again kills what is left)", flush=True)

@@ -6,8 +6,17 @@ import argparse
 import os
 import sys
 
+from pydantic import ValidationError
+
 from inferq.shared import logs
 from inferq.shared.settings import get_settings
+
+EXIT_CODES = """exit codes:
+  0    the job succeeded (--after its last event too: nothing more to print but its final status)
+  1    the job failed or was cancelled, or the gateway refused it (unknown job, invalid request, full queue)
+  2    bad arguments or settings
+  3    the gateway cannot be reached at the URL, or the connection was lost before the job ended
+  130  interrupted (Ctrl-C; generate cancels its job)"""
 
 
 def cmd_api(args: argparse.Namespace) -> int:
@@ -47,22 +56,25 @@ def cmd_up(args: argparse.Namespace) -> int:
     return up(get_settings(), host=args.host, port=args.port)
 
 
-def _ws_base(args: argparse.Namespace) -> str:
+def _gateway(args: argparse.Namespace) -> str:
+    """--url, or the gateway that ``inferq api``/``up`` runs with these settings (one listening on
+    every address is reached on the loopback one)."""
     s = get_settings()
-    return args.url or f"ws://{s.host}:{s.port}"
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(s.host, s.host)
+    return args.url or f"http://{f'[{host}]' if ':' in host else host}:{s.port}"
 
 
 def cmd_stream(args: argparse.Namespace) -> int:
     from inferq.cli.wsclient import stream
 
-    return stream(_ws_base(args), args.job_id, args.after, args.raw)
+    return stream(_gateway(args), args.job_id, args.after, args.raw)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from inferq.cli.wsclient import generate
 
     body = {"prompt": args.prompt, "max_tokens": args.max_tokens, "temperature": args.temperature}
-    return generate(_ws_base(args), body, args.raw)
+    return generate(_gateway(args), body, args.raw)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,10 +112,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--temperature", type=float, default=1.0)
     p.set_defaults(func=cmd_generate)
     for name in ("stream", "generate"):
-        sub.choices[name].add_argument("--url", help="gateway WebSocket base, e.g. ws://127.0.0.1:8000")
+        sub.choices[name].add_argument("--url", help="the gateway, e.g. http://127.0.0.1:8000 or ws://... "
+                                       "(default: INFERQ_HOST and INFERQ_PORT)")
         sub.choices[name].add_argument("--raw", action="store_true", help="print the JSON events")
+        sub.choices[name].epilog = EXIT_CODES
+        sub.choices[name].formatter_class = argparse.RawDescriptionHelpFormatter
     args = parser.parse_args(argv)
-    logs.setup(get_settings(), {"api": "gateway", "worker": "worker"}.get(args.command, "inferq"))
+    try:
+        settings = get_settings()
+    except ValidationError as e:  # an INFERQ_* variable that does not parse: one line, no traceback
+        print("error: invalid settings: " + "; ".join(
+            f"INFERQ_{'_'.join(map(str, err['loc'])).upper()}={err.get('input')!r}: {err['msg']}"
+            for err in e.errors()), file=sys.stderr)
+        return 2
+    logs.setup(settings, {"api": "gateway", "worker": "worker"}.get(args.command, "inferq"))
     try:
         return int(args.func(args))
     except BrokenPipeError:  # `inferq stream ID | head`: the reader left, which is fine

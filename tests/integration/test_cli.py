@@ -8,6 +8,7 @@ session's redis-server, on a database of its own: its worker is not one of the s
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -145,6 +146,42 @@ def test_stream_replays_a_finished_job_exactly(up: Up) -> None:
     assert done.returncode == 0, done.stderr.decode()
     assert done.stdout.decode() == view["text"]
     assert done.stderr.decode().strip().splitlines()[-1].startswith("[succeeded: ")
+
+
+def test_stream_after_the_last_event_ends_cleanly(up: Up) -> None:
+    """``--after`` the job's last event: nothing more to print; the final status, and the exit code
+    of a succeeded job. After the last token: the final status alone, from its ``done`` event."""
+    with httpx.Client(base_url=up.base, timeout=30) as http:
+        job_id = submit(http, prompt="def last(xs):", max_tokens=6)
+        view = wait_status(http, job_id, timeout=120)
+    assert view["status"] == "succeeded", view
+    raw = cli(up, "stream", job_id, "--raw", "--url", up.ws)
+    events = [json.loads(line) for line in raw.stdout.decode().splitlines()]
+    assert raw.returncode == 0 and events[-1]["type"] == "done", raw
+    final = f"[succeeded: {view['finish_reason']}, "
+    for after in (events[-1]["seq"], events[-2]["seq"]):
+        done = cli(up, "stream", job_id, "--after", str(after), "--url", up.base)  # http:// works too
+        assert done.returncode == 0, done.stderr.decode()
+        assert done.stdout.decode() == ""
+        assert done.stderr.decode().strip().splitlines()[-1].startswith(final), done.stderr.decode()
+
+
+def test_an_unknown_job_is_one_error_line_and_exit_1(up: Up) -> None:
+    done = cli(up, "stream", "job-" + "0" * 32, "--url", up.ws)
+    assert done.returncode == 1
+    assert done.stdout == b""
+    (line,) = done.stderr.decode().strip().splitlines()
+    assert line.startswith("[not_found_error") and "Traceback" not in line, line
+
+
+def test_the_banner_commands_run_as_printed(up: Up) -> None:
+    """In the shell ``inferq up`` ran in, from the checkout (a bare ``inferq`` only if that is on its PATH)."""
+    lines = [line.split(" # ")[0].strip() for line in up.lines if re.search(r" (stream|generate) ", line)]
+    assert len(lines) == 2, up.output
+    for line in lines:
+        done = subprocess.run(["bash", "-c", line.replace("<id>", "job-0") + " --help"], cwd=ROOT,
+                              capture_output=True, timeout=60, env=up.env)
+        assert done.returncode == 0 and b"usage: inferq" in done.stdout, (line, done.stderr)
 
 
 def test_ctrl_c_stops_everything_it_started(up: Up) -> None:
