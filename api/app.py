@@ -22,6 +22,7 @@ from inferq.api.routes import (
     batches,
     chat,
     console,
+    docs,
     files,
     health,
     jobs,
@@ -69,10 +70,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await redis.aclose()
             process_exit()
 
-    # With API keys, the schema needs a key too and the browser docs (which cannot send one) are off.
+    # With API keys, the schema needs a key too and the browser docs (which cannot send one) are off;
+    # without, the docs are api/routes/docs.py's (their assets served here, not from a CDN).
     app = FastAPI(title="inferq", version="0.1.0", lifespan=lifespan,
                   description="Queue-based LLM inference: REST, WebSocket and OpenAI-compatible APIs.",
-                  **({"openapi_url": None, "docs_url": None, "redoc_url": None} if keyring.enabled else {}))
+                  docs_url=None, redoc_url=None, **({"openapi_url": None} if keyring.enabled else {}))
     app.state.keyring = keyring
     if keyring.enabled:
         @app.get("/openapi.json", include_in_schema=False)
@@ -82,6 +84,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     errors.install(app)
     for module in (jobs, stream, chat, models, responses, health, tokenize, metrics, files, batches, console):
         app.include_router(module.router)
+    if not keyring.enabled:
+        app.include_router(docs.router)
     # uploads may be larger: up to a file's limit, plus room for the multipart framing
     uploads = {"/v1/files": settings.max_file_bytes + (64 << 10)}
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, routes=uploads,
