@@ -37,7 +37,7 @@ from inferq.api.service import JobService, new_job_id
 from inferq.shared import keys, lua
 from inferq.shared.errors import Conflict, InvalidRequest, NotFound, RateLimited
 from inferq.shared.request_limits import check_limits
-from inferq.shared.schemas import JobRecord, JobRequest
+from inferq.shared.schemas import JobRecord, JobRequest, ResponseOptions
 from inferq.shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -76,14 +76,16 @@ class Admission:
         self._release = lua.register(redis, "lock_release")
 
     async def submit(self, caller: Principal, reqs: list[JobRequest], *, idempotency_key: str | None = None,
-                     fingerprint: Callable[[], str] | None = None) -> Admitted:
+                     fingerprint: Callable[[], str] | None = None,
+                     response: ResponseOptions | None = None) -> Admitted:
         """Admit and queue one job per request, owned by ``caller``; all or none of them.
         ``fingerprint`` is called only with an Idempotency-Key, and only once the requests passed
-        their limits (it serializes them: their free-form JSON must be known to be shallow)."""
+        their limits (it serializes them: their free-form JSON must be known to be shallow).
+        ``response``: a ``/v1/responses`` request's options, kept on its job's record."""
         for req in reqs:  # before anything is counted or claimed: a refused request leaves no trace
             check_limits(req, self.settings)
         if idempotency_key is None:
-            return Admitted(await self._admit(caller, reqs, [new_job_id() for _ in reqs]), False)
+            return Admitted(await self._admit(caller, reqs, [new_job_id() for _ in reqs], response), False)
         digest = hashlib.sha256(check_idempotency_key(idempotency_key).encode()).hexdigest()[:32]
         fp = fingerprint() if fingerprint is not None else ""
         key = keys.idempotency(caller.subject, digest)
@@ -93,7 +95,7 @@ class Admission:
             mine = json.dumps({"fp": fp, "ids": ids, "at": time.time()})
             if await self.redis.set(key, mine, nx=True, ex=self.settings.idempotency_ttl_s):
                 try:
-                    return Admitted(await self._admit(caller, reqs, ids), False)
+                    return Admitted(await self._admit(caller, reqs, ids, response), False)
                 except BaseException:
                     await asyncio.shield(self._release(keys=[key], args=[mine]))
                     raise
@@ -115,13 +117,14 @@ class Admission:
                                param="Idempotency-Key", code="idempotency_in_progress", retry_after=1.0)
             await asyncio.sleep(0.05)
 
-    async def _admit(self, caller: Principal, reqs: list[JobRequest], ids: list[str]) -> list[JobRecord]:
+    async def _admit(self, caller: Principal, reqs: list[JobRequest], ids: list[str],
+                     response: ResponseOptions | None) -> list[JobRecord]:
         await self.check_rate(caller.subject)
-        return await self.queue(caller.subject, caller.key_id, reqs, ids)
+        return await self.queue(caller.subject, caller.key_id, reqs, ids, response=response)
 
     async def queue(self, subject: str, owner: str | None, reqs: list[JobRequest], ids: list[str],
                     limit: int | None = None, max_depth: int | None = None,
-                    all_or_none: bool = True) -> list[JobRecord]:
+                    all_or_none: bool = True, response: ResponseOptions | None = None) -> list[JobRecord]:
         """Take ``subject``'s slots for ``ids`` and queue the jobs, all or none (no rate check: a
         batch's lines are queued this way, its creation was the request that counted; ``limit``
         and ``max_depth``: fewer slots than the key has and a shallower queue than the model's, so
@@ -131,7 +134,8 @@ class Admission:
         records: list[JobRecord] = []
         try:
             for req, job_id in zip(reqs, ids, strict=True):
-                records.append(await self.service.submit(req, owner=owner, job_id=job_id, max_depth=max_depth))
+                records.append(await self.service.submit(req, owner=owner, job_id=job_id, max_depth=max_depth,
+                                                         response=response))
         except BaseException:
             await asyncio.shield(self._undo(subject, records if all_or_none else [], ids[len(records):]))
             raise

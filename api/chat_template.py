@@ -17,6 +17,10 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from inferq.shared.errors import InvalidRequest, Unavailable
 
+#: Put at the end of a message to be continued, to find where it ends in the rendered text (the
+#: marker Hugging Face's ``apply_chat_template`` uses).
+_CONTINUE = "CONTINUE_FINAL_MESSAGE_TAG "
+
 
 class _TemplateRaised(Exception):
     pass
@@ -46,13 +50,24 @@ class ChatTemplate:
         self.specials = {k: v for k, v in config.items() if k.endswith("_token") and isinstance(v, str)}
 
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool,
-               tools: list[dict[str, Any]] | None) -> str:
-        """The prompt text of ``messages``; a template that refuses them is a 400 naming ``messages``."""
+               tools: list[dict[str, Any]] | None, continue_final_message: bool = False) -> str:
+        """The prompt text of ``messages``; a template that refuses them is a 400 naming ``messages``.
+        ``continue_final_message``: the text ends inside the last message, left open, as Hugging
+        Face's ``apply_chat_template`` cuts it (after a marker rendered at the message's end)."""
+        if continue_final_message:
+            messages = [*messages[:-1], {**messages[-1], "content": messages[-1]["content"] + _CONTINUE}]
         try:
-            return str(self.template.render(messages=messages, tools=tools,
+            text = str(self.template.render(messages=messages, tools=tools,
                                             add_generation_prompt=add_generation_prompt, **self.specials))
         except (_TemplateRaised, TemplateError) as e:
             raise InvalidRequest(f"the model's chat template refused these messages: {e}", param="messages") from e
+        if not continue_final_message:
+            return text
+        if _CONTINUE.strip() not in text:
+            raise InvalidRequest("continue_final_message: the model's chat template does not render the final "
+                                 "message as it is, so it cannot be continued", param="messages")
+        at = text.rindex(_CONTINUE.strip())
+        return text[:at] if text[at:at + len(_CONTINUE)] == _CONTINUE else text[:at].rstrip()
 
 
 @lru_cache(maxsize=4)

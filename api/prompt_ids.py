@@ -49,13 +49,13 @@ class GatewayTokenizer:
         ``encode_request`` makes them."""
         if req.messages is None:
             return list(self.tokenizer.encode(req.prompt).ids)
-        text = self.render_chat(req.chat_messages(), req.add_generation_prompt, req.tools)
+        text = self.render_chat(req.chat_messages(), req.add_generation_prompt, req.tools, req.continue_final_message)
         return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
 
     def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool,
-                    tools: list[dict[str, Any]] | None) -> str:
+                    tools: list[dict[str, Any]] | None, continue_final_message: bool = False) -> str:
         """The messages rendered with the model's chat template (Unavailable: it has none)."""
-        return self._template().render(messages, add_generation_prompt, tools)
+        return self._template().render(messages, add_generation_prompt, tools, continue_final_message)
 
     @cached_property
     def probe(self) -> dict[str, str]:

@@ -25,6 +25,7 @@ from inferq.api.prompt_ids import Published, tokenize
 from inferq.shared import keys, tracing
 from inferq.shared.celery_app import job_message
 from inferq.shared.errors import ContextLengthExceeded, InvalidRequest, NotFound, RateLimited, job_not_found
+from inferq.shared.pooling import check_task
 from inferq.shared.request_limits import check_vocabulary
 from inferq.shared.schemas import (
     AdapterRef,
@@ -35,6 +36,7 @@ from inferq.shared.schemas import (
     JobRequest,
     JobStatus,
     JobView,
+    ResponseOptions,
     WorkerInfo,
 )
 from inferq.shared.settings import Settings
@@ -132,13 +134,14 @@ class JobService:
         """Refuse what cannot fit the context window, or what the model's workers cannot parse,
         before it is queued (the worker re-checks). Returns the prompt's token ids where they may
         go with the job (api/prompt_ids.py)."""
+        check_task(info.tasks, req.embed is not None, info.model)
+        if req.embed is not None:  # each input is tokenized and checked by the worker
+            return None
         if req.parse_tool_calls and not info.tool_call_parser:
             raise InvalidRequest('tool_choice "auto" (the default when tools are given) needs a tool-call '
                                  "parser, and this model's workers have none (INFERQ_TOOL_CALL_PARSER); use "
                                  'tool_choice "required", a named function, or "none"', param="tool_choice")
         limit = info.max_model_len
-        if req.max_tokens is not None and req.max_tokens >= limit:
-            raise ContextLengthExceeded(0, req.max_tokens, limit)
         if info.vocab_size:
             check_vocabulary(req, info.vocab_size)
         fallback = self.settings.tokenizer_dir if info.model == self.settings.model_name else None
@@ -146,17 +149,21 @@ class JobService:
                                 self.published.get(info.tokenizer_files))
         if n is not None and n + (req.max_tokens or 1) > limit:
             raise ContextLengthExceeded(n, req.max_tokens or 1, limit, req.prompt_param)
+        if req.max_tokens is not None and req.max_tokens >= limit:  # no room for any prompt, counted or not
+            raise ContextLengthExceeded(n, req.max_tokens, limit)
         return ids
 
     async def submit(self, req: JobRequest, *, owner: str | None = None, job_id: str | None = None,
-                     max_depth: int | None = None) -> JobRecord:
+                     max_depth: int | None = None, response: ResponseOptions | None = None) -> JobRecord:
         """Queue the job: its record and its Celery message are written together, in one Redis
         script, unless the model's queue holds ``max_depth`` (default ``INFERQ_MAX_QUEUE_DEPTH``)
         messages already (429 ``queue_full``). A ``job_id`` that was queued before is not queued
-        again: its record is returned as it is (a batch's lines have ids of their own that way)."""
+        again: its record is returned as it is (a batch's lines have ids of their own that way).
+        ``response``: the options of a ``/v1/responses`` request, kept on the record."""
         model, info, adapter = await self.resolve(req.model)
         ids = await self.check_context(req, info) if info is not None else None
-        record = JobRecord(id=job_id or new_job_id(), model=model, request=req, owner=owner, adapter=adapter)
+        record = JobRecord(id=job_id or new_job_id(), model=model, request=req, owner=owner, adapter=adapter,
+                           response=response)
         record.deadline = record.created_at + (req.timeout or self.settings.default_timeout_s)
         limit = self.settings.max_queue_depth if max_depth is None else max_depth
         with tracing.span("inferq.submit", job_id=record.id, model=model, priority=req.priority) as span:

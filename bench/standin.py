@@ -21,7 +21,7 @@ class Out:
     text: str
     token_ids: list[int]
     finish_reason: str | None = None
-    stop_reason: str | None = None
+    stop_reason: str | int | None = None  # a stop string, or a stop token id
     logprobs: None = None
 
 

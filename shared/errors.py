@@ -60,12 +60,20 @@ class InvalidRequest(InferqError):
 class ContextLengthExceeded(InvalidRequest):
     """Prompt tokens plus ``max_tokens`` do not fit the model's context window. A prompt that
     leaves no room for even one token names the prompt's field (``prompt_param``: ``prompt`` or
-    ``messages``), since no ``max_tokens`` would help; otherwise the error names ``max_tokens``."""
+    ``messages``), since no ``max_tokens`` would help; otherwise the error names ``max_tokens``.
+    ``prompt_tokens`` None: the prompt was not counted, and ``max_tokens`` alone fills the window."""
 
     default_code = "context_length_exceeded"
 
-    def __init__(self, prompt_tokens: int, max_tokens: int, max_model_len: int,
+    def __init__(self, prompt_tokens: int | None, max_tokens: int, max_model_len: int,
                  prompt_param: str = "prompt") -> None:
+        if prompt_tokens is None:  # not counted (the gateway cannot tokenize the prompt): max_tokens alone
+            super().__init__(
+                f"this model's maximum context length is {max_model_len} tokens; the request asks for "
+                f"{max_tokens} output tokens, which leaves no room for its prompt: lower max_tokens",
+                param="max_tokens",
+            )
+            return
         if prompt_tokens >= max_model_len:
             super().__init__(
                 f"this model's maximum context length is {max_model_len} tokens; the prompt alone has "

@@ -389,6 +389,14 @@ class ChoiceView(BaseModel):
     finish_reason: str | None = None
 
 
+class ResponseOptions(BaseModel):
+    """What a ``/v1/responses`` request said that its job does not otherwise keep, so that the
+    response reads back as it was created."""
+
+    background: bool = False
+    previous_response_id: str | None = None
+
+
 class JobRecord(BaseModel):
     """The job's Redis hash. Every field is stored as a string; JSON-valued ones are JSON."""
 
@@ -412,6 +420,8 @@ class JobRecord(BaseModel):
     traceparent: str | None = Field(default=None, description="W3C trace context of the submission.")
     adapter: AdapterRef | None = Field(default=None, description="The LoRA adapter the job runs with "
                                        "(``model`` is then its base model, whose queue the job is on).")
+    response: ResponseOptions | None = Field(default=None, description="A response's own options (the job "
+                                             "of a ``/v1/responses`` request); None for any other job.")
 
     @property
     def served_name(self) -> str:

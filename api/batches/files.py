@@ -33,8 +33,8 @@ def new_file_id() -> str:
     return "file-" + secrets.token_hex(12)
 
 
-def file_not_found(file_id: str) -> NotFound:
-    return NotFound(f"no file {file_id[:80]!r}", param="file_id", code="file_not_found")
+def file_not_found(file_id: str, param: str = "file_id") -> NotFound:
+    return NotFound(f"no file {file_id[:80]!r}", param=param, code="file_not_found")
 
 
 class FileStore:
@@ -99,15 +99,16 @@ class FileStore:
             await p.execute()
         return meta
 
-    async def get(self, file_id: str, caller: Principal) -> FileObject:
-        """The file's metadata, if ``caller`` may see it; another key's file is "not found" too."""
+    async def get(self, file_id: str, caller: Principal, param: str = "file_id") -> FileObject:
+        """The file's metadata, if ``caller`` may see it; another key's file is "not found" too
+        (``param``: the request field that named the file)."""
         meta, owner = (await self.redis.hmget(keys.file(file_id), ["meta", "owner"])
                        if _FILE_ID.fullmatch(file_id) else (None, None))
         if meta is None or not caller.may_see(json.loads(owner)):
-            raise file_not_found(file_id)
+            raise file_not_found(file_id, param)
         f = FileObject.model_validate_json(meta)
         if _expired(f):  # not yet swept
-            raise file_not_found(file_id)
+            raise file_not_found(file_id, param)
         return f
 
     async def content(self, file_id: str, caller: Principal) -> str:

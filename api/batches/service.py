@@ -53,7 +53,7 @@ class BatchService:
         self.lease_ms = int(lease_s * 1000)
 
     async def create(self, req: BatchCreate, caller: Principal) -> Batch:
-        meta = await self.files.get(req.input_file_id, caller)
+        meta = await self.files.get(req.input_file_id, caller, "input_file_id")
         if meta.purpose != "batch":
             raise InvalidRequest(f"file {meta.id} has purpose {meta.purpose!r}; a batch's input file is "
                                  "uploaded with purpose 'batch'", param="input_file_id")

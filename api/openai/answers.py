@@ -62,6 +62,7 @@ class Choice:
     text: str = ""
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
+    stop_reason: str | int | None = None  # the stop string or stop token id that ended it
     calls: list[ToolCallPiece] = field(default_factory=list)  # pieces the worker's parser found
 
 
@@ -97,7 +98,8 @@ class Collector:
             self.out = Collected(choices={i: Choice() for i in range(self.n)})
         elif ev.type == "done":
             for end in ev.choices:
-                self.out.choices.setdefault(end.index, Choice()).finish_reason = end.finish_reason
+                c = self.out.choices.setdefault(end.index, Choice())
+                c.finish_reason, c.stop_reason = end.finish_reason, end.stop_reason
             self.out.usage = ev.usage
         else:
             raise error_from(ev.error)
@@ -125,7 +127,7 @@ def chat_response(job_id: str, model: str, req: ChatCompletionRequest, got: Coll
     return ChatCompletion(
         id=job_id, created=int(time.time()), model=model, usage=got.usage, prompt_logprobs=got.prompt_logprobs,
         choices=[ChatChoice(index=i, message=message(c), finish_reason=tools.finish_reason(req, c.finish_reason),
-                            logprobs=chat_logprobs(c.logprobs, k) if req.logprobs else None)
+                            stop_reason=c.stop_reason, logprobs=chat_logprobs(c.logprobs, k) if req.logprobs else None)
                  for i, c in sorted(got.choices.items())],
     )
 
@@ -153,6 +155,7 @@ def completion_response(job_id: str, model: str, req: CompletionRequest, parts: 
     for p, got in enumerate(parts):
         for i, c in sorted(got.choices.items()):
             choices.append(TextChoice(index=p * req.n + i, text=c.text, finish_reason=c.finish_reason,
+                                      stop_reason=c.stop_reason,
                                       logprobs=completion_logprobs(c, req.logprobs or 0)
                                       if req.logprobs is not None else None, prompt_logprobs=got.prompt_logprobs))
         usage = add_usage(usage, got.usage)

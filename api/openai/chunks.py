@@ -84,8 +84,9 @@ def _last_chunks(req: ChatCompletionRequest, calls: _StreamedCalls, ev: DoneEven
     for end in ev.choices:
         if (delta := calls.finish(end.index)) is not None:
             out.append(([ChunkChoice(index=end.index, delta=delta)], None))
-        out.append(([ChunkChoice(index=end.index, delta=Delta(),
-                                 finish_reason=tools.finish_reason(req, end.finish_reason))], None))
+        reason = tools.finish_reason(req, end.finish_reason)
+        out.append(([ChunkChoice(index=end.index, delta=Delta(), finish_reason=reason, stop_reason=end.stop_reason)],
+                    None))
     if include_usage:
         out.append(([], ev.usage))
     return out
@@ -172,7 +173,8 @@ async def completion_chunks(hub: StreamHub, job_ids: list[str], model: str,
             elif ev.type == "done":
                 total = add_usage(total, ev.usage)
                 for end in ev.choices:
-                    last = TextChoice(index=p * req.n + end.index, text="", finish_reason=end.finish_reason)
+                    last = TextChoice(index=p * req.n + end.index, text="", finish_reason=end.finish_reason,
+                                      stop_reason=end.stop_reason)
                     yield Payload(TextCompletion(id=job_ids[0], created=created, model=model,
                                                  choices=[last]).model_dump_json(exclude_none=True))
                 continue

@@ -4,7 +4,7 @@ as OpenAI and vLLM send them."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, model_serializer
 
@@ -53,11 +53,17 @@ class AssistantMessage(BaseModel):
     tool_calls: list[ToolCall] | None = None
 
 
+#: A choice's ``stop_reason``, as vLLM's server answers it.
+StopReason = Annotated[str | int | None, Field(description="vLLM's: the stop string or stop token id that "
+                                               "ended the choice; null when something else ended it.")]
+
+
 class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None
+    stop_reason: StopReason = None
 
 
 class ChatCompletion(BaseModel):
@@ -105,6 +111,7 @@ class ChunkChoice(_NullsKept):
     delta: Delta
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
+    stop_reason: StopReason = None  # in the chunk that ends the choice, when it has one
 
 
 class ChatCompletionChunk(BaseModel):
@@ -121,6 +128,7 @@ class TextChoice(_NullsKept):
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
+    stop_reason: StopReason = None
     prompt_logprobs: PromptLogprobs | None = Field(default=None, description="With `prompt_logprobs` (or "
                                                    "`echo` and `logprobs`): its prompt's, as on a chat "
                                                    "completion.")

@@ -4,7 +4,9 @@
   reads the job record, and a response lives as long as the job (``INFERQ_JOB_TTL_S``).
 - ``instructions`` become the job's system text (not carried to a follow-up, as OpenAI's);
   ``previous_response_id`` puts that response's conversation and answer before the new input.
-- ``background: true`` answers at once (``queued``); the client polls, or streams.
+- ``background: true`` answers at once (``queued``); the client polls, or streams. What the
+  request said that a job does not keep (``background``, ``previous_response_id``) is kept on its
+  record (``JobRecord.response``), so a response reads back as it was created.
 - Streams are made from the job's event log, one ``response.output_text.delta`` per token event,
   numbered from 0 the same way every time: ``GET /v1/responses/{id}?stream=true&starting_after=N``
   replays exactly the events after ``N``, however often, from any gateway.
@@ -102,10 +104,16 @@ def response_id(job_id: str) -> str:
     return "resp_" + job_id.removeprefix("job-")
 
 
-def job_id(resp_id: str) -> str:
+def not_found(resp_id: str, param: str = "response_id") -> NotFound:
+    """The 404 of a response id that names no response the caller may see (``param``: the field
+    that held it)."""
+    return NotFound(f"no response {resp_id[:80]!r}", param=param, code="response_not_found")
+
+
+def job_id(resp_id: str, param: str = "response_id") -> str:
     """The job of a response id; 404 for anything that is not one."""
     if not resp_id.startswith("resp_") or len(resp_id) != 37:
-        raise NotFound(f"no response {resp_id[:80]!r}", param="response_id", code="response_not_found")
+        raise not_found(resp_id, param)
     return "job-" + resp_id.removeprefix("resp_")
 
 
@@ -122,12 +130,17 @@ _STATUS = {JobStatus.queued: "queued", JobStatus.running: "in_progress", JobStat
            JobStatus.failed: "failed", JobStatus.cancelled: "cancelled"}
 
 
+def status_of(status: JobStatus) -> str:
+    """A job status as a response's."""
+    return _STATUS[status]
+
+
 def response(rec: JobRecord, text: str | None = None, status: str | None = None) -> dict[str, Any]:
     """The Response object of a job (``text``/``status``: as a stream has them so far)."""
-    req, hexid = rec.request, rec.id.removeprefix("job-")
-    done = rec.status.terminal
+    req, hexid, opts = rec.request, rec.id.removeprefix("job-"), rec.response
     text = text if text is not None else (rec.choices[0].text if rec.choices else "")
     status = status or _STATUS[rec.status]
+    done = rec.status.terminal or status == "cancelled"
     incomplete = None
     if status == "completed" and rec.finish_reason == "length":
         status, incomplete = "incomplete", {"reason": "max_output_tokens"}
@@ -147,10 +160,11 @@ def response(rec: JobRecord, text: str | None = None, status: str | None = None)
         "id": response_id(rec.id), "object": "response", "created_at": int(rec.created_at), "status": status,
         "model": rec.served_name, "output": output, "instructions": req.instructions,
         "max_output_tokens": req.max_tokens, "temperature": req.temperature, "top_p": req.top_p,
-        "previous_response_id": None, "metadata": req.metadata or {}, "user": req.user,
-        "parallel_tool_calls": True, "tool_choice": "auto", "tools": [], "text": {"format": {"type": "text"}},
-        "truncation": "disabled", "background": None, "service_tier": "auto", "incomplete_details": incomplete,
-        "usage": usage,
+        "previous_response_id": opts.previous_response_id if opts else None, "metadata": req.metadata or {},
+        "user": req.user, "parallel_tool_calls": True, "tool_choice": "auto", "tools": [],
+        "text": {"format": {"type": "text"}}, "truncation": "disabled",
+        "background": opts.background if opts else None, "service_tier": "auto",
+        "incomplete_details": incomplete, "usage": usage,
         "error": {"code": err.code or err.type, "message": err.message} if err is not None and done else None,
     }
 
@@ -163,11 +177,10 @@ def _event(kind: str, seq: int, **fields: Any) -> Payload:
     return Payload(json.dumps({"type": kind, "sequence_number": seq, **fields}), event=kind)
 
 
-async def stream_events(hub: StreamHub, rec: JobRecord, after: int = -1, finished: Any = None,
-                        known: dict[str, Any] | None = None) -> AsyncIterator[Payload]:
+async def stream_events(hub: StreamHub, rec: JobRecord, after: int = -1,
+                        finished: Any = None) -> AsyncIterator[Payload]:
     """The response's stream events with ``sequence_number`` above ``after``. ``finished()``
-    (async) reads the record again for the final response object; ``known``: what the request
-    said that the job does not keep (``background``, ``previous_response_id``), for the first ones."""
+    (async) reads the record again for the final response object."""
     item = f"msg_{rec.id.removeprefix('job-')}"
     seq, text = -1, ""
 
@@ -176,8 +189,8 @@ async def stream_events(hub: StreamHub, rec: JobRecord, after: int = -1, finishe
         seq += 1
         return _event(kind, seq, **fields) if seq > after else None
 
-    pending = [nxt("response.created", response={**response(rec, "", "queued"), **(known or {})}),
-               nxt("response.in_progress", response={**response(rec, "", "in_progress"), **(known or {})}),
+    pending = [nxt("response.created", response=response(rec, "", "queued")),
+               nxt("response.in_progress", response=response(rec, "", "in_progress")),
                nxt("response.output_item.added", output_index=0, item={
                    "type": "message", "id": item, "status": "in_progress", "role": "assistant", "content": []}),
                nxt("response.content_part.added", item_id=item, output_index=0, content_index=0,

@@ -26,6 +26,8 @@ class TokenizeRequest(BaseModel):
     model: str | None = Field(default=None, max_length=256, pattern=MODEL_NAME_PATTERN)
     prompt: str = Field(max_length=1_000_000)
     add_special_tokens: bool = True
+    return_token_strs: bool | None = Field(default=False, description="Also answer each token's string "
+                                           "(`token_strs`), as vLLM's server does.")
 
 
 class TokenizeChatRequest(BaseModel):
@@ -35,8 +37,12 @@ class TokenizeChatRequest(BaseModel):
     model: str | None = Field(default=None, max_length=256, pattern=MODEL_NAME_PATTERN)
     messages: list[OpenAIMessage] = Field(min_length=1, max_length=1024)
     add_generation_prompt: bool = True
+    continue_final_message: bool = Field(default=False, description="The text ends inside the last message, "
+                                         "left open (needs `add_generation_prompt: false`).")
     add_special_tokens: bool = False
     tools: list[ToolDef] | None = Field(default=None, max_length=128)
+    return_token_strs: bool | None = Field(default=False, description="Also answer each token's string "
+                                           "(`token_strs`), as vLLM's server does.")
 
 
 class TokenizeResponse(BaseModel):
@@ -85,13 +91,18 @@ async def tokenize(req: TokenizeRequest | TokenizeChatRequest, service: Service,
     the default model's tokenizer gives them."""
     tok, workers = await _tokenizer(service, req.model)
     if isinstance(req, TokenizeChatRequest):
+        if req.continue_final_message and req.add_generation_prompt:  # as vLLM (the default adds one too)
+            raise InvalidRequest("cannot set both continue_final_message and add_generation_prompt to true",
+                                 param="continue_final_message")
         text = tok.render_chat([m.to_chat().template_dict() for m in req.messages], req.add_generation_prompt,
-                               [t.model_dump(exclude_none=True) for t in req.tools or ()] or None)
+                               [t.model_dump(exclude_none=True) for t in req.tools or ()] or None,
+                               req.continue_final_message)
     else:
         text = req.prompt
     ids = tok.tokenizer.encode(text, add_special_tokens=req.add_special_tokens).ids
+    strs = [tok.tokenizer.id_to_token(i) for i in ids] if req.return_token_strs else None
     return TokenizeResponse(count=len(ids), max_model_len=max((w.max_model_len for w in workers), default=None),
-                            tokens=ids)
+                            tokens=ids, token_strs=strs)
 
 
 @router.post("/detokenize", response_model=DetokenizeResponse)

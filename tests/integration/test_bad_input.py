@@ -95,8 +95,10 @@ def test_prompt_plus_max_tokens_over_context_is_400_before_queueing(stack) -> No
         assert r.status_code == 400, r.text
         err = r.json()["error"]
         assert err["code"] == "context_length_exceeded" and str(TINY_MAX_LEN) in err["message"]
-        r = http.post("/v1/jobs", json={"prompt": "x", "max_tokens": 2 * TINY_MAX_LEN})
+        r = http.post("/v1/jobs", json={"prompt": "hello world", "max_tokens": 2 * TINY_MAX_LEN})
         assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
+        n = http.post("/tokenize", json={"prompt": "hello world"}).json()["count"]  # max_tokens alone is over
+        assert f"has {n} prompt tokens and asks for {2 * TINY_MAX_LEN} more" in r.json()["error"]["message"], r.text
 
 
 def test_chat_over_context_is_400_before_queueing_where_the_gateway_renders_it(stack) -> None:

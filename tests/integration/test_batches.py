@@ -188,9 +188,10 @@ def test_files_api_round_trip_and_refusals(stack, client) -> None:
         client.files.create(file=("x.jsonl", data), purpose="fine-tune")
     with pytest.raises(openai.BadRequestError, match="UTF-8"):
         client.files.create(file=("x.jsonl", b"\xff\xfe"), purpose="batch")
-    with pytest.raises(openai.NotFoundError):
+    with pytest.raises(openai.NotFoundError) as missing:
         client.batches.create(input_file_id="file-000000000000000000000000", endpoint=CHAT,
                               completion_window="24h")
+    assert missing.value.body["param"] == "input_file_id", missing.value.body  # the field, as OpenAI names it
     with pytest.raises(openai.BadRequestError, match="completion_window"):
         client.batches.create(input_file_id=up.id, endpoint=CHAT, completion_window="1h")  # type: ignore[arg-type]
     assert client.files.delete(up.id).deleted

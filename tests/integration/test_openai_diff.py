@@ -1,8 +1,9 @@
 """The differential suite: the same OpenAI requests to inferq and to vLLM's own OpenAI server
 (``python -m vllm.entrypoints.openai.api_server``, started here on the same tiny model with the
 engine arguments a worker uses), compared on what a client depends on: the status code, the
-error's shape, which fields the answer has and of what JSON type, the finish reasons, the chunk
-sequence of a stream and, at temperature 0, the text.
+error's shape, which fields the answer has and of what JSON type, the finish and stop reasons, the
+chunk sequence of a stream and, at temperature 0, the text. The Responses API's steps of more than
+one request (a background response read back and cancelled) are in diff_responses.py.
 
 Every difference found is listed. Those that are intended (inferq's extras) are in ``INTENDED``;
 those not matched yet are in ``NOT_YET`` with the reason. The test fails when a difference appears
@@ -24,6 +25,7 @@ import httpx
 import pytest
 
 from tests.conftest import ADAPTER_SEEDS, Service, ahead, http_ok, lora_modules, quiet_port, spawn, take
+from tests.integration.diff_responses import lifecycle
 from tests.wait import eventually
 
 pytestmark = pytest.mark.integration
@@ -49,7 +51,14 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
                                              "stream_options": {"include_usage": True}, **G}),
     "chat n=2 seed": ("/v1/chat/completions", {"messages": CHAT, "n": 2, "seed": 7, "temperature": 1.0,
                                                "max_tokens": 4}),
-    "chat stop": ("/v1/chat/completions", {"messages": CHAT, "stop": ["\n"], **G}),
+    # stop strings and ids the greedy output holds: each case ends on its stop (STOPPED checks it)
+    "chat stop": ("/v1/chat/completions", {"messages": CHAT, "stop": ["quiv"], **G}),
+    "chat stop stream": ("/v1/chat/completions", {"messages": CHAT, "stop": ["quiv"], "stream": True, **G}),
+    "completion stop": ("/v1/completions", {"prompt": "The sky is", "stop": ["NINE"], **G}),
+    "completion stop stream": ("/v1/completions", {"prompt": "The sky is", "stop": ["NINE"], "stream": True, **G}),
+    "completion stop_token_ids matched": ("/v1/completions", {"prompt": "The sky is", "stop_token_ids": [3526],
+                                                              **G}),
+    "chat stop not matched": ("/v1/chat/completions", {"messages": CHAT, "stop": ["\n"], **G}),
     "chat logprobs": ("/v1/chat/completions", {"messages": CHAT, "logprobs": True, "top_logprobs": 2, **G}),
     "chat SDK nulls": ("/v1/chat/completions", {"messages": CHAT, "tools": None, "tool_choice": None, "n": None,
                                                 "stream": None, "parallel_tool_calls": None, **G}),
@@ -169,15 +178,29 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "responses stream": ("/v1/responses", {"input": "Say hi", "temperature": 0, "max_output_tokens": 8,
                                            "stream": True}),
     "responses max_output_tokens 0": ("/v1/responses", {"input": "Say hi", "max_output_tokens": 0}),
+    "responses unknown previous_response_id": ("/v1/responses", {"input": "Say hi", "max_output_tokens": 8,
+                                                                 "previous_response_id": "resp_" + "0" * 32}),
+    "responses retrieve unknown": ("/v1/responses/resp_" + "0" * 32, {}),
     "tokenize": ("/tokenize", {"prompt": "The sky is blue"}),
     "tokenize no special tokens": ("/tokenize", {"prompt": "The sky is blue", "add_special_tokens": False}),
     "tokenize messages": ("/tokenize", {"messages": CHAT}),
     "tokenize messages no generation prompt": ("/tokenize", {"messages": CHAT, "add_generation_prompt": False}),
+    "tokenize token strs": ("/tokenize", {"prompt": "The sky is blue", "return_token_strs": True}),
+    "tokenize messages token strs": ("/tokenize", {"messages": CHAT, "return_token_strs": True}),
+    "tokenize continue_final_message": ("/tokenize", {"messages": CONTINUED, "continue_final_message": True,
+                                                      "add_generation_prompt": False, "return_token_strs": True}),
+    "tokenize continue_final_message and add_generation_prompt": ("/tokenize", {
+        "messages": CONTINUED, "continue_final_message": True, "add_generation_prompt": True}),
+    "tokenize continue_final_message alone": ("/tokenize", {"messages": CONTINUED, "continue_final_message": True}),
     "detokenize": ("/detokenize", {"tokens": [1882, 306, 77, 91, 338]}),
     "models": ("/v1/models", {}),
     "health": ("/health", {}),
     "version": ("/version", {}),
 }
+
+#: The cases that end on a stop string or stop token id, and the ``stop_reason`` each choice has.
+STOPPED = {"chat stop": ["quiv"], "chat stop stream": ["quiv"], "completion stop": ["NINE"],
+           "completion stop stream": ["NINE"], "completion stop_token_ids matched": [3526]}
 
 #: Fields whose null a client reads from the wire (OpenAI's chunks carry them as null until set).
 #: Any other field absent on one side and null on the other is no difference: a client reads
@@ -199,6 +222,8 @@ _VLLM_RESPONSES = ("vLLM's own additions to a Response: per-turn and tool usage 
                    "loop, which inferq does not run) and the penalties its /v1/responses takes (inferq's, as "
                    "OpenAI's, takes none)")
 _RESPONSE_CASES = ("responses", "responses messages")
+_CANCEL_AGAIN = ("a cancelled background response cancelled again is answered as it is (OpenAI: cancelling is "
+                 "idempotent); vLLM refuses any response that is not queued or in progress")
 # (case, path) -> why inferq differs on purpose.
 INTENDED: dict[tuple[str, str], str] = {
     # the model, then its two LoRA adapters
@@ -211,7 +236,8 @@ INTENDED: dict[tuple[str, str], str] = {
     # logit_bias's by the engine): a stream's response, held until then, is that error
     **{(case, key): _REFUSED_FIRST for case in ("completion token id out of vocab stream",
                                                 "chat logit_bias out of vocab stream")
-       for key in ("status", "error", "done", "first chunk", "finish_reasons", "text", "usage chunk")},
+       for key in ("status", "error", "done", "first chunk", "finish_reasons", "stop_reasons", "text",
+                   "usage chunk")},
     **{(case, f"{where}{p}"): _OPENAI_SHAPE for case, where in (*((c, "shape ") for c in _RESPONSE_CASES),
                                                                ("responses stream", "first chunk .response"))
        for p in (".metadata", ".text", ".text.format", ".text.format.type")},
@@ -224,6 +250,7 @@ INTENDED: dict[tuple[str, str], str] = {
        for p in ("frequency_penalty", "presence_penalty")},
     **{(case, f"first chunk .choices[0].prompt_token_ids{i}"): _ECHO_IDS
        for case in ("completion echo stream", "completion echo logprobs stream") for i in ("", "[0]", "[1]", "[2]")},
+    **{("responses background cancel again", key): _CANCEL_AGAIN for key in ("status", "error", "values")},
 }
 
 #: A chunk's per-token logprobs after its first token, in a shape's path (``.logprobs.tokens[1]``).
@@ -280,6 +307,8 @@ def summary(a: dict[str, Any]) -> dict[str, Any]:
         out["finish_reasons"] = sorted({ch["finish_reason"] for c in chunks for ch in c.get("choices", [])
                                         if ch.get("finish_reason")})
         out["usage chunk"] = any(c.get("usage") and not c.get("choices") for c in chunks)
+        out["stop_reasons"] = [ch.get("stop_reason") for c in chunks for ch in c.get("choices", [])
+                               if ch.get("finish_reason")]
         out["text"] = "".join((ch.get("delta") or {}).get("content") or ch.get("text") or ""
                               for c in chunks for ch in c.get("choices", []) if ch.get("index", 0) == 0)
         return out
@@ -289,8 +318,9 @@ def summary(a: dict[str, Any]) -> dict[str, Any]:
         out["error"] = {k: type(err.get(k)).__name__ for k in ("message", "type")}
         return out
     out["shape"] = shape(body)
-    out["values"] = {k: body[k] for k in ("tokens", "count", "prompt", "max_model_len") if k in body}
+    out["values"] = {k: body[k] for k in ("tokens", "token_strs", "count", "prompt", "max_model_len") if k in body}
     out["finish_reasons"] = [c.get("finish_reason") for c in body.get("choices", [])]
+    out["stop_reasons"] = [c.get("stop_reason") for c in body.get("choices", [])]
     out["texts"] = [c.get("text", (c.get("message") or {}).get("content")) for c in body.get("choices", [])]
     if isinstance(body.get("output"), list):  # a response (/v1/responses): its output text and status
         out["texts"] = [p.get("text") for item in body["output"] for p in item.get("content") or []]
@@ -348,7 +378,9 @@ def start_vllm_server(request: pytest.FixtureRequest) -> VllmServer:
            "--structured-outputs-config", json.dumps({"backend": "xgrammar", "disable_any_whitespace": True}),
            *flags(engine_args({"model_path": path, "settings": settings})),
            "--lora-modules", *(f"{name}={folder}" for name, folder in adapters.items())]
-    service = spawn("vllm-openai", cmd, {**os.environ, "VLLM_NO_USAGE_STATS": "1"},
+    # its Responses store: background responses, read back and cancelled (as inferq keeps each response)
+    service = spawn("vllm-openai", cmd, {**os.environ, "VLLM_NO_USAGE_STATS": "1",
+                                         "VLLM_ENABLE_RESPONSES_API_STORE": "1"},
                     request.getfixturevalue("logdir"))
     return VllmServer(f"http://127.0.0.1:{port}", service)
 
@@ -366,13 +398,20 @@ def vllm_server(request: pytest.FixtureRequest) -> Iterator[str]:
 
 def test_inferq_answers_as_vllm_serve_does(stack, vllm_server) -> None:
     found: dict[tuple[str, str], str] = {}
+    stopped: dict[str, tuple[Any, Any]] = {}
     with httpx.Client(base_url=stack.base, timeout=120) as ours, \
             httpx.Client(base_url=vllm_server, timeout=120) as theirs:
         for case, (path, body) in CASES.items():
             body = {"model": MODEL, **body} if body else body
             greedy = body.get("temperature") == 0
-            found.update(differences(case, summary(answer(ours, path, body)), summary(answer(theirs, path, body)),
-                                     greedy))
+            a, b = summary(answer(ours, path, body)), summary(answer(theirs, path, body))
+            found.update(differences(case, a, b, greedy))
+            if case in STOPPED:
+                stopped[case] = (a.get("stop_reasons"), b.get("stop_reasons"))
+        for (case, a), b in zip(lifecycle(ours).items(), lifecycle(theirs).values(), strict=True):
+            found.update(differences(case, a, b, greedy=False))
+    # the stop cases really stop on their string or id, on both servers
+    assert stopped == {case: (want, want) for case, want in STOPPED.items()}, stopped
     new = {k: v for k, v in found.items() if k not in INTENDED and k not in NOT_YET}
     gone = sorted(k for k in NOT_YET if k not in found)
     report = "\n".join(f"  {c} | {p}: {v}" for (c, p), v in sorted(new.items()))

@@ -57,19 +57,23 @@ def test_previous_response_id_continues_the_conversation(client) -> None:
                                      max_output_tokens=6, temperature=0)
     alone = client.responses.create(model=MODEL, input="What is my name?", max_output_tokens=6, temperature=0)
     assert second.previous_response_id == first.id
+    assert client.responses.retrieve(second.id).previous_response_id == first.id  # kept with the response
     # the first turn and its answer are in the prompt
     assert second.usage.input_tokens > alone.usage.input_tokens + first.usage.output_tokens
-    with pytest.raises(openai.NotFoundError):
-        client.responses.create(model=MODEL, input="x", previous_response_id="resp_" + "0" * 32)
+    unknown = "resp_" + "0" * 32
+    with pytest.raises(openai.NotFoundError) as e:
+        client.responses.create(model=MODEL, input="x", previous_response_id=unknown)
+    assert e.value.body["param"] == "previous_response_id" and unknown in e.value.body["message"], e.value.body
 
 
 def test_background_then_poll_and_resume_the_stream(client) -> None:
     r = client.responses.create(model=MODEL, input="Tell a story", max_output_tokens=40, temperature=0,
                                 background=True)
     assert r.status in ("queued", "in_progress") and r.background is True
+    assert client.responses.retrieve(r.id).background is True
     got = eventually(lambda: client.responses.retrieve(r.id), 120, f"response {r.id} to end", interval=0.1,
                      until=lambda got: got.status not in ("queued", "in_progress"))
-    assert got.status == "incomplete" and got.usage.output_tokens == 40
+    assert got.status == "incomplete" and got.usage.output_tokens == 40 and got.background is True
     whole = list(client.responses.retrieve(r.id, stream=True))
     assert "".join(e.delta for e in whole if e.type == "response.output_text.delta") == got.output_text
     cut = whole[6].sequence_number
@@ -79,11 +83,29 @@ def test_background_then_poll_and_resume_the_stream(client) -> None:
 
 
 def test_cancel_a_background_response(client) -> None:
+    """The cancel answers the response as it stopped (queued or running when it came); cancelling
+    it again answers the same; a response that ended otherwise, or was not a background one, is a
+    400 naming it, as OpenAI's."""
     r = client.responses.create(model=MODEL, input="Go on", max_output_tokens=LONG_JOB, background=True)
-    client.responses.cancel(r.id)  # long before its end
-    got = eventually(lambda: client.responses.retrieve(r.id), 60, f"response {r.id} to end", interval=0.1,
-                     until=lambda got: got.status not in ("queued", "in_progress"))
-    assert got.status == "cancelled"
+    cancelled = client.responses.cancel(r.id)  # long before its end
+    assert cancelled.status == "cancelled" and cancelled.background is True
+    assert client.responses.retrieve(r.id).status == "cancelled"
+    assert client.responses.cancel(r.id).status == "cancelled"
+    running = client.responses.create(model=MODEL, input="Go on", max_output_tokens=LONG_JOB, background=True)
+    eventually(lambda: client.responses.retrieve(running.id), 60, f"response {running.id} to start", interval=0.05,
+               until=lambda got: got.status != "queued")
+    stopped = client.responses.cancel(running.id)
+    assert stopped.status == "cancelled" and stopped.output[0].status == "incomplete"
+    assert client.responses.retrieve(running.id).status == "cancelled"
+    done = client.responses.create(model=MODEL, input="Hi", max_output_tokens=2)
+    short = client.responses.create(model=MODEL, input="Hi", max_output_tokens=2, background=True)
+    short = eventually(lambda: client.responses.retrieve(short.id), 60, f"response {short.id} to end",
+                       interval=0.1, until=lambda got: got.status not in ("queued", "in_progress"))
+    for ended, says in ((done, "background"), (short, "already ended")):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.responses.cancel(ended.id)
+        assert e.value.body["param"] == "response_id" and says in e.value.body["message"], e.value.body
+        assert client.responses.retrieve(ended.id).status == ended.status  # left as it was
 
 
 @pytest.mark.parametrize("kwargs, param", [
@@ -99,7 +121,10 @@ def test_what_is_not_served_is_a_400_naming_it(client, kwargs, param) -> None:
 
 
 def test_an_unknown_response_is_404(client) -> None:
-    with pytest.raises(openai.NotFoundError):
+    with pytest.raises(openai.NotFoundError) as e:
         client.responses.retrieve("resp_" + "f" * 32)
+    assert e.value.body["param"] == "response_id" and "resp_" + "f" * 32 in e.value.body["message"]
+    with pytest.raises(openai.NotFoundError):
+        client.responses.cancel("resp_" + "f" * 32)
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve("not-a-response")

@@ -91,6 +91,20 @@ def test_the_gateway_checks_token_ids_against_the_context_and_the_vocabulary_wit
     asyncio.run(service.check_context(JobRequest(prompt_token_ids=[1, 100]), worker_info()))
 
 
+def test_a_max_tokens_over_the_window_is_refused_with_the_prompts_real_count() -> None:
+    """max_tokens at or over the context window: the error names the prompt's token count where
+    the gateway counted it (never "0 prompt tokens"), and claims none where it could not."""
+    service = JobService(Settings(), None, None, None)  # type: ignore[arg-type]  (the check needs none)
+    with pytest.raises(ContextLengthExceeded) as ctx:
+        asyncio.run(service.check_context(JobRequest(prompt_token_ids=[1, 2, 3], max_tokens=5000), worker_info()))
+    assert ctx.value.param == "max_tokens" and "3 prompt tokens" in ctx.value.message
+    assert "5000" in ctx.value.message and "5003 in all" in ctx.value.message and "64 tokens" in ctx.value.message
+    with pytest.raises(ContextLengthExceeded) as ctx:  # a text prompt this gateway has no tokenizer for
+        asyncio.run(service.check_context(JobRequest(prompt="hello world", max_tokens=64), worker_info()))
+    assert ctx.value.param == "max_tokens" and "prompt tokens" not in ctx.value.message
+    assert "asks for 64 output tokens" in ctx.value.message and "64 tokens" in ctx.value.message
+
+
 def test_stop_token_ids_and_logit_bias_out_of_vocabulary_are_refused_naming_the_field() -> None:
     """Both reach the engine as token ids: out of the vocabulary, the gateway answers 400 naming the
     field before queueing (the engine would fail the job once it ran), and a worker refuses them

@@ -105,3 +105,33 @@ def test_a_gateway_without_the_models_folder_tokenizes_with_what_a_live_worker_p
         assert r.status_code == 200 and r.json()["tokens"] == hf.encode(text, add_special_tokens=False), r.text
         back = c.post("/detokenize", json={"tokens": hf.encode("blue sky", add_special_tokens=False)})
         assert back.json() == {"prompt": "blue sky"}
+
+
+def test_token_strings_and_a_continued_final_message_as_vllms_server_answers_them(unit_redis) -> None:
+    """``return_token_strs`` answers each id's token string (the tokenizer's own, as vLLM's
+    ``convert_ids_to_tokens``); ``continue_final_message`` leaves the last message open, as
+    transformers' apply_chat_template cuts it, and cannot go with ``add_generation_prompt``."""
+    from transformers import AutoTokenizer
+
+    from inferq.api.chat_template import load
+    from inferq.worker.engine.models import tiny_model_dir
+
+    folder = tiny_model_dir(Settings())
+    hf = AutoTokenizer.from_pretrained(str(folder))
+    turns = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello the"}]
+    cont = hf.apply_chat_template(turns, tokenize=False, add_generation_prompt=False, continue_final_message=True)
+    assert load(folder).render(turns, False, None, continue_final_message=True) == cont
+    assert cont.endswith("Hello the")
+    with app(unit_redis.url) as c:
+        r = c.post("/tokenize", json={"prompt": "The sky is blue", "return_token_strs": True})
+        assert r.status_code == 200, r.text
+        assert r.json()["token_strs"] == hf.convert_ids_to_tokens(r.json()["tokens"])
+        assert c.post("/tokenize", json={"prompt": "x"}).json()["token_strs"] is None
+        r = c.post("/tokenize", json={"messages": turns, "continue_final_message": True,
+                                      "add_generation_prompt": False, "return_token_strs": True})
+        assert r.status_code == 200, r.text
+        assert r.json()["tokens"] == hf.encode(cont, add_special_tokens=False)
+        assert r.json()["token_strs"] == hf.convert_ids_to_tokens(r.json()["tokens"])
+        for both in ({"add_generation_prompt": True}, {}):  # the default adds a generation prompt
+            bad = c.post("/tokenize", json={"messages": turns, "continue_final_message": True, **both})
+            assert (bad.status_code, bad.json()["error"]["param"]) == (400, "continue_final_message"), bad.text
