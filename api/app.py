@@ -23,6 +23,7 @@ from inferq.api.routes import (
     chat,
     console,
     docs,
+    embeddings,
     files,
     health,
     jobs,
@@ -82,7 +83,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             return app.openapi()
 
     errors.install(app)
-    for module in (jobs, stream, chat, models, responses, health, tokenize, metrics, files, batches, console):
+    for module in (jobs, stream, chat, embeddings, models, responses, health, tokenize, metrics, files, batches,
+                   console):
         app.include_router(module.router)
     if not keyring.enabled:
         app.include_router(docs.router)

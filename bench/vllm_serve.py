@@ -24,7 +24,8 @@ from bench.stack import ROOT, Procs, base_env, free_port, http_ok
 #: The engine arguments an inferq worker sets, passed on as flags of the same name.
 FLAGS = ("served_model_name", "max_model_len", "gpu_memory_utilization", "kv_cache_memory_bytes",
          "tensor_parallel_size", "max_num_seqs", "max_num_batched_tokens", "dtype", "load_format",
-         "enforce_eager", "scheduling_policy", "enable_lora", "max_loras", "max_lora_rank", "max_cpu_loras")
+         "enforce_eager", "scheduling_policy", "enable_lora", "max_loras", "max_lora_rank", "max_cpu_loras",
+         "runner", "convert")
 
 
 def settings_for(w: Workload, spec: StackSpec) -> dict[str, Any]:

@@ -32,6 +32,10 @@ def check_limits(req: JobRequest, settings: Settings) -> None:
         _refuse("prompt", f"is {len(req.prompt_token_ids)} token ids; the limit is {s.max_prompt_chars}")
     if req.messages is not None and (chars := sum(len(m.content) for m in req.messages)) > s.max_prompt_chars:
         _refuse("messages", f"hold {chars} characters; the limit is {s.max_prompt_chars}")
+    for i, x in enumerate((req.embed.texts or req.embed.token_ids or ()) if req.embed is not None else ()):
+        if len(x) > s.max_prompt_chars:
+            what = "characters" if isinstance(x, str) else "token ids"
+            _refuse("input", f"input {i} is {len(x)} {what}; the limit is {s.max_prompt_chars}")
     if req.timeout is not None and req.timeout > s.max_timeout_s:
         _refuse("timeout", f"must be <= {s.max_timeout_s:g} seconds")
     for param, text in _texts(req):
@@ -43,11 +47,11 @@ def check_limits(req: JobRequest, settings: Settings) -> None:
         check_json(req.json_schema, "json_schema", s)
 
 
-def check_token_ids(ids: list[int], vocab_size: int) -> None:
+def check_token_ids(ids: list[int], vocab_size: int, param: str = "prompt") -> None:
     """A prompt of token ids, each in a vocabulary of ``vocab_size`` tokens, else 400 naming
-    ``prompt`` (as OpenAI's API calls the prompt whatever form it takes)."""
-    if (bad := max(ids)) >= vocab_size:
-        _refuse("prompt", f"token id {bad} is out of vocabulary (the model has {vocab_size} tokens)")
+    ``param`` (``prompt``, as OpenAI's API calls the prompt whatever form it takes)."""
+    if ids and (bad := max(ids)) >= vocab_size:
+        _refuse(param, f"token id {bad} is out of vocabulary (the model has {vocab_size} tokens)")
 
 
 def check_vocabulary(req: JobRequest, vocab_size: int) -> None:
@@ -74,6 +78,8 @@ def _texts(req: JobRequest) -> Iterator[tuple[str, str]]:
             yield f"messages.{i}.tool_calls.{j}.function.arguments", call.function.arguments
     for x in req.stop:
         yield "stop", x
+    for i, text in enumerate((req.embed.texts or ()) if req.embed is not None else ()):
+        yield f"input.{i}", text
     for param, value in (("model", req.model), ("user", req.user)):
         if value is not None:
             yield param, value

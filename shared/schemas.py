@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator,
 
 from inferq.shared.errors import ErrorType, InferqError, classify
 from inferq.shared.keys import MODEL_NAME_PATTERN
+from inferq.shared.pooling import EmbedInputs
 
 #: A free-text identifier (``user``): any characters but control characters.
 NO_CONTROL_CHARS = r"^[^\x00-\x1f\x7f]*$"
@@ -189,11 +190,14 @@ class JobRequest(SamplingOptions):
     timeout: float | None = Field(default=None, gt=0, description="Seconds from submit until the job is "
                                   "abandoned; default INFERQ_DEFAULT_TIMEOUT_S, at most "
                                   "INFERQ_MAX_TIMEOUT_S.")
+    embed: EmbedInputs | None = Field(default=None, description="An embedding job (a model served with "
+                                      "INFERQ_RUNNER=pooling): its inputs' vectors come in the `done` event; "
+                                      "/v1/embeddings is its OpenAI form.")
 
     @model_validator(mode="after")
     def _one_input(self) -> JobRequest:
-        if sum(x is not None for x in (self.prompt, self.prompt_token_ids, self.messages)) != 1:
-            raise ValueError("give exactly one of 'prompt', 'prompt_token_ids' or 'messages'")
+        if sum(x is not None for x in (self.prompt, self.prompt_token_ids, self.messages, self.embed)) != 1:
+            raise ValueError("give exactly one of 'prompt', 'prompt_token_ids', 'messages' or 'embed'")
         if self.echo and self.messages is not None:
             raise ValueError("echo needs 'prompt' or 'prompt_token_ids'")
         if (self.continue_final_message or not self.add_generation_prompt) and self.messages is None:
@@ -212,7 +216,7 @@ class JobRequest(SamplingOptions):
     @property
     def prompt_param(self) -> str:
         """The request field that holds its prompt, as an error names it (ids count as ``prompt``)."""
-        return "messages" if self.messages is not None else "prompt"
+        return "messages" if self.messages is not None else "input" if self.embed is not None else "prompt"
 
     def chat_messages(self) -> list[dict[str, Any]]:
         """``messages`` as the chat template is given them, after ``instructions`` as a system turn."""
@@ -341,6 +345,8 @@ class DoneEvent(BaseModel):
     finish_reason: str | None = None
     choices: list[ChoiceEnd] = Field(default_factory=list)
     usage: Usage = Field(default_factory=Usage)
+    embeddings: list[str] | None = Field(default=None, description="An embedding job's vectors in input "
+                                         "order, each its float32 values, little-endian, in base64.")
 
 
 class ErrorEvent(BaseModel):
@@ -526,6 +532,8 @@ class WorkerInfo(BaseModel):
     max_loras: int = Field(default=0, description="Adapters one engine batch may mix (0: LoRA off).")
     lane: bool = Field(default=False, description="Whether this worker consumes its lane (cache-affine pull): "
                        "only then may other workers pass jobs to it.")
+    tasks: list[str] = Field(default_factory=lambda: ["generate"], description="What its engine serves: "
+                             "'generate' (text), or pooling tasks such as 'embed' (INFERQ_RUNNER=pooling).")
 
 
 class AdapterInfo(BaseModel):

@@ -18,6 +18,8 @@ from inferq.shared.keys import MODEL_NAME_PATTERN
 
 #: Served name of the built-in demo model (used when ``INFERQ_MODEL`` is unset).
 TINY_MODEL_NAME = "inferq-tiny"
+#: Served name of the built-in demo embedding model (``INFERQ_RUNNER=pooling``, ``INFERQ_MODEL`` unset).
+TINY_EMBED_NAME = "inferq-tiny-embed"
 
 
 #: The built-in tiny model's version: its folder name, rebuilt when this changes.
@@ -64,6 +66,11 @@ class Settings(BaseSettings):
     def builtin_model_dir(self) -> Path:
         """Where the built-in tiny model is built (once) and read from."""
         return self.cache_dir / "models" / f"inferq-tiny-{TINY_VERSION}"
+
+    @property
+    def builtin_embed_model_dir(self) -> Path:
+        """The built-in tiny embedding model: the tiny model's weights and tokenizer, served pooled."""
+        return self.cache_dir / "models" / f"inferq-tiny-embed-{TINY_VERSION}"
 
     @property
     def tokenizer_dir(self) -> Path | None:
@@ -196,6 +203,13 @@ class Settings(BaseSettings):
     dtype: str = Field(default="auto", description="The engine's dtype (as vLLM's --dtype). With 'auto' the "
                        "built-in model runs in float32 on a CPU without native bfloat16 (no AVX-512 BF16 or "
                        "AMX), where vLLM's CPU build emulates bfloat16 about 4x slower.")
+    runner: Literal["auto", "generate", "pooling"] = Field(
+        default="auto", description="As vLLM's --runner: 'pooling' serves an embedding model (/v1/embeddings) "
+        "instead of text generation; 'auto': what the model's architecture says. With INFERQ_MODEL unset, "
+        "'pooling' serves the built-in tiny embedding model, inferq-tiny-embed.")
+    convert: Literal["auto", "none", "embed", "classify"] = Field(
+        default="auto", description="As vLLM's --convert: 'embed' serves a generative model's last hidden "
+        "state as its embedding (with INFERQ_RUNNER=pooling).")
     load_format: str = Field(default="auto", description="As vLLM's --load-format; 'dummy' serves random "
                              "weights with the model's real shapes (benchmarks).")
     cpu_kv_cache_gib: float = Field(default=1.0, gt=0, description="KV cache size (GiB) with vLLM's "
@@ -322,7 +336,9 @@ class Settings(BaseSettings):
     @property
     def model_name(self) -> str:
         """The name clients send in ``model`` and the suffix of the model's queue."""
-        return self.served_model_name or self.model or TINY_MODEL_NAME
+        if self.served_model_name or self.model:
+            return self.served_model_name or self.model or ""
+        return TINY_EMBED_NAME if self.runner == "pooling" else TINY_MODEL_NAME
 
 
 @lru_cache(maxsize=1)

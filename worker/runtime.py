@@ -177,8 +177,8 @@ class WorkerRuntime:
         """For cache-affine pull, the prompt tokenized before the claim where neither the gateway
         nor the client gave its token ids (None: they did); what preparing raised is kept for the
         run to report after its claim."""
-        if msg.prompt_ids is not None or msg.request.prompt_token_ids is not None:
-            return None
+        if msg.prompt_ids is not None or msg.request.prompt_token_ids is not None or msg.request.embed is not None:
+            return None  # (an embedding job is run where it is taken: it has no prefix to follow)
         assert self.runner is not None
         try:
             return self.runner.prepare(msg)
@@ -265,7 +265,7 @@ class WorkerRuntime:
             started_at=self.started_at, last_seen=time.time(),
             draining=self.draining, stats=stats,
             frontend=fe.index if (fe := self.host.frontend) else 0, frontends=fe.count if fe else 1,
-            adapters=self.host.adapters.loaded(), lane=self.affinity is not None,
+            adapters=self.host.adapters.loaded(), lane=self.affinity is not None, tasks=self.host.tasks,
             max_loras=self.settings.max_loras if self.host.adapters.enabled else 0,
         )
 

@@ -1,7 +1,7 @@
 """A batch's lines: the input file's format check, each line's jobs, and its output line.
 
 A line's body goes through the same parsing, checks and conversion as the endpoint it names
-(``/v1/chat/completions`` or ``/v1/completions``), so a body that endpoint would refuse gets the
+(``/v1/chat/completions``, ``/v1/completions`` or ``/v1/embeddings``), so a body that endpoint would refuse gets the
 same status code and error body in the error file, and a line that runs gets the same response
 body in the output file. ``stream`` is ignored: a batch line is answered whole.
 """
@@ -13,11 +13,12 @@ import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from inferq.api import openai as oc
 from inferq.api.batches.schemas import BatchEndpoint, BatchError, InputLine, LineError, LineResponse, OutputLine
 from inferq.api.errors import error_body, typed
+from inferq.api.openai.embeddings import EmbeddingRequest
 from inferq.api.openai.params import ChatCompletionRequest, CompletionRequest
 from inferq.shared.errors import InferqError
 from inferq.shared.request_limits import check_limits
@@ -94,6 +95,7 @@ class Prepared:
     chat: ChatCompletionRequest | None
     completion: CompletionRequest | None
     jobs: list[JobRequest]
+    embedding: EmbeddingRequest | None = None
 
     @property
     def n(self) -> int:
@@ -105,18 +107,21 @@ def prepare(raw: str, settings: Settings) -> Prepared:
     """The line's jobs at the batch priority; raises what its endpoint would answer instead."""
     line = InputLine.model_validate_json(raw)
     body = {k: v for k, v in line.body.items() if k not in ("stream", "stream_options")}
-    chat = completion = None
+    chat = completion = embedding = None
     if line.url == "/v1/chat/completions":
         chat = ChatCompletionRequest.model_validate(body)
         oc.check_chat(chat, settings)
         jobs = [oc.chat_job(chat)]
+    elif line.url == "/v1/embeddings":
+        embedding = EmbeddingRequest.model_validate(line.body)
+        jobs = [oc.embedding_job(embedding)]
     else:
         completion = CompletionRequest.model_validate(body)
         jobs = oc.completion_jobs(completion)
     jobs = [j.model_copy(update={"priority": settings.batch_priority}) for j in jobs]
     for j in jobs:
         check_limits(j, settings)
-    return Prepared(line, chat, completion, jobs)
+    return Prepared(line, chat, completion, jobs, embedding)
 
 
 def line_id() -> str:
@@ -139,23 +144,30 @@ def unanswered(custom_id: str, code: str, message: str) -> OutputLine:
 def answered(prep: Prepared, job_ids: Sequence[str], model: str, logs: Sequence[list[Event]]) -> OutputLine:
     """The line's output: the endpoint's response body, from its jobs' event logs; the error line
     when a job failed."""
+    body: BaseModel
     try:
-        parts = []
-        for events in logs:
-            c = oc.Collector(prep.n)
-            for ev in events:
-                c.feed(ev)
-            parts.append(c.out)
+        if prep.embedding is not None:
+            got = next((v for ev in logs[0] if (v := oc.vectors_of(ev)) is not None), None)
+            if got is None:
+                raise InferqError("the job ended without its vectors")
+            body = oc.embedding_response(job_ids[0], model, prep.embedding, got)
+        else:
+            parts = []
+            for events in logs:
+                c = oc.Collector(prep.n)
+                for ev in events:
+                    c.feed(ev)
+                parts.append(c.out)
+            if prep.chat is not None:
+                body = oc.chat_response(job_ids[0], model, prep.chat, parts[0])
+            else:
+                assert prep.completion is not None
+                body = oc.completion_response(job_ids[0], model, prep.completion, parts)
     except InferqError as e:
         out = refused(prep.line.custom_id, e)
         assert out.response is not None
         out.response.request_id = job_ids[0]
         return out
-    if prep.chat is not None:
-        body = oc.chat_response(job_ids[0], model, prep.chat, parts[0])
-    else:
-        assert prep.completion is not None
-        body = oc.completion_response(job_ids[0], model, prep.completion, parts)
     return OutputLine(id=line_id(), custom_id=prep.line.custom_id,
                       response=LineResponse(status_code=200, request_id=job_ids[0],
                                             body=json.loads(body.model_dump_json())))

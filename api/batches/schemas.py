@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-BatchEndpoint = Literal["/v1/chat/completions", "/v1/completions"]
+BatchEndpoint = Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddings"]
 BatchStatus = Literal["validating", "failed", "in_progress", "finalizing", "completed", "expired",
                       "cancelling", "cancelled"]
 #: Statuses a batch does not leave.

@@ -41,6 +41,9 @@ def engine_args_for(settings: Settings, model_path: str) -> Any:
         max_num_batched_tokens=s.max_num_batched_tokens,
         dtype=engine_dtype(s, cpu),
         load_format=s.load_format,
+        runner=s.runner,
+        # the built-in embedding model is the tiny causal model, pooled
+        convert="embed" if s.runner == "pooling" and s.model is None else s.convert,
         enforce_eager=cpu if s.enforce_eager is None else s.enforce_eager,
         disable_log_stats=False,
         scheduling_policy=s.scheduling_policy,

@@ -77,6 +77,7 @@ class EngineHost:
         self.vocab_size = 0  # token ids from 0 to this (excluded) are the model's
         self.adapters = EngineAdapters(settings.lora_enabled)  # LoRA adapters the engine has taken
         self.prompt_probe: dict[str, str] = {}  # shared/prompt_probe.py: what this tokenizer makes of the probes
+        self.tasks: list[str] = []  # what the engine serves: "generate", or pooling tasks such as "embed"
 
     def start(self) -> None:
         """Build the engine (blocks until it is ready to serve)."""
@@ -115,6 +116,7 @@ class EngineHost:
         self.vocab_size = max(int(self.tokenizer.max_token_id) + 1,
                               int(self.engine.model_config.get_vocab_size()))
         self.prompt_probe = prompt_probe.digests(partial(encode_request, self.tokenizer))
+        self.tasks = sorted(await self.engine.get_supported_tasks())
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run ``coro`` on the engine loop from another thread and wait for its result."""

@@ -16,6 +16,7 @@ import os
 import shutil
 import sysconfig
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from inferq.shared.settings import TINY_VERSION, Settings
@@ -30,11 +31,16 @@ CHAT_TEMPLATE = (
 )
 
 
+#: Embedding sizes the built-in embedding model answers for ``dimensions`` (its full size is 256).
+TINY_EMBED_DIMENSIONS = [32, 64, 128, 256]
+
+
 def resolve_model(settings: Settings) -> str:
-    """The model path or HF id the engine loads: ``INFERQ_MODEL`` or the (built) tiny model."""
+    """The model path or HF id the engine loads: ``INFERQ_MODEL`` or the (built) tiny model, or
+    with ``INFERQ_RUNNER=pooling`` the tiny embedding model."""
     if settings.model:
         return settings.model
-    path = tiny_model_dir(settings)
+    path = tiny_embed_model_dir(settings) if settings.runner == "pooling" else tiny_model_dir(settings)
     log.warning(
         "INFERQ_MODEL is not set: serving the built-in TINY DEMO MODEL (random weights, gibberish "
         "output) from %s. Point INFERQ_MODEL at a Hugging Face id or a local model folder to "
@@ -46,7 +52,29 @@ def resolve_model(settings: Settings) -> str:
 
 def tiny_model_dir(settings: Settings) -> Path:
     """Return the tiny model's folder, building it once (safe against concurrent builders)."""
-    target = settings.builtin_model_dir
+    return _built_once(settings.builtin_model_dir, build_tiny_model)
+
+
+def tiny_embed_model_dir(settings: Settings) -> Path:
+    """The tiny embedding model's folder: the tiny model's weights and tokenizer (linked), its config
+    saying which Matryoshka sizes it answers. Served with INFERQ_RUNNER=pooling (vLLM turns the
+    causal model into an embedding model: the last token's hidden state, normalized)."""
+    base = tiny_model_dir(settings)
+
+    def build(out: Path) -> None:
+        for f in base.iterdir():
+            if f.name != "config.json":
+                os.symlink(f, out / f.name)
+        cfg = json.loads((base / "config.json").read_text())
+        (out / "config.json").write_text(json.dumps({**cfg, "matryoshka_dimensions": TINY_EMBED_DIMENSIONS},
+                                                    indent=2))
+
+    return _built_once(settings.builtin_embed_model_dir, build)
+
+
+def _built_once(target: Path, build: Callable[[Path], None]) -> Path:
+    """``target``, built by ``build`` into a temporary folder moved in place, once (safe against
+    concurrent builders)."""
     if (target / "config.json").exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -55,7 +83,7 @@ def tiny_model_dir(settings: Settings) -> Path:
         if not (target / "config.json").exists():
             tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tiny-"))
             try:
-                build_tiny_model(tmp)
+                build(tmp)
                 os.replace(tmp, target)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)

@@ -50,6 +50,7 @@ class Progress:
     texts: dict[int, list[str]] = field(default_factory=dict)  # per completion, its pieces
     tokens: dict[int, int] = field(default_factory=dict)
     finish: dict[int, ChoiceEnd] = field(default_factory=dict)
+    embeddings: list[str] | None = None  # an embedding job's packed vectors, in input order
 
     def usage(self) -> Usage:
         done = sum(self.tokens.values())
@@ -71,7 +72,8 @@ class Progress:
             fields["error"] = error
             return fields, ErrorEvent(seq=self.seq + 1, error=error)
         return fields, DoneEvent(seq=self.seq + 1, status=status, finish_reason=ends[0].finish_reason,
-                                 choices=ends, usage=usage)
+                                 choices=ends, usage=usage,
+                                 embeddings=self.embeddings if status is JobStatus.succeeded else None)
 
 
 class OutputEvents:

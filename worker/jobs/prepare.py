@@ -21,10 +21,12 @@ class TokenizerHost(Protocol):
 
 @dataclass
 class Prepared:
-    """A job's prompt as the engine takes it: its token ids and, with ``echo``, its text."""
+    """A job's prompt as the engine takes it: its token ids and, with ``echo``, its text; an
+    embedding job's inputs as token ids instead (``inputs``, ``ids`` empty)."""
 
     ids: list[int]
     echo: str | None = None
+    inputs: list[list[int]] | None = None
 
 
 class Preparer:
@@ -39,6 +41,13 @@ class Preparer:
         outside the model's vocabulary are refused here, naming the field (vLLM would not)."""
         if self.host.vocab_size:
             check_vocabulary(msg.request, self.host.vocab_size)
+        if (embed := msg.request.embed) is not None:
+            if embed.token_ids is not None:
+                return Prepared([], inputs=[self._checked(ids, "input") for ids in embed.token_ids])
+            special = embed.add_special_tokens
+            with self._lock:
+                return Prepared([], inputs=[list(self.host.tokenizer.encode(t, add_special_tokens=special))
+                                            for t in embed.texts or ()])
         ids = self.prompt_ids(msg)
         return Prepared(ids, self.echo_text(msg, ids) if msg.request.echo else None)
 
@@ -52,11 +61,11 @@ class Preparer:
         with self._lock:
             return encode_request(self.host.tokenizer, req)
 
-    def _checked(self, ids: list[int]) -> list[int]:
+    def _checked(self, ids: list[int], param: str = "prompt") -> list[int]:
         """A prompt given as token ids, each in the model's vocabulary (vLLM refuses others too,
         without naming the field)."""
         if self.host.vocab_size:  # 0: unknown (the engine still checks, naming no field)
-            check_token_ids(ids, self.host.vocab_size)
+            check_token_ids(ids, self.host.vocab_size, param)
         return list(ids)
 
     def echo_text(self, msg: JobMessage, ids: list[int]) -> str | None:

@@ -29,6 +29,7 @@ from typing import Any
 from inferq.shared import tracing
 from inferq.shared.errors import DeadlineExceeded, EngineError, InvalidRequest
 from inferq.shared.logs import job_context
+from inferq.shared.pooling import check_task
 from inferq.shared.redis import retried
 from inferq.shared.schemas import ErrorInfo, JobMessage, JobStatus
 from inferq.shared.store import JobStore
@@ -36,6 +37,7 @@ from inferq.worker.engine.host import EngineHost
 from inferq.worker.jobs.attempts import Attempt, AttemptTable
 from inferq.worker.jobs.ending import Ending, HandBack, Outcome, outcome_of
 from inferq.worker.jobs.outputs import OutputEvents, Progress
+from inferq.worker.jobs.pooling import embed, fitted
 from inferq.worker.jobs.prepare import Prepared, Preparer
 from inferq.worker.jobs.prompt import PromptReturn
 from inferq.worker.jobs.sampling import sampling_params
@@ -161,7 +163,8 @@ class JobRunner:
 
     async def _execute(self, msg: JobMessage, run: Attempt, prepared: concurrent.futures.Future[Prepared] | None,
                        progress: Progress, sink: AttemptSink) -> None:
-        """Generate the claimed job to its end (raises on a deadline, a cancel or any failure)."""
+        """Run the claimed job (a generation, or an embedding job's inputs) to its end; raises on a
+        deadline, a cancel or any failure."""
         self.host.stats.jobs_started += 1
         left = (msg.deadline or float("inf")) - time.time()
         if left <= 0:
@@ -169,15 +172,23 @@ class JobRunner:
         if run.cancel_requested:
             raise asyncio.CancelledError
         pre = await self._prepared(msg, prepared)
-        progress.prompt_tokens = len(pre.ids)
-        req = msg.request
-        params = sampling_params(req, len(pre.ids), self.host.max_model_len, self.default_max_tokens)
-        events = OutputEvents(progress, PromptReturn(pre.ids, pre.echo, req.logprobs, self.host.tokenizer),
-                              self.host.tokenizer, params.logprobs, sink, self._tool_calls(msg))
+        check_task(self.host.tasks, msg.request.embed is not None, msg.model)
+        extra: dict[str, Any] = {"priority": msg.request.priority} if self.priority_scheduling else {}
         try:
             async with asyncio.timeout(left if left != float("inf") else None):
-                lora = await self.host.adapters.request(msg.adapter) if msg.adapter is not None else None
-                await self._generate(msg.id, run, pre.ids, params, req.priority, events, sink, lora)
+                if msg.adapter is not None:
+                    extra["lora_request"] = await self.host.adapters.request(msg.adapter)
+                if (spec := msg.request.embed) is not None and pre.inputs is not None:  # an embedding job
+                    inputs = fitted(pre.inputs, spec, self.host.max_model_len)
+                    progress.prompt_tokens = sum(map(len, inputs))
+                    progress.embeddings = await embed(self.host.engine, msg.id, inputs, spec, extra)
+                    return
+                progress.prompt_tokens = len(pre.ids)
+                req = msg.request
+                params = sampling_params(req, len(pre.ids), self.host.max_model_len, self.default_max_tokens)
+                events = OutputEvents(progress, PromptReturn(pre.ids, pre.echo, req.logprobs, self.host.tokenizer),
+                                      self.host.tokenizer, params.logprobs, sink, self._tool_calls(msg))
+                await self._generate(msg.id, run, pre.ids, params, events, sink, extra)
         except TimeoutError:
             raise DeadlineExceeded("the job ran past its deadline and was aborted") from None
 
@@ -200,13 +211,11 @@ class JobRunner:
                                  "(INFERQ_TOOL_CALL_PARSER)", param="tool_choice")
         return partial(ToolCallStream, self.tool_parser, self.host.tokenizer, msg.request)
 
-    async def _generate(self, job_id: str, run: Attempt, ids: list[int], params: Any, priority: int,
-                        events: OutputEvents, sink: AttemptSink, lora: Any = None) -> None:
+    async def _generate(self, job_id: str, run: Attempt, ids: list[int], params: Any, events: OutputEvents,
+                        sink: AttemptSink, extra: dict[str, Any]) -> None:
+        """``extra``: the engine request's priority and LoRA adapter, where it has them."""
         from vllm.inputs import TokensPrompt
 
-        extra: dict[str, Any] = {"priority": priority} if self.priority_scheduling else {}
-        if lora is not None:
-            extra["lora_request"] = lora
         # one generation per job on this worker: an earlier attempt's must have ended (its engine
         # request aborted) before this one starts with the same request id
         while (busy := self._engine_busy.get(job_id)) is not None:
