@@ -59,6 +59,7 @@ class LoopHost:
         self.frontend = None  # a lone worker, not a frontend of an engine group
         self.stats = EngineStats()
         self.adapters = EngineAdapters(enabled=False)  # no LoRA on a scripted engine
+        self.tasks = ["generate"]  # a scripted engine generates text
         self._thread = LoopThread(thread_name)
         self.loop = self._thread.loop
 

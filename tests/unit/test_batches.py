@@ -48,7 +48,7 @@ def test_check_file_keeps_good_lines_and_skips_blank_ones() -> None:
 
 @pytest.mark.parametrize("bad,code", [
     ("[1, 2]", "invalid_json_line"),
-    (json.dumps({"custom_id": "x", "method": "POST", "url": "/v1/embeddings", "body": {}}), "invalid_url"),
+    (json.dumps({"custom_id": "x", "method": "POST", "url": "/v1/moderations", "body": {}}), "invalid_url"),
     (json.dumps({"custom_id": "x", "method": "POST", "url": CHAT, "body": []}), "invalid_body"),
     (json.dumps({"custom_id": "", "method": "POST", "url": CHAT, "body": {}}), "invalid_custom_id"),
     (json.dumps({"custom_id": "x", "method": "POST", "url": CHAT, "body": {}, "extra": 1}), "invalid_request"),

@@ -43,6 +43,7 @@ class ScriptedHost:
     max_model_len: int = 64
     stats: EngineStats = field(default_factory=EngineStats)
     vocab_size: int = 0
+    tasks: list[str] = field(default_factory=lambda: ["generate"])
 
 
 @pytest.fixture

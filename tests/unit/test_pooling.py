@@ -1,0 +1,99 @@
+"""Embedding jobs without an engine: the OpenAI request's forms of ``input`` as a job's inputs, the
+refusals that name their field, the packing of vectors, a model's kind, and the inputs' fit to the
+context window."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from pydantic import ValidationError
+
+from inferq.api.openai.embeddings import EmbeddingRequest, embedding_response, vectors_of
+from inferq.shared.errors import Conflict, InvalidRequest
+from inferq.shared.pooling import MAX_EMBED_INPUTS, EmbedInputs, check_task, pack_vector, unpack_vector
+from inferq.shared.request_limits import check_limits
+from inferq.shared.schemas import DoneEvent, JobRequest, Usage
+from inferq.shared.settings import Settings
+from inferq.worker.jobs.pooling import fitted
+
+
+@pytest.mark.parametrize(("given", "texts", "ids"), [
+    ("hi", ["hi"], None),
+    (["a", "b"], ["a", "b"], None),
+    ([1, 2, 3], None, [[1, 2, 3]]),
+    ([[1, 2], [3]], None, [[1, 2], [3]]),
+])
+def test_each_form_of_input_is_a_list_of_inputs(given: object, texts: list[str] | None,
+                                                ids: list[list[int]] | None) -> None:
+    job = EmbeddingRequest(input=given, dimensions=64).inputs()
+    assert (job.texts, job.token_ids, job.dimensions) == (texts, ids, 64)
+
+
+@pytest.mark.parametrize("body", [
+    {"input": []}, {"input": [[]]}, {"input": [-1]}, {"input": "x", "encoding_format": "int8"},
+    {"input": "x", "dimensions": 0}, {"input": "x", "truncate_prompt_tokens": -2}, {"input": "x", "n": 2},
+    {"input": ["x"] * (MAX_EMBED_INPUTS + 1)}, {"input": ["a", 1]},
+])
+def test_malformed_requests_are_refused(body: dict[str, object]) -> None:
+    with pytest.raises(ValidationError):
+        EmbeddingRequest.model_validate(body)
+
+
+def test_a_job_has_one_kind_of_input() -> None:
+    with pytest.raises(ValidationError, match="exactly one of 'prompt'"):
+        JobRequest(prompt="x", embed=EmbedInputs(texts=["x"]))
+    with pytest.raises(ValidationError, match="exactly one of 'texts' or 'token_ids'"):
+        EmbedInputs(texts=["x"], token_ids=[[1]])
+    assert JobRequest(embed=EmbedInputs(texts=["x"])).prompt_param == "input"
+
+
+def test_an_input_over_the_character_limit_is_named() -> None:
+    s = Settings(max_prompt_chars=10)
+    with pytest.raises(InvalidRequest, match="input 1 is 11 characters; the limit is 10") as e:
+        check_limits(JobRequest(embed=EmbedInputs(texts=["short", "x" * 11])), s)
+    assert e.value.param == "input"
+    with pytest.raises(InvalidRequest, match="input 0 is 11 token ids"):
+        check_limits(JobRequest(embed=EmbedInputs(token_ids=[[1] * 11])), s)
+
+
+def test_vectors_are_float32_little_endian_in_base64() -> None:
+    packed = pack_vector([0.5, -1.25, 3.0])
+    import base64
+
+    assert base64.b64decode(packed) == struct.pack("<3f", 0.5, -1.25, 3.0)
+    assert unpack_vector(packed) == [0.5, -1.25, 3.0]
+
+
+def test_the_answer_in_floats_or_base64() -> None:
+    got = vectors_of(DoneEvent(seq=1, embeddings=[pack_vector([0.25, 0.5])], usage=Usage(prompt_tokens=4)))
+    assert got is not None
+    floats = embedding_response("job-1", "m", EmbeddingRequest(input="x"), got)
+    b64 = embedding_response("job-1", "m", EmbeddingRequest(input="x", encoding_format="base64"), got)
+    assert floats.data[0].embedding == [0.25, 0.5] and b64.data[0].embedding == got.packed[0]
+    assert (floats.usage.prompt_tokens, floats.usage.total_tokens, floats.usage.completion_tokens) == (4, 4, 0)
+
+
+def test_a_cancelled_job_has_no_vectors() -> None:
+    with pytest.raises(Conflict, match="cancelled"):
+        vectors_of(DoneEvent(seq=1, status="cancelled"))
+
+
+def test_a_model_serves_its_own_kind() -> None:
+    check_task(["embed", "token_embed"], True, "e")
+    check_task(["generate"], False, "g")
+    check_task([], True, "unknown")  # not known: the engine decides
+    for tasks, embedding in ((["generate"], True), (["embed"], False)):
+        with pytest.raises(InvalidRequest) as e:
+            check_task(tasks, embedding, "m")
+        assert (e.value.param, e.value.code) == ("model", "model_task_unsupported")
+
+
+def test_inputs_are_cut_then_fit_the_context_window() -> None:
+    spec = EmbedInputs(token_ids=[[1] * 10])
+    with pytest.raises(InvalidRequest, match="input 1 has 9 tokens, more than the model's context window of 8"):
+        fitted([[1] * 3, [1] * 9], spec, 8)
+    assert fitted([[1, 2, 3, 4], [5]], EmbedInputs(token_ids=[[1]], truncate_prompt_tokens=2), 8) == [[1, 2], [5]]
+    assert fitted([list(range(12))], EmbedInputs(token_ids=[[1]], truncate_prompt_tokens=-1), 8) == [list(range(8))]
+    with pytest.raises(InvalidRequest, match="input 0 has no tokens"):
+        fitted([[]], spec, 8)
