@@ -1,44 +1,108 @@
-"""``/v1/embeddings``, served through the same queue as every other job, by the workers of a
-pooling model (api/openai/embeddings.py)."""
+"""``/v1/embeddings``, and vLLM's ``/pooling``, ``/score`` and ``/rerank``, served through the same
+queue as every other job by the workers of a pooling model (api/openai/embeddings.py, scores.py):
+each request is one embedding job."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Request
 from fastapi.responses import Response
+from pydantic import BaseModel
 
 from inferq.api import openai as oc
 from inferq.api import sse
 from inferq.api.admission import fingerprint
 from inferq.api.deps import Admit, Caller, Hub, IdempotencyKey, Service
-from inferq.api.openai.embeddings import (
-    EmbeddingList,
-    EmbeddingRequest,
-    collect_vectors,
-    embedding_job,
-    embedding_response,
+from inferq.api.openai.embeddings import EmbeddingList, EmbeddingRequest, Vectors, collect_vectors
+from inferq.api.openai.scores import (
+    PoolingList,
+    PoolingRequest,
+    RerankList,
+    RerankRequest,
+    ScoreList,
+    ScoreRequest,
+    pooling_response,
+    rerank_response,
+    score_response,
 )
+from inferq.api.service import JobService
+from inferq.api.streams import StreamHub
+from inferq.shared.schemas import JobRequest
 
-router = APIRouter(prefix="/v1", tags=["openai"])
+router = APIRouter(tags=["openai"])
 EmbeddingBody = Annotated[EmbeddingRequest, Body(openapi_examples={
     "texts": {"value": {"model": "inferq-tiny-embed", "input": ["The sky is blue", "Grass is green"]}},
     "base64": {"value": {"model": "inferq-tiny-embed", "input": "hello", "encoding_format": "base64",
                          "dimensions": 64}},
 })]
+#: what each request's answer is made of, from its job id, its model's name and the job's vectors
+Answer = Callable[[str, str, Vectors], BaseModel]
 
 
-@router.post("/embeddings", response_model=EmbeddingList)
-async def embeddings(req: EmbeddingBody, request: Request, service: Service, hub: Hub, caller: Caller,
-                     admission: Admit, idempotency_key: IdempotencyKey = None) -> Response:
-    """One job per request; ``Idempotency-Key`` as for chat completions."""
-    admitted = await admission.submit(caller, [embedding_job(req)], idempotency_key=idempotency_key,
-                                      fingerprint=lambda: fingerprint("embeddings", oc.job_fields(req)))
+async def _answered(job: JobRequest, kind: str, body: BaseModel, answer: Answer, request: Request,
+                    service: JobService, hub: StreamHub, caller: Caller, admission: Admit,
+                    idempotency_key: str | None) -> Response:
+    """Queue the request's job, wait for its vectors, answer (``Idempotency-Key`` as for chat)."""
+    admitted = await admission.submit(caller, [job], idempotency_key=idempotency_key,
+                                      fingerprint=lambda: fingerprint(kind, oc.job_fields(body)))
     rec = admitted.records[0]
     cancel = partial(service.cancel_soon, [] if idempotency_key else [rec.id])
     got = await sse.unless_disconnected(request, collect_vectors(hub, rec.id), cancel)
     if got is None:
         return Response(status_code=499)
-    return Response(embedding_response(rec.id, rec.served_name, req, got).model_dump_json(),
-                    media_type="application/json", headers=oc.answer_headers(rec.id, admitted.replayed))
+    return Response(answer(rec.id, rec.served_name, got).model_dump_json(), media_type="application/json",
+                    headers=oc.answer_headers(rec.id, admitted.replayed))
+
+
+@router.post("/v1/embeddings", response_model=EmbeddingList)
+async def embeddings(req: EmbeddingBody, request: Request, service: Service, hub: Hub, caller: Caller,
+                     admission: Admit, idempotency_key: IdempotencyKey = None) -> Response:
+    """One job per request, its inputs embedded together on one worker."""
+    return await _answered(oc.embedding_job(req), "embeddings", req, partial(_embedding, req), request, service,
+                           hub, caller, admission, idempotency_key)
+
+
+@router.post("/pooling", response_model=PoolingList)
+async def pooling(req: PoolingRequest, request: Request, service: Service, hub: Hub, caller: Caller,
+                  admission: Admit, idempotency_key: IdempotencyKey = None) -> Response:
+    """vLLM's ``/pooling``: the pooler's output (an embedding model's: its embedding)."""
+    return await _answered(oc.embedding_job(req), "pooling", req, partial(_pooled, req), request, service,
+                           hub, caller, admission, idempotency_key)
+
+
+@router.post("/score", response_model=ScoreList)
+@router.post("/v1/score", response_model=ScoreList, include_in_schema=False)
+async def score(req: ScoreRequest, request: Request, service: Service, hub: Hub, caller: Caller,
+                admission: Admit, idempotency_key: IdempotencyKey = None) -> Response:
+    """vLLM's ``/score`` with an embedding model: each pair's cosine similarity."""
+    return await _answered(req.job(), "score", req, partial(_scored, req), request, service, hub, caller,
+                           admission, idempotency_key)
+
+
+@router.post("/rerank", response_model=RerankList)
+@router.post("/v1/rerank", response_model=RerankList, include_in_schema=False)
+@router.post("/v2/rerank", response_model=RerankList, include_in_schema=False)
+async def rerank(req: RerankRequest, request: Request, service: Service, hub: Hub, caller: Caller,
+                 admission: Admit, idempotency_key: IdempotencyKey = None) -> Response:
+    """vLLM's ``/rerank`` with an embedding model: the documents by cosine similarity to the query."""
+    return await _answered(req.job(), "rerank", req, partial(_reranked, req), request, service, hub, caller,
+                           admission, idempotency_key)
+
+
+def _embedding(req: EmbeddingRequest, job_id: str, model: str, got: Vectors) -> BaseModel:
+    return oc.embedding_response(job_id, model, req, got)
+
+
+def _pooled(req: PoolingRequest, job_id: str, model: str, got: Vectors) -> BaseModel:
+    return pooling_response(job_id, model, req, got)
+
+
+def _scored(req: ScoreRequest, job_id: str, model: str, got: Vectors) -> BaseModel:
+    return score_response(job_id, model, req, got)
+
+
+def _reranked(req: RerankRequest, job_id: str, model: str, got: Vectors) -> BaseModel:
+    return rerank_response(job_id, model, req, got)

@@ -180,6 +180,48 @@ def test_embeddings_are_vllm_serves_vectors(embed_fleet: str, vllm_embed: str) -
             assert a.json()["error"]["message"], case
 
 
+POOLING_CASES: dict[str, tuple[str, dict[str, Any]]] = {
+    "pooling": ("/pooling", {"input": TEXTS}),
+    "score 1:N": ("/score", {"text_1": "The sky", "text_2": TEXTS}),
+    "score N:N": ("/score", {"text_1": TEXTS, "text_2": TEXTS[::-1]}),
+    "score queries/documents": ("/score", {"queries": "The sky", "documents": TEXTS}),
+    "rerank": ("/rerank", {"query": "The sky", "documents": TEXTS}),
+    "rerank top_n": ("/v1/rerank", {"query": "The sky", "documents": TEXTS, "top_n": 2}),
+}
+POOLING_REFUSED: dict[str, tuple[str, dict[str, Any]]] = {
+    "score 2:3": ("/score", {"text_1": TEXTS[:2], "text_2": TEXTS}),
+    "rerank no documents": ("/rerank", {"query": "x", "documents": []}),
+}
+
+
+def numbers(body: Any) -> list[float]:
+    """Every float of an answer in order of its fields (vectors, scores), for a tolerant compare."""
+    if isinstance(body, dict):
+        return [x for k in sorted(body) if k not in ("created", "id") for x in numbers(body[k])]
+    if isinstance(body, list):
+        return [x for v in body for x in numbers(v)]
+    return [body] if isinstance(body, float) else []
+
+
+def test_pooling_score_and_rerank_are_vllm_serves(embed_fleet: str, vllm_embed: str) -> None:
+    """vLLM's pooling extras on an embedding model answer as ``vllm serve``: the pooler's output,
+    each pair's cosine similarity, the documents in the same order with the same scores."""
+    with httpx.Client(base_url=embed_fleet, timeout=120) as ours, \
+            httpx.Client(base_url=vllm_embed, timeout=120) as theirs:
+        for case, (path, body) in POOLING_CASES.items():
+            a, b = (c.post(path, json={"model": EMBED, **body}) for c in (ours, theirs))
+            assert a.status_code == b.status_code == 200, (case, a.text, b.text[:300])
+            ja, jb = a.json(), b.json()
+            assert shape(ja) == shape(jb) and ja["usage"] == jb["usage"], (case, ja, jb)
+            x, y = numbers(ja), numbers(jb)
+            assert len(x) == len(y) and max(abs(p - q) for p, q in zip(x, y, strict=True)) <= TOL, case
+            if "results" in ja:
+                assert [r["index"] for r in ja["results"]] == [r["index"] for r in jb["results"]], case
+        for case, (path, body) in POOLING_REFUSED.items():
+            a, b = (c.post(path, json={"model": EMBED, **body}) for c in (ours, theirs))
+            assert a.status_code == b.status_code == 400, (case, a.text, b.text[:300])
+
+
 def test_matryoshka_sizes_and_normalization(embed_fleet: str) -> None:
     """Vectors are unit length (the pooler normalizes), at the model's size or the size asked for,
     and a cut vector is the full one's head, normalized again."""

@@ -9,7 +9,8 @@ import struct
 import pytest
 from pydantic import ValidationError
 
-from inferq.api.openai.embeddings import EmbeddingRequest, embedding_response, vectors_of
+from inferq.api.openai.embeddings import EmbeddingRequest, Vectors, embedding_response, vectors_of
+from inferq.api.openai.scores import RerankRequest, ScoreRequest, rerank_response, score_response
 from inferq.shared.errors import Conflict, InvalidRequest
 from inferq.shared.pooling import MAX_EMBED_INPUTS, EmbedInputs, check_task, pack_vector, unpack_vector
 from inferq.shared.request_limits import check_limits
@@ -97,3 +98,31 @@ def test_inputs_are_cut_then_fit_the_context_window() -> None:
     assert fitted([list(range(12))], EmbedInputs(token_ids=[[1]], truncate_prompt_tokens=-1), 8) == [list(range(8))]
     with pytest.raises(InvalidRequest, match="input 0 has no tokens"):
         fitted([[]], spec, 8)
+
+
+def _vectors(*vs: list[float]) -> Vectors:
+    return Vectors(packed=[pack_vector(v) for v in vs], prompt_tokens=7)
+
+
+def test_scores_pair_one_to_many_and_many_to_many() -> None:
+    one = ScoreRequest(text_1="q", text_2=["a", "b"])
+    got = score_response("job-1", "m", one, _vectors([1, 0], [1, 0], [0, 1]))
+    assert [round(d.score, 6) for d in got.data] == [1.0, 0.0] and got.usage.prompt_tokens == 7
+    many = ScoreRequest(queries=["p", "q"], documents=["a", "b"])
+    got = score_response("job-1", "m", many, _vectors([1, 0], [0, 1], [3, 4], [3, 4]))
+    assert [round(d.score, 6) for d in got.data] == [0.6, 0.8]
+    assert many.job().embed is not None and many.job().embed.texts == ["p", "q", "a", "b"]
+
+
+def test_scores_that_do_not_pair_are_refused() -> None:
+    with pytest.raises(InvalidRequest, match="1:1, 1:N or N:N; got 2:3"):
+        ScoreRequest(text_1=["a", "b"], text_2=["a", "b", "c"]).job()
+    with pytest.raises(ValidationError, match="text_1 and text_2"):
+        ScoreRequest(text_1="a")
+
+
+def test_rerank_orders_by_score_and_keeps_top_n() -> None:
+    req = RerankRequest(query="q", documents=["far", "near", "mid"], top_n=2)
+    got = rerank_response("job-1", "m", req, _vectors([1, 0], [0, 1], [1, 0], [1, 1]))
+    assert [(r.index, r.document.text) for r in got.results] == [(1, "near"), (2, "mid")]
+    assert round(got.results[1].relevance_score, 6) == round(1 / 2 ** 0.5, 6)
