@@ -67,7 +67,8 @@ def outcome_of(e: BaseException, job_id: str, attempt: int, writes_end: bool) ->
 
 
 async def persist(op: Callable[[], Awaitable[T]], what: str, budget_s: float) -> T:
-    """``await op()`` (a Redis write that ends an attempt) until Redis answers: each try bounded
+    """``await op()`` (a Redis write that ends an attempt, or a claim: writes that must not be given
+    up on while this worker lives, and that are safe to repeat) until Redis answers: each try bounded
     by ``budget_s`` (retried within it), then again after a pause growing from 0.1 s to 5 s."""
 
     def note(state: RetryCallState) -> None:

@@ -30,12 +30,11 @@ from inferq.shared import tracing
 from inferq.shared.errors import DeadlineExceeded, EngineError, InvalidRequest
 from inferq.shared.logs import job_context
 from inferq.shared.pooling import check_task
-from inferq.shared.redis import retried
 from inferq.shared.schemas import ErrorInfo, JobMessage, JobStatus
 from inferq.shared.store import JobStore
 from inferq.worker.engine.host import EngineHost
 from inferq.worker.jobs.attempts import Attempt, AttemptTable
-from inferq.worker.jobs.ending import Ending, HandBack, Outcome, outcome_of
+from inferq.worker.jobs.ending import Ending, HandBack, Outcome, outcome_of, persist
 from inferq.worker.jobs.outputs import OutputEvents, Progress
 from inferq.worker.jobs.pooling import embed, fitted
 from inferq.worker.jobs.prepare import Prepared, Preparer
@@ -144,10 +143,11 @@ class JobRunner:
 
     async def _claim(self, msg: JobMessage, run: Attempt, progress: Progress) -> bool:
         """Claim the job (queued -> running) as a new attempt; False if it was not queued."""
-        token = secrets.token_hex(8)  # a retried claim whose answer was lost is still ours
+        token = secrets.token_hex(8)  # a retried claim whose answer was lost (or never came) is still ours
         self.attempts.claiming(msg.id, run)
-        try:
-            claim = await retried(lambda: self.store.claim(msg.id, self.worker_id, token))
+        try:  # until Redis answers: a claim given up on may have taken the job, which nobody would run
+            claim = await persist(lambda: self.store.claim(msg.id, self.worker_id, token), f"claim job {msg.id}",
+                                  self.writer.budget_s)
         finally:
             self.attempts.claimed(msg.id, run)
         if claim is None or claim.previous is not JobStatus.queued:
