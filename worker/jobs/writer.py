@@ -93,12 +93,16 @@ class EventWriter:
         return AttemptSink(self, job_id, attempt)
 
     async def note_first_token(self, job_id: str, at: float) -> None:
-        """Write the job's ``first_token_at`` on its own, within the budget; a failure is logged."""
+        """Write the job's ``first_token_at`` on its own, within the budget (a Redis that does not
+        answer at all counts too): the job's end waits for it. A failure is logged, and the job
+        goes on without the field."""
         try:
             async with asyncio.timeout(self.budget_s):
                 await self.store.update(job_id, first_token_at=at)
         except Exception as e:  # a timestamp is not worth failing the job for
-            log.warning("job %s: could not record first_token_at: %s", job_id, e or type(e).__name__)
+            why = f"no answer from Redis in {self.budget_s:g} s" if isinstance(e, TimeoutError) and not str(e) \
+                else f"{type(e).__name__}: {e}"
+            log.warning("job %s: could not record first_token_at (%s); the job goes on without it", job_id, why)
 
     async def barrier(self) -> None:
         """Wait until every event emitted so far has been sent (or given up on)."""
