@@ -17,6 +17,8 @@ inferq:tokenizer:{digest}       hash      a model's tokenizer as a worker publis
                                           the heartbeats of the workers that name it)
 inferq:reaper                   string    lock: one worker at a time looks for dead workers (TTL)
 inferq:queued                   zset      queued job ids -> time queued (the reaper finds lost messages)
+inferq:unsent                   zset      ids of jobs handed back whose new message is not known to be sent
+                                          -> time requeued (the reaper's sweep sends it)
 inferq:stats                    hash      cluster-wide counters (jobs ended by model, status and code;
                                           redeliveries; reaped workers; submissions): /metrics
 inferq:models                   zset      served model name -> last heartbeat (unix s); never pruned:
@@ -71,6 +73,9 @@ STAT_SEP = "|"  # never in a model name (MODEL_NAME_PATTERN), a status, a code o
 REAPER_LOCK = f"{PREFIX}:reaper"
 #: zset: queued job id -> time it was (re)queued; the reaper re-sends one whose message was lost.
 QUEUED = f"{PREFIX}:queued"
+#: zset: id of a job handed back -> time it was requeued, until its new message is sent; the
+#: reaper sends the message of one left there (its sender failed or died).
+UNSENT = f"{PREFIX}:unsent"
 #: kombu's Redis transport keeps delivered-but-unacked messages here (its defaults).
 KOMBU_UNACKED = "unacked"
 KOMBU_UNACKED_INDEX = "unacked_index"

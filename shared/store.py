@@ -168,17 +168,22 @@ class JobStore:
         """Take a running job back from its worker: 'requeued', 'failed', 'cancelled' or 'skip'.
         ``attempt``: only that attempt; ``claimed_before``: only if it was claimed before that time
         (a reaper passes the time it read the worker's job set); ``silent``: (model, last beat) as
-        a reaper judged the worker: 'alive' (and nothing changes) if it has beaten since."""
+        a reaper judged the worker: 'alive' (and nothing changes) if it has beaten since. A job
+        'requeued' is marked unsent until :meth:`sent` (its new message is the caller's to send)."""
         wid = worker_id or ""
         model, beat = silent if silent is not None else ("", None)
         return str(await self._requeue(
             keys=[keys.job(job_id), keys.job_log(job_id), keys.job_channel(job_id), keys.worker_jobs(wid),
-                  keys.QUEUED, keys.workers(model) if model else keys.QUEUED, keys.STATS],
+                  keys.QUEUED, keys.workers(model) if model else keys.QUEUED, keys.STATS, keys.UNSENT],
             args=[_Q(wid) if wid else "", "" if attempt is None else str(attempt), max_attempts,
                   str(time.time()), reason, job_id, self.ttl_s,
                   "" if claimed_before is None else repr(claimed_before),
                   "" if beat is None else repr(beat), wid, _CANCELLED, _given_up(reason),
                   lua.event_json(RestartEvent(seq=0, attempt=0, reason=reason))]))
+
+    async def sent(self, job_id: str) -> None:
+        """The new message of a job :meth:`requeue` queued again is sent: it is no longer unsent."""
+        await self.redis.zrem(keys.UNSENT, job_id)
 
     async def fail_queued(self, job_id: str, error: ErrorInfo) -> bool:
         """End a job that is still queued as failed, with its final ``error`` event (a job whose

@@ -1,7 +1,7 @@
 -- Take a running job back from a worker that died, drains or lost its engine: cancelled if a cancel
 -- was pending, failed after max attempts, else queued again with a `restart` event.
 -- KEYS: job hash, log, channel, worker's job set, queued zset, the model's live workers zset (or
--- any key), stats. ARGV: worker id (JSON) or '', attempt or '', max attempts, now, reason, job id,
+-- any key), stats, unsent zset. ARGV: worker id (JSON) or '', attempt or '', max attempts, now, reason, job id,
 -- ttl, claimed before ('' = any time), the worker's last beat as the caller saw it ('' = don't
 -- check), worker id, then the three events the caller made (JSON): cancelled, given up (its
 -- message's {attempt} filled here), restart. Returns 'requeued', 'failed', 'cancelled', 'skip' or
@@ -10,6 +10,8 @@
 -- running job at all (a stale entry); a newer attempt of the same worker, or a job it claimed after
 -- the caller looked (`started_at` above ARGV[8]), stays. A reaper passes the beat it judged
 -- (ARGV[9]): if the worker has beaten since, nothing changes and the answer is 'alive'.
+-- A job queued again is also marked unsent (KEYS[8]) until its caller has sent its new message:
+-- a message that could not be sent (or a caller that died first) is the reaper's to send.
 if ARGV[9] ~= '' then
   local seen = redis.call('ZSCORE', KEYS[6], ARGV[10])
   if seen and tonumber(seen) > tonumber(ARGV[9]) then return 'alive' end
@@ -44,6 +46,7 @@ else
   ev.attempt = attempt
   redis.call('HSET', KEYS[1], 'status', STATUS.queued)
   redis.call('ZADD', KEYS[5], ARGV[4], ARGV[6])
+  redis.call('ZADD', KEYS[8], ARGV[4], ARGV[6])
   redis.call('HDEL', KEYS[1], 'worker')
   outcome = 'requeued'
   count(KEYS[7], KEYS[1], 'requeue', ARGV[5])

@@ -13,25 +13,54 @@ import asyncio
 import logging
 from typing import Protocol
 
+from tenacity import AsyncRetrying, stop_after_delay, wait_exponential
+
 from inferq.shared.redis import retried
 from inferq.shared.store import JobStore
 from inferq.worker.liveness.unacked import Send
 
 log = logging.getLogger(__name__)
+#: How long a hand-back tries to send the job's new message (the broker away); a job whose message
+#: was not sent in that time stays marked unsent, and the reaper's next pass sends it.
+SEND_BUDGET_S = 5.0
 
 
 async def hand_back(store: JobStore, send: Send, job_id: str, worker_id: str, attempt: int | None,
                     reason: str, max_attempts: int, claimed_before: float | None = None,
-                    silent: tuple[str, float] | None = None) -> str:
+                    silent: tuple[str, float] | None = None, send_budget_s: float = SEND_BUDGET_S) -> str:
     """Requeue a running job of ``worker_id`` (for another attempt) and send it to the queue again.
     Returns the outcome of :meth:`JobStore.requeue` ('skip': it was not that worker's to give;
     'alive': the worker, judged ``silent``, has beaten since)."""
     outcome = await store.requeue(job_id, worker_id, attempt, reason, max_attempts, claimed_before, silent)
-    if outcome == "requeued" and (rec := await store.get(job_id)) is not None:
-        await asyncio.to_thread(send, rec.message())
+    if outcome == "requeued":
+        await send_again(store, send, job_id, send_budget_s)
     if outcome not in ("skip", "alive"):
         log.warning("job %s handed back (%s): %s", job_id, reason, outcome)
     return outcome
+
+
+async def send_again(store: JobStore, send: Send, job_id: str, budget_s: float) -> bool:
+    """Send the new message of a job just requeued (marked unsent), trying again for ``budget_s``.
+    True once it is sent. Never raises: a job whose message could not be sent stays marked unsent
+    and queued, and the reaper's sweep sends it (``sweep_unsent``)."""
+    try:
+        rec = await store.get(job_id)
+        if rec is None:  # its record expired: there is nothing to run
+            return False
+        async for attempt in AsyncRetrying(wait=wait_exponential(multiplier=0.1, max=1.0),
+                                           stop=stop_after_delay(budget_s), reraise=True):
+            with attempt:
+                async with asyncio.timeout(budget_s):  # a broker that does not answer at all counts too
+                    await asyncio.to_thread(send, rec.message())
+    except Exception as e:
+        log.error("job %s: requeued, but its message could not be sent in %g s (%s: %s); the reaper sends it",
+                  job_id, budget_s, type(e).__name__, e)
+        return False
+    try:
+        await store.sent(job_id)
+    except Exception as e:  # the reaper will send it once more: a duplicate message is harmless
+        log.warning("job %s: its message is sent, but could not be marked so (%s)", job_id, e)
+    return True
 
 
 class RunningJobs(Protocol):

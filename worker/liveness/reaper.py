@@ -29,9 +29,9 @@ from inferq.shared import keys, lua
 from inferq.shared.redis import make_redis
 from inferq.shared.settings import Settings
 from inferq.shared.store import JobStore
-from inferq.worker.liveness.handback import hand_back
+from inferq.worker.liveness.handback import SEND_BUDGET_S, hand_back
 from inferq.worker.liveness.lanes import return_lane
-from inferq.worker.liveness.unacked import Send, UnackedEntries, sweep_queued, sweep_unacked
+from inferq.worker.liveness.unacked import Send, UnackedEntries, sweep_queued, sweep_unacked, sweep_unsent
 from inferq.worker.loopthread import LoopThread
 
 log = logging.getLogger(__name__)
@@ -154,11 +154,14 @@ class Reaper:
         return handed
 
     async def sweep(self, budget: Budget) -> None:
-        """Re-send queued jobs whose Celery message was stranded or lost (``worker/liveness/unacked.py``)."""
+        """Send queued jobs whose Celery message was never sent (a hand-back's send failed), was
+        stranded or was lost (``worker/liveness/unacked.py``)."""
         assert self.store is not None
         now, entries = time.time(), UnackedEntries(self.store.redis)
+        await sweep_unsent(self.store, self.send, now - SEND_BUDGET_S, now, budget.spent)
         old = now - 2 * self.settings.worker_ttl_s
-        await sweep_unacked(self.store, self.send, entries, old, budget.spent)
+        if not budget.spent():
+            await sweep_unacked(self.store, self.send, entries, old, budget.spent)
         if not budget.spent():
             await sweep_queued(self.store, self.send, entries, old, now, budget.spent)
 

@@ -1,10 +1,11 @@
-"""kombu's delivered-but-unacked messages: one parser, and the reaper's two sweeps over them.
+"""Jobs whose message is stranded, lost or was never sent: the reaper's sweeps, which send it.
 
 kombu's Redis transport keeps every message it delivered and that is not acked yet in the hash
 ``unacked`` (delivery tag -> JSON ``[message, exchange, routing key]``), indexed by delivery time in
 the zset ``unacked_index``. A worker that dies between taking a message and claiming its job
 leaves the message there (until the visibility timeout, 6 h by default); a Redis that dies just
-as it hands a message to a worker can lose it altogether. The sweeps re-send such jobs; a
+as it hands a message to a worker can lose it altogether; and a hand-back whose new message could
+not be sent leaves its job marked unsent (``inferq:unsent``). The sweeps re-send such jobs; a
 duplicate message is harmless, since only one claim can win.
 """
 
@@ -121,4 +122,25 @@ async def sweep_queued(store: JobStore, send: Send, entries: UnackedEntries, que
             await redis.hincrby(keys.STATS, keys.stat("requeue", rec.model, "message_lost"), 1)
             resent += 1
             log.warning("job %s: queued with no message anywhere; re-sent", job_id)
+    return resent
+
+
+async def sweep_unsent(store: JobStore, send: Send, marked_before: float, now: float,
+                       out_of_time: Callable[[], bool] = lambda: False) -> int:
+    """Send the message of each job handed back before ``marked_before`` whose new message is not
+    known to be sent (``keys.UNSENT``: the hand-back could not send it, or died first), while the
+    job is still queued; every id looked at leaves the set. Returns the jobs sent."""
+    redis = store.redis
+    resent = 0
+    for job_id in await redis.zrangebyscore(keys.UNSENT, 0, marked_before):
+        if out_of_time():
+            break
+        rec = await store.get(job_id)
+        if rec is not None and rec.status is JobStatus.queued:
+            await asyncio.to_thread(send, rec.message())
+            await redis.zadd(keys.QUEUED, {job_id: now})
+            await redis.hincrby(keys.STATS, keys.stat("requeue", rec.model, "message_unsent"), 1)
+            resent += 1
+            log.warning("job %s: handed back, its message had not been sent; sent now", job_id)
+        await redis.zrem(keys.UNSENT, job_id)
     return resent
