@@ -9,16 +9,22 @@ a job's longest deadline."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
 import pydantic
 import pytest
 import redis
 
+from bench.standin import LoopHost, Out, Step
 from inferq.api import queue_metrics
 from inferq.shared import keys
 from inferq.shared.schemas import JobStatus
 from inferq.shared.settings import Settings
 from inferq.shared.store import JobStore
-from tests.unit.workerkit import GatedEngine, queued_job, start_runtime
+from tests.unit.workerkit import GatedEngine, make_runtime, queued_job, start_runtime
 from tests.wait import eventually_async
 
 SHORT = {"job_ttl_s": 60, "max_timeout_s": 60, "default_timeout_s": 60}
@@ -66,6 +72,58 @@ async def test_a_long_job_keeps_its_record_and_log_alive(r, own_redis) -> None:
             await eventually_async(lambda key=key: r.ttl(key), 20, f"{key} renewed to the job TTL",
                                    until=lambda ttl: ttl > 30)
         assert (await store.get(job.id)).status is JobStatus.running and not run.done()
+    finally:
+        rig.stop()
+
+
+@dataclass
+class TrickleEngine:
+    """Streams a token every ``every`` seconds until its request is aborted."""
+
+    every: float = 0.2
+    errored: bool = False  # what the heartbeat reads of a live engine
+    aborted: list[str] = field(default_factory=list)
+
+    async def generate(self, prompt: Any, params: Any, request_id: str, **_: Any) -> Any:
+        try:
+            while True:
+                yield Step([Out(0, "x ", [1])])
+                await asyncio.sleep(self.every)  # the engine's pace
+        except (asyncio.CancelledError, GeneratorExit):
+            self.aborted.append(request_id)
+            raise
+
+
+async def test_a_job_streaming_past_its_ttl_keeps_its_record(r, own_redis) -> None:
+    """Token events after the first do not renew a job's record and log: a job that streams for
+    longer than the job TTL keeps them through the heartbeat alone. Here the TTL is 3 s (below
+    what the settings accept, set after they are read) and the job streams for two TTLs; the
+    record and log are there at every look, and the job then ends with its whole stream."""
+    ttl, engine = 3, TrickleEngine()
+    rig = make_runtime(own_redis, LoopHost(engine), **SHORT)
+    rig.runtime.settings.job_ttl_s = ttl  # the heartbeat's, the claim's and the events' TTL
+    rig.runtime.start()
+    rt, store = rig.runtime, JobStore(r, 60)
+    try:
+        job = await queued_job(store, "scripted")
+        rig.run_job(job)
+        await eventually_async(lambda: store.read_log(job.id), 60, "the first token is logged")
+        started = time.monotonic()
+
+        async def alive() -> float:
+            for key in (keys.job(job.id), keys.job_log(job.id)):
+                assert await r.exists(key), f"{key} expired while the job ran"
+            return time.monotonic() - started
+
+        await eventually_async(alive, 60, "the job ran two TTLs past its first token", until=lambda s: s > 2 * ttl)
+        assert (await store.get(job.id)).status is JobStatus.running
+        await store.request_cancel(job.id)
+        rt.host.loop.call_soon_threadsafe(rt.runner.cancel, job.id)
+        rec = await eventually_async(lambda: store.get(job.id), 30, "the job's end",
+                                     until=lambda rec: rec.status is JobStatus.cancelled)
+        log = await store.read_log(job.id)
+        assert [e.seq for e in log] == list(range(1, len(log) + 1)) and log[-1].type == "done"
+        assert "".join(e.text for e in log[:-1]) == rec.choices[0].text and len(log) > 2 * ttl
     finally:
         rig.stop()
 
