@@ -50,9 +50,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        redis = make_redis(settings.redis_url, max_connections=128)
+        redis = make_redis(settings, max_connections=128)
         store = JobStore(redis, settings.job_ttl_s)
-        hub = StreamHub(settings.redis_url, store)  # its pub/sub connection is its own
+        hub = StreamHub(settings, store)  # its pub/sub connection is its own
         await hub.start()
         app.state.settings = settings
         app.state.service = JobService(settings, redis, store, make_celery(settings))

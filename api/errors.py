@@ -15,6 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ReadOnlyError as RedisReadOnlyError
 from redis.exceptions import ResponseError as RedisResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -71,7 +72,7 @@ def typed(exc: BaseException) -> InferqError:
     if isinstance(exc, (RequestValidationError, ValidationError)):
         message, param = validation_message(list(exc.errors()))
         return InvalidRequest(message, param=param)
-    if isinstance(exc, (RedisConnectionError, RedisTimeoutError)):
+    if isinstance(exc, (RedisConnectionError, RedisTimeoutError, RedisReadOnlyError)):  # READONLY: mid-failover
         log.warning("Redis unavailable: %s", exc)
         return Unavailable("the job store (Redis) is unavailable; retry shortly", retry_after=1.0)
     if isinstance(exc, RedisResponseError) and str(exc).startswith("OOM"):  # at maxmemory (noeviction)

@@ -6,6 +6,8 @@ its CPU there. Here one socket read is handed to hiredis (the parser redis-py it
 every complete reply in it is dispatched in a tight loop. The connection re-establishes itself
 (with backoff, reset only once Redis has answered properly) and re-subscribes; a quiet connection
 is checked with PING; an error reply (NOAUTH, max clients, ...) counts as a broken connection.
+With Sentinels each connection goes to the master they name at that moment, so after a failover
+the reader re-subscribes on the new master.
 Messages published while it was down are not replayed by Redis: the hub's listeners notice the
 gap in ``seq`` (or a quiet spell) and read the job's log.
 """
@@ -22,6 +24,9 @@ from typing import Any
 
 import hiredis
 from redis.asyncio.connection import SSLConnection, parse_url
+from redis.exceptions import RedisError
+
+from inferq.shared.redis import RedisTarget, Where, master_address, sentinel_for
 
 log = logging.getLogger(__name__)
 CONNECT_TIMEOUT_S = 5.0
@@ -51,9 +56,11 @@ class Subscriber:
     """Keeps ``channels`` subscribed on one connection; calls ``on_message(channel, data)`` for
     each message and ``on_subscribed(channel)`` when Redis confirms a subscription."""
 
-    def __init__(self, url: str, on_message: Callable[[str, str], None],
+    def __init__(self, where: Where, on_message: Callable[[str, str], None],
                  on_subscribed: Callable[[str], None], ping_after_s: float = 5.0) -> None:
-        self._opts = parse_url(url)
+        self._target = RedisTarget.of(where)
+        self._opts = parse_url(self._target.url)
+        self._sentinel = sentinel_for(self._target)  # None: the URL's host and port
         self._on_message = on_message
         self._on_subscribed = on_subscribed
         self._ping_after_s = ping_after_s
@@ -72,6 +79,8 @@ class Subscriber:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         self._close()
+        if self._sentinel is not None:
+            await self._sentinel.aclose()
 
     async def subscribe(self, channel: str) -> None:
         self.channels.add(channel)
@@ -93,11 +102,11 @@ class Subscriber:
     async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         o = self._opts
         async with asyncio.timeout(CONNECT_TIMEOUT_S):
-            if "path" in o:
+            if "path" in o and self._sentinel is None:
                 reader, writer = await asyncio.open_unix_connection(o["path"])
             else:
-                reader, writer = await asyncio.open_connection(o.get("host", "localhost"), o.get("port", 6379),
-                                                               ssl=_ssl_context(o))
+                host, port = await master_address(self._target, self._sentinel)
+                reader, writer = await asyncio.open_connection(host, port, ssl=_ssl_context(o))
                 if (sock := writer.get_extra_info("socket")) is not None:
                     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
             try:
@@ -123,7 +132,7 @@ class Subscriber:
                 await self._read(reader)
             except asyncio.CancelledError:
                 raise
-            except (OSError, ConnectionError, TimeoutError, hiredis.ProtocolError) as e:
+            except (OSError, ConnectionError, TimeoutError, hiredis.ProtocolError, RedisError) as e:
                 log.warning("pub/sub connection lost (%r); reconnecting in %.2f s", e, self._backoff)
             except Exception:  # a bug must not end every stream of this process: start over
                 log.exception("pub/sub reader failed; reconnecting in %.2f s", self._backoff)

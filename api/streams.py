@@ -31,7 +31,7 @@ from inferq.api.metrics import CATCHUPS, StreamMeter
 from inferq.api.pubsub import Subscriber
 from inferq.shared import keys
 from inferq.shared.errors import job_not_found
-from inferq.shared.redis import redis_retrying
+from inferq.shared.redis import Where, redis_retrying
 from inferq.shared.schemas import TERMINAL_STATUSES, TokenEvent, parse_event
 from inferq.shared.store import Event, JobStore
 
@@ -151,14 +151,14 @@ class Listener:
 
 
 class StreamHub:
-    def __init__(self, redis_url: str, store: JobStore, idle_check_s: float = 2.0) -> None:
+    def __init__(self, redis: Where, store: JobStore, idle_check_s: float = 2.0) -> None:
         self.store = store
         self.idle_check_s = idle_check_s
         self._listeners: dict[str, set[Listener]] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self._confirmed: dict[str, asyncio.Event] = {}
         self.gaps = 0  # live messages that showed a gap in seq and sent their reader back to the log
-        self._sub = Subscriber(redis_url, self._dispatch, self._subscribed)
+        self._sub = Subscriber(redis, self._dispatch, self._subscribed)
 
     async def start(self) -> None:
         await self._sub.start()

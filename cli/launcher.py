@@ -12,6 +12,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from inferq.cli.procs import Proc, Procs, http_ok, redis_pings, start_redis
+from inferq.shared.redis import RedisTarget
 from inferq.shared.settings import Settings
 
 
@@ -63,11 +64,11 @@ def up(settings: Settings, host: str | None = None, port: int | None = None) -> 
     signal.signal(signal.SIGTERM, _interrupt)
     print("inferq up: starting", flush=True)
     with Procs(logs) as procs:
-        if not redis_pings(settings.redis_url):
+        where = RedisTarget.of(settings)  # printed without its password
+        if not redis_pings(settings):
             u = urlparse(settings.redis_url)
-            if u.hostname not in ("127.0.0.1", "localhost", "::1"):
-                print(f"Redis at {settings.redis_url} does not answer, and it is not a local one "
-                      "I can start.")
+            if where.sentinels or u.hostname not in ("127.0.0.1", "localhost", "::1"):
+                print(f"Redis at {where} does not answer, and it is not a local one I can start.")
                 return 1
             try:
                 _started(procs.add(start_redis(u.port or 6379, logs, env=env)))
@@ -75,7 +76,7 @@ def up(settings: Settings, host: str | None = None, port: int | None = None) -> 
                 print(f"could not start Redis: {e}")
                 return 1
         else:
-            print(f"  redis    using {settings.redis_url}")
+            print(f"  redis    using {where}")
         py = [sys.executable, "-m", "inferq.cli"]
         _started(procs.start("worker", [*py, "worker"], env))
         _started(procs.start("gateway", [*py, "api", "--host", host, "--port", str(port)], env))

@@ -21,6 +21,8 @@ from typing import Any, Protocol, TypeVar
 
 import redis
 
+from inferq.shared.redis import Where, make_sync_redis
+
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
@@ -148,10 +150,11 @@ class Procs:
         self.stop()
 
 
-def redis_pings(url: str) -> bool:
-    """True if a Redis server answers PING at ``url``."""
+def redis_pings(where: Where) -> bool:
+    """True if a Redis server answers PING at ``where`` (a URL, or the settings: through the
+    Sentinels when they name some)."""
     try:
-        with redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=1) as r:
+        with make_sync_redis(where, socket_connect_timeout=1, socket_timeout=1, retry=None) as r:
             return bool(r.ping())
     except redis.RedisError:
         return False
@@ -169,20 +172,29 @@ class RedisProc(Proc):
         return f"redis://127.0.0.1:{self.port}/0"
 
 
-def start_redis(port: int, logdir: Path, appendonly: bool = False, *, name: str = "redis",
-                env: dict[str, str] | None = None, timeout: float = 10.0) -> RedisProc:
-    """A local redis-server on ``port`` (log ``logdir/NAME.log``), returned once it answers PING.
-
-    No snapshots. ``appendonly``: an append-only file in ``logdir/NAME-data``, fsynced on every
-    write, so a restart on the same port, name and folder finds every job and queue as it was."""
+def _redis_server() -> str:
     exe = shutil.which("redis-server")
     if exe is None:
         raise RuntimeError("redis-server is not on PATH (Debian package redis-server)")
-    cmd = [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+    return exe
+
+
+def start_redis(port: int, logdir: Path, appendonly: bool = False, *, name: str = "redis",
+                env: dict[str, str] | None = None, timeout: float = 10.0,
+                replica_of: int | None = None) -> RedisProc:
+    """A local redis-server on ``port`` (log ``logdir/NAME.log``), returned once it answers PING.
+
+    No snapshots. ``appendonly``: an append-only file in ``logdir/NAME-data``, fsynced on every
+    write, so a restart on the same port, name and folder finds every job and queue as it was.
+    ``replica_of``: a replica of the local Redis on that port (its copy of the master's data goes
+    to the same folder, as would a server's made a replica later)."""
+    data = logdir / f"{name}-data"  # its files: the append-only file; what a replica loads from its master
+    data.mkdir(exist_ok=True)
+    cmd = [_redis_server(), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", str(data)]
+    if replica_of is not None:
+        cmd += ["--replicaof", "127.0.0.1", str(replica_of)]
     if appendonly:
-        data = logdir / f"{name}-data"
-        data.mkdir(exist_ok=True)
-        cmd += ["--dir", str(data), "--appendonly", "yes", "--appendfsync", "always"]
+        cmd += ["--appendonly", "yes", "--appendfsync", "always"]
     else:
         cmd += ["--appendonly", "no"]
     proc = RedisProc(name, cmd, env, logdir / f"{name}.log", port)
@@ -202,3 +214,25 @@ def http_ok(url: str, check: Callable[[Any], bool] | None = None, timeout: float
             return r.status == 200 and (check is None or bool(check(json.loads(r.read()))))
     except (OSError, ValueError, KeyError, TypeError):  # URLError and HTTPError are OSErrors
         return False
+
+
+def start_sentinel(port: int, logdir: Path, master_port: int, *, master: str = "inferq", quorum: int = 2,
+                   down_after_ms: int = 1000, name: str = "sentinel", env: dict[str, str] | None = None,
+                   timeout: float = 10.0) -> RedisProc:
+    """A local Redis Sentinel on ``port`` watching the master on 127.0.0.1:``master_port`` as
+    ``master``: down after ``down_after_ms`` without an answer, failed over when ``quorum``
+    Sentinels agree. Returned once it answers PING (its config file, which it rewrites, is
+    ``logdir/NAME.conf``)."""
+    conf = logdir / f"{name}.conf"
+    conf.write_text(f"port {port}\nbind 127.0.0.1\ndir {logdir}\n"
+                    f"sentinel monitor {master} 127.0.0.1 {master_port} {quorum}\n"
+                    f"sentinel down-after-milliseconds {master} {down_after_ms}\n"
+                    f"sentinel failover-timeout {master} {max(3 * down_after_ms, 3000)}\n"
+                    f"sentinel parallel-syncs {master} 1\n")
+    proc = RedisProc(name, [_redis_server(), str(conf), "--sentinel"], env, logdir / f"{name}.log", port)
+    try:
+        wait_until(lambda: redis_pings(proc.url), timeout, f"redis-sentinel on port {port}", [proc], interval=0.05)
+    except BaseException:
+        proc.stop(signal.SIGKILL)
+        raise
+    return proc

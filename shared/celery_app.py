@@ -13,16 +13,45 @@ from __future__ import annotations
 import base64
 import json
 import uuid
+from typing import Any
+from urllib.parse import quote
 
 from celery import Celery
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from inferq.shared import keys
+from inferq.shared.redis import RedisTarget
 from inferq.shared.schemas import JobMessage
 from inferq.shared.settings import Settings
 
 
+def broker(settings: Settings) -> tuple[str, dict[str, Any], dict[str, Any] | None]:
+    """Celery's broker URL, the transport options it needs beyond inferq's, and ``broker_use_ssl``.
+    Without Sentinels: INFERQ_REDIS_URL as it is. With them, kombu's Sentinel transport
+    (``sentinel://h1:26379/DB;sentinel://h2:26379/DB``, the data password in each, since kombu
+    moves on to the next URL when one fails), told the master's name and how to speak to the
+    Sentinels (their password, timeouts, TLS); a rediss:// URL's TLS options go to the master's
+    connections through ``broker_use_ssl``."""
+    t = RedisTarget.of(settings)
+    if not t.sentinels:
+        return settings.redis_url, {}, None
+    o = t.connection_kwargs()
+    auth = ""
+    if o.get("password"):
+        auth = f"{quote(o.get('username') or '', safe='')}:{quote(o['password'], safe='')}@"
+    url = ";".join(f"sentinel://{auth}{f'[{h}]' if ':' in h else h}:{p}/{o.get('db', 0)}" for h, p in t.sentinels)
+    # no retry of one Sentinel (redis-py's default: 10, backing off): kombu asks the next one
+    options = {"master_name": t.master, "sentinel_kwargs": {**t.sentinel_kwargs(), "retry": Retry(NoBackoff(), 0)}}
+    use_ssl = {k: v for k, v in o.items() if k.startswith("ssl_")} if t.tls else None
+    return url, options, use_ssl
+
+
 def make_celery(settings: Settings) -> Celery:
-    app = Celery("inferq", broker=settings.redis_url, set_as_current=False)
+    url, sentinel_options, use_ssl = broker(settings)
+    app = Celery("inferq", broker=url, set_as_current=False)
+    if use_ssl is not None:
+        app.conf.broker_use_ssl = use_ssl
     app.conf.update(
         task_serializer="json",
         accept_content=["json"],
@@ -39,6 +68,7 @@ def make_celery(settings: Settings) -> Celery:
             "priority_steps": list(keys.PRIORITIES),
             "sep": keys.PRIORITY_SEP,
             "queue_order_strategy": "priority",
+            **sentinel_options,
         },
         worker_hijack_root_logger=False,
         worker_send_task_events=False,

@@ -35,7 +35,16 @@ class Settings(BaseSettings):
     redis_url: str = Field(
         default="redis://127.0.0.1:6379/0", description="Redis for everything: the Celery broker, job records, "
         "token streams (log and pub/sub), worker heartbeats, files and batches. Gateways and workers on other "
-        "hosts join the same fleet by pointing here.")
+        "hosts join the same fleet by pointing here. With INFERQ_REDIS_SENTINELS its host and port are not used "
+        "(the Sentinels name the master); its db, user, password and TLS (rediss://, ?ssl_*) still are.")
+    redis_sentinels: str = Field(default="", description="Redis Sentinels as host:port,host:port (port "
+                                 "default 26379): every client of the gateway and the workers, Celery's included, "
+                                 "asks them for the master and asks again after a failover. Empty: no Sentinel.")
+    redis_sentinel_master: str = Field(default="", description="The master's name as the Sentinels monitor it "
+                                       "(`sentinel monitor NAME ...`); needed with INFERQ_REDIS_SENTINELS.")
+    redis_sentinel_password: SecretStr = Field(default=SecretStr(""), description="Password of the Sentinels "
+                                               "themselves (their requirepass); the data's is INFERQ_REDIS_URL's. "
+                                               "With a rediss:// URL the Sentinels are spoken to over TLS too.")
     model: str | None = Field(
         default=None,
         description="Hugging Face model id or local folder the worker serves; unset: the built-in tiny demo "
@@ -316,6 +325,23 @@ class Settings(BaseSettings):
                     f"INFERQ_JOB_TTL_S ({self.job_ttl_s} s) is below {setting} ({timeout:g} s): a job's record "
                     f"would expire before its deadline, and a job still queued or running would vanish; set "
                     f"INFERQ_JOB_TTL_S >= {setting}")
+        return self
+
+    @property
+    def sentinel_addresses(self) -> list[tuple[str, int]]:
+        """INFERQ_REDIS_SENTINELS as (host, port) pairs (an IPv6 host in brackets: [::1]:26379)."""
+        out = []
+        for item in filter(None, (i.strip() for i in self.redis_sentinels.split(","))):
+            m = re.fullmatch(r"(?:\[(?P<v6>[^\]]+)\]|(?P<host>[^:\[\]]+))(?::(?P<port>\d{1,5}))?", item)
+            if m is None or not 0 < int(m["port"] or 26379) < 65536:
+                raise ValueError(f"INFERQ_REDIS_SENTINELS: {item!r} is not host:port")
+            out.append((m["v6"] or m["host"], int(m["port"] or 26379)))
+        return out
+
+    @model_validator(mode="after")
+    def _sentinels_named_well(self) -> Settings:
+        if self.sentinel_addresses and not self.redis_sentinel_master:
+            raise ValueError("INFERQ_REDIS_SENTINELS needs INFERQ_REDIS_SENTINEL_MASTER (the name they monitor)")
         return self
 
     @model_validator(mode="after")

@@ -114,7 +114,7 @@ class WorkerRuntime:
 
     async def _start_job_path(self) -> None:
         s = self.settings
-        self.redis = make_redis(s.redis_url, max_connections=16)
+        self.redis = make_redis(s, max_connections=16)
         store = JobStore(self.redis, s.job_ttl_s)
         writer = EventWriter(store, budget_s=s.event_write_budget_s, model=s.model_name)
         writer.start()

@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from pydantic import BaseModel, Field
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
+from redis.exceptions import ReadOnlyError, ResponseError
 from starlette.websockets import WebSocketDisconnect
 
 from inferq.api import errors
@@ -97,6 +97,13 @@ def test_redis_away_is_503_redis_unavailable() -> None:
     r = errors.to_response(RedisConnectionError("refused"))
     assert r.status_code == 503 and r.headers["retry-after"] == "1"
     assert (body(r)["error"]["type"], body(r)["error"]["code"]) == ("service_unavailable", "redis_unavailable")
+
+
+def test_a_demoted_master_mid_failover_is_503_redis_unavailable() -> None:
+    """A replica that was the master answers writes with READONLY until clients find the new one."""
+    r = errors.to_response(ReadOnlyError("You can't write against a read only replica."))
+    assert r.status_code == 503 and r.headers["retry-after"] == "1"
+    assert body(r)["error"]["code"] == "redis_unavailable"
 
 
 def test_redis_at_its_memory_limit_is_503_redis_full() -> None:

@@ -6,7 +6,9 @@ from __future__ import annotations
 import time
 
 import pytest
-from redis.exceptions import ConnectionError, ResponseError
+from redis.asyncio.sentinel import MasterNotFoundError
+from redis.exceptions import ConnectionError, ReadOnlyError, ResponseError
+from redis.sentinel import MasterNotFoundError as SyncMasterNotFoundError
 
 from inferq.shared.redis import retried
 
@@ -32,6 +34,15 @@ async def test_a_transient_failure_is_retried_until_it_works() -> None:
     calls, call = flaky(3, ConnectionError("Redis is restarting"))
     assert await retried(call, seconds=10) == "ok"
     assert len(calls) == 4
+
+
+@pytest.mark.parametrize("error", [ReadOnlyError("READONLY You can't write against a read only replica."),
+                                   MasterNotFoundError("No master found for 'inferq'"),
+                                   SyncMasterNotFoundError("No master found for 'inferq'")])
+async def test_a_failover_is_retried(error: Exception) -> None:
+    """A demoted master's READONLY, and no master named by the Sentinels yet: a failover under way."""
+    calls, call = flaky(2, error)
+    assert await retried(call, seconds=10) == "ok" and len(calls) == 3
 
 
 async def test_a_refusal_is_not_retried() -> None:

@@ -26,11 +26,11 @@ import time
 from array import array
 from collections.abc import Callable, Sequence
 
-import redis
 from celery import Celery
 
 from inferq.shared import keys
 from inferq.shared.celery_app import job_message
+from inferq.shared.redis import make_sync_redis
 from inferq.shared.schemas import JobMessage, WorkerInfo
 from inferq.shared.settings import Settings
 from inferq.worker.metrics import JOBS_PASSED
@@ -63,8 +63,8 @@ class Affinity:
         self.celery = celery
         self.worker_id = worker_id
         self.model = settings.model_name
-        self.redis = redis.Redis.from_url(settings.redis_url, decode_responses=True, socket_timeout=5,
-                                          max_connections=max(4, slots))
+        self.redis = make_sync_redis(settings, decode_responses=True, socket_timeout=5,
+                                     max_connections=max(4, slots))
 
     def _keys(self, hashes: list[str], adapter: str | None) -> list[str]:
         names = [keys.prefix_owner(self.model, h) for h in hashes]

@@ -82,7 +82,7 @@ class Heartbeat:
         self._thread.submit(self._serve())
 
     async def _open(self) -> None:
-        self.redis = make_redis(self.settings.redis_url, max_connections=4)
+        self.redis = make_redis(self.settings, max_connections=4)
         self._keep = lua.register(self.redis, "worker_keep_jobs")
         self._wake = asyncio.Event()
         await self.beat()

@@ -173,7 +173,7 @@ class Reaper:
         self._thread.submit(self._serve())
 
     async def _serve(self) -> None:
-        self.bind(make_redis(self.settings.redis_url, max_connections=4))
+        self.bind(make_redis(self.settings, max_connections=4))
         while True:
             try:
                 await self.run_once()
