@@ -114,13 +114,38 @@ def sessions_table(spec: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+EMBED_HEADER = ("| target | inputs a request | inputs/s | input tokens/s | request latency p50 / p90 ms "
+                "| vs vllm serve |\n| --- | --- | --- | --- | --- | --- |")
+
+
+def embeddings_table(spec: dict[str, Any]) -> str:
+    """A ``python -m bench.embeddings`` result: per batch size, each target's medians (range) of
+    vLLM's client's figures, and inferq's inputs/s as a share of vllm serve's."""
+    result = json.loads((HERE / spec["file"]).read_text())
+    targets = result["targets"]
+    lines = [spec["line"], "", EMBED_HEADER]
+    for batch in targets["vllm-serve"]:
+        ref = targets["vllm-serve"][batch]["summary"]["inputs_s"]["median"]
+        for name, label in (("vllm-serve", "vllm serve"), ("inferq", "inferq")):
+            s = targets[name][batch]["summary"]
+            lat = f"{s['e2el_p50_ms']['median']:,.0f} / {s['e2el_p90_ms']['median']:,.0f}"
+            share = "1.00×" if name == "vllm-serve" else f"{s['inputs_s']['median'] / ref:.2f}×"
+            lines.append(f"| {label} | {batch} | {_range(s['inputs_s'], ',.0f')} | {_range(s['input_tok_s'], ',.0f')} "
+                         f"| {lat} | {share} |")
+    lines += ["", "Runs: " + "; ".join(f"**{k}** {v}" for k, v in spec["runs"].items()) + "."]
+    return "\n".join(lines)
+
+
+RENDERERS = {"sessions": sessions_table, "embeddings": embeddings_table}
+
+
 def render(page: str, specs: list[dict[str, Any]]) -> str:
     for spec in specs:
         begin, end = f"<!-- table:{spec['id']} -->", f"<!-- /table:{spec['id']} -->"
         pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.S)
         if not pattern.search(page):
             raise SystemExit(f"{PAGE.name} has no {begin} ... {end}")
-        text = f"{begin}\n{sessions_table(spec) if spec.get('kind') == 'sessions' else table(spec)}\n{end}"
+        text = f"{begin}\n{RENDERERS.get(spec.get('kind', ''), table)(spec)}\n{end}"
         page = pattern.sub(lambda _m, t=text: t, page)
     return page
 
@@ -198,7 +223,7 @@ def main(argv: list[str]) -> int:
             return 1
         return 0
     PAGE.write_text(new)
-    plots([s for s in specs if s.get("kind") != "sessions"])
+    plots([s for s in specs if s.get("kind") not in RENDERERS])
     return 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -34,3 +35,15 @@ def test_the_sessions_config_parses(path: Path) -> None:
 
     cfg = SessionsConfig(**json.loads(path.read_text()))
     assert cfg.name == path.stem and stacks(cfg) and cfg.repeats >= 3
+
+
+EMBEDDINGS = sorted((Path(__file__).resolve().parents[2] / "bench" / "configs" / "embeddings").glob("*.json"))
+
+
+@pytest.mark.parametrize("path", EMBEDDINGS, ids=lambda p: p.name)
+def test_the_embeddings_config_parses(path: Path) -> None:
+    """bench/configs/embeddings/ holds bench.embeddings' configs (every field one of EmbedConfig's)."""
+    from bench.embeddings import EmbedConfig
+
+    cfg = EmbedConfig(**json.loads(path.read_text()))
+    assert cfg.inputs >= max(cfg.batches) and cfg.repeats >= 3
