@@ -63,6 +63,8 @@ _JOB_ID = re.compile(JOB_ID_PATTERN)
 #: What a client may send as a model name: it becomes part of Redis key and queue names, so no
 #: ``:`` (the separator of keys and of a queue's priority lists), no spaces, no glob characters.
 MODEL_NAME_PATTERN = r"^[A-Za-z0-9._/@+-]+$"
+#: The longest model name (a client's ``model``, an operator's INFERQ_SERVED_MODEL_NAME).
+MODEL_NAME_MAX_LEN = 256
 CONTROL_CHANNEL = f"{PREFIX}:control"
 ADAPTERS = f"{PREFIX}:adapters"
 ADAPTER_CHANNEL = f"{PREFIX}:control:adapters"

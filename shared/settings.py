@@ -11,10 +11,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from inferq.shared.keys import MODEL_NAME_PATTERN
+from inferq.shared.keys import MODEL_NAME_MAX_LEN, MODEL_NAME_PATTERN
 
 #: Served name of the built-in demo model (used when ``INFERQ_MODEL`` is unset).
 TINY_MODEL_NAME = "inferq-tiny"
@@ -51,8 +51,10 @@ class Settings(BaseSettings):
         "model (2 layers, random weights, built on first use in cache_dir, no download).",
     )
     served_model_name: str | None = Field(
-        default=None, description="Name clients send as `model`, and the model's queue (inferq.q.{name}); "
-        "default: INFERQ_MODEL, or inferq-tiny for the built-in model."
+        default=None, validate_default=True, description="Name clients send as `model`, and the model's queue "
+        "(inferq.q.{name}): letters, digits and ._/@+-, at most 256 characters. Default: INFERQ_MODEL (as vllm "
+        "serve names a model), or inferq-tiny for the built-in model; a local folder whose path is not such a "
+        "name (a space, a colon...) needs this set."
     )
     job_ttl_s: int = Field(default=24 * 3600, ge=60, description="How long job records and token logs live "
                            "(seconds); a Responses API response lives as long as its job.")
@@ -344,11 +346,28 @@ class Settings(BaseSettings):
             raise ValueError("INFERQ_REDIS_SENTINELS needs INFERQ_REDIS_SENTINEL_MASTER (the name they monitor)")
         return self
 
+    @field_validator("served_model_name")
+    @classmethod
+    def _served_name_is_a_name(cls, v: str | None, info: ValidationInfo) -> str | None:
+        """The served name is what clients send as ``model`` and part of Redis keys and queue names:
+        it must be a name a client may send. Without INFERQ_SERVED_MODEL_NAME it is INFERQ_MODEL (a
+        Hub id, or a folder's path as given), which must then be one too."""
+        if v:
+            if not is_model_name(v):
+                raise ValueError(f"INFERQ_SERVED_MODEL_NAME {v!r} is not a model name: {_NAME_RULE}")
+            return v
+        model = info.data.get("model")
+        if model and not is_model_name(model):
+            raise ValueError(f"INFERQ_MODEL {model!r} is the model's name while INFERQ_SERVED_MODEL_NAME is unset, "
+                             f"and it is not a model name: {_NAME_RULE}; set INFERQ_SERVED_MODEL_NAME to the name "
+                             "clients send")
+        return v
+
     @model_validator(mode="after")
     def _adapters_named_well(self) -> Settings:
         """Adapter names become ``model`` values: the same characters as model names, none a model's."""
         for name in self.lora_adapters:
-            if not re.fullmatch(MODEL_NAME_PATTERN, name) or len(name) > 256:
+            if not is_model_name(name):
                 raise ValueError(f"LoRA adapter name {name!r} may hold only letters, digits and ._/@+-")
             if name == self.model_name:
                 raise ValueError(f"LoRA adapter name {name!r} is the model's own name")
@@ -365,6 +384,14 @@ class Settings(BaseSettings):
         if self.served_model_name or self.model:
             return self.served_model_name or self.model or ""
         return TINY_EMBED_NAME if self.runner == "pooling" else TINY_MODEL_NAME
+
+
+_NAME_RULE = f"a name holds only letters, digits and ._/@+- (at most {MODEL_NAME_MAX_LEN} characters)"
+
+
+def is_model_name(name: str) -> bool:
+    """Whether ``name`` may be a model's (or an adapter's) name: what a client may send as ``model``."""
+    return bool(re.fullmatch(MODEL_NAME_PATTERN, name)) and len(name) <= MODEL_NAME_MAX_LEN
 
 
 @lru_cache(maxsize=1)
