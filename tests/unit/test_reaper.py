@@ -12,6 +12,7 @@ from inferq.shared import keys
 from inferq.shared.schemas import JobMessage, JobRecord, JobRequest, JobStatus
 from inferq.shared.settings import Settings
 from inferq.shared.store import JobStore
+from inferq.worker.liveness.heartbeat import Heartbeat
 from inferq.worker.liveness.reaper import Budget, Reaper
 
 
@@ -64,6 +65,33 @@ async def test_reaper_waits_for_trust_and_for_the_lock(r, own_redis) -> None:
     await r.set(keys.REAPER_LOCK, "someone-else", px=10_000)
     assert await reaper.run_once() is None and await r.get(keys.REAPER_LOCK) == "someone-else"
     assert not sent and (await JobStore(r, 120).get(job)).status is JobStatus.running
+
+
+async def test_a_pass_that_waited_out_an_outage_judges_no_one(r, own_redis) -> None:
+    """Trusted when the pass began, but the pass then waited in Redis retries through an outage (a
+    Redis failover): this worker's own beats waited as long as the others', so none is judged."""
+    model, sent = f"m-{uuid.uuid4().hex[:6]}", []
+    reaper = make_reaper(own_redis, model, sent)
+    reaper.bind(r)
+    job = await running_job(JobStore(r, 120), model, "late")
+    await fall_silent(r, model, "late")
+    answers = iter([True, False])  # at the start of the pass; when it judges
+    reaper.trusted = lambda: next(answers)
+    assert await reaper.run_once() == 0
+    assert not sent and (await JobStore(r, 120).get(job)).status is JobStatus.running
+
+
+def test_trust_needs_a_recent_beat_not_only_a_long_run_of_them() -> None:
+    """A beat stuck in Redis retries through an outage has not ended the run of good beats yet;
+    the worker stops trusting its view of others once its last good beat is half a TTL old."""
+    s = Settings(worker_id="me", worker_ttl_s=3, heartbeat_s=0.5)
+    hb, now = Heartbeat(s, "me", worker=None), time.monotonic()  # type: ignore[arg-type]
+    hb.trusted_since, hb.last_ok = now - 10, now - 0.2
+    assert hb.trusted()
+    hb.last_ok = now - 2  # no beat taken for 2 s: an outage under way
+    assert not hb.trusted()
+    hb.trusted_since = None
+    assert not hb.trusted()
 
 
 async def test_jobs_claimed_after_the_snapshot_stay_with_their_worker(r, own_redis) -> None:

@@ -89,10 +89,13 @@ class Heartbeat:
         self.trusted_since = time.monotonic()
 
     def trusted(self) -> bool:
-        """A full worker TTL of timely, successful beats: only then may this worker judge others'
-        heartbeats (right after an outage, or while this process is stalled, others look late)."""
-        since = self.trusted_since
-        return since is not None and time.monotonic() - since >= self.settings.worker_ttl_s
+        """A full worker TTL of timely, successful beats, the last one lately: only then may this
+        worker judge others' heartbeats (right after an outage, or while this process is stalled,
+        others look late; during an outage, or a Redis failover, a beat still waiting in Redis
+        retries has not yet ended the run of good beats, but it is not a good beat either)."""
+        since, ok, now = self.trusted_since, self.last_ok, time.monotonic()
+        ttl = self.settings.worker_ttl_s
+        return since is not None and now - since >= ttl and ok is not None and now - ok <= ttl / 2
 
     def poke(self) -> None:
         """Beat now (e.g. to announce draining); from any thread."""

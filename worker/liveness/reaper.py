@@ -121,6 +121,8 @@ class Reaper:
         out = []
         for model in await self.redis.zrange(keys.MODELS, 0, -1):
             before = time.time() - self.settings.worker_ttl_s
+            if not self.trusted():  # this pass waited out an outage (a failover): others only look late
+                return out
             for wid in await self.redis.zrangebyscore(keys.workers(model), 0, before):
                 if wid == self.worker_id:  # alive by definition; a stale score is from a beat that waited out an outage
                     continue
