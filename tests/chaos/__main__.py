@@ -3,6 +3,10 @@ docs/reliability.md (between its ``chaos:begin``/``chaos:end`` marks) and as JSO
 
     python -m tests.chaos                                  # all scenarios, report written
     python -m tests.chaos --only load sigstop --no-doc     # some, printed only
+    python -m tests.chaos --only failover --no-doc         # the Redis Sentinel failover alone
+
+The failover scenarios (tests/chaos/failover.py) each start a fleet of their own (a master, a
+replica, three Sentinels, two gateways, two workers), after the shared fleet has stopped.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.chaos import bookkeeping, scenarios, slowloris
+from tests.chaos import bookkeeping, failover, scenarios, slowloris
 from tests.chaos.client import Client
 from tests.fleet import Fleet
 
@@ -25,7 +29,7 @@ KEYS = ("chaos-key-a", "chaos-key-b")
 TIMINGS = {"INFERQ_HEARTBEAT_S": "0.5", "INFERQ_WORKER_TTL_S": "3", "INFERQ_MAX_NUM_SEQS": "32",
            "INFERQ_API_KEYS": ",".join(KEYS), "INFERQ_MAX_QUEUE_DEPTH": "200"}
 ORDER = ["poison", *slowloris.SCENARIOS, "expiry", "load", "sigstop", "redis_down", "faults", "hot_prefix",
-         *bookkeeping.SCENARIOS]
+         *bookkeeping.SCENARIOS, *failover.SCENARIOS]
 
 
 def verdict(name: str, r: dict[str, Any]) -> list[str]:
@@ -53,6 +57,8 @@ def verdict(name: str, r: dict[str, Any]) -> list[str]:
         bad += bookkeeping.problems(name, r)
     if name in slowloris.SCENARIOS:
         bad += slowloris.problems(name, r)
+    if name in failover.SCENARIOS:
+        bad += failover.problems(r)
     return bad
 
 
@@ -62,6 +68,8 @@ def _cell(name: str, r: dict[str, Any]) -> str:
         return bookkeeping.cell(name, r)
     if name in slowloris.SCENARIOS:
         return slowloris.cell(name, r)
+    if name in failover.SCENARIOS:
+        return failover.cell(r)
     if name == "load":
         return f"{r['max_tokens']} tokens each, all at once; reaped {r['reaped']}; wall {r['wall_s']} s"
     if name == "sigstop":
@@ -145,11 +153,20 @@ def main() -> None:
     a = p.parse_args()
     fleet = Fleet(Path(tempfile.mkdtemp(prefix="inferq-chaos-")), extra_env=TIMINGS, api_key=KEYS[0])
     t0 = time.time()
-    try:
-        fleet.start()
-        reports = asyncio.run(run(fleet, [n for n in ORDER if n in a.only], a.sizes))
-    finally:
-        fleet.stop()
+    shared = [n for n in ORDER if n in a.only and n not in failover.SCENARIOS]
+    reports: dict[str, dict[str, Any]] = {}
+    if shared:
+        try:
+            fleet.start()
+            reports = asyncio.run(run(fleet, shared, a.sizes))
+        finally:
+            fleet.stop()
+    for name in (n for n in ORDER if n in a.only and n in failover.SCENARIOS):  # a fleet of their own
+        t1 = time.time()
+        r = failover.run(name, fleet.logdir, TIMINGS, KEYS, a.sizes.get(name, {}))
+        r.update(scenario_s=round(time.time() - t1, 1), verdict=verdict(name, r))
+        reports[name] = r
+        print(name, json.dumps(r), flush=True)
     host = f"{platform.node()} ({__import__('os').cpu_count()} CPUs), tiny model, CPU vLLM, " \
            f"heartbeat 0.5 s, worker TTL 3 s, 32 sequences per engine, 2 workers; {round(time.time() - t0)} s in all"
     text = table(reports, host)

@@ -31,6 +31,7 @@ class Followed:
     events: list[Event] = field(default_factory=list)
     bare_closes: int = 0  # the socket dropped with no close frame and no error event (1006)
     told: int = 0  # the gateway sent an error event (seq 0) and closed: the client retries
+    times: list[float] = field(default_factory=list)  # when each event arrived (time.time())
 
 
 @dataclass
@@ -128,6 +129,7 @@ class Client:
                             f.told += 1
                             break
                         f.events.append(ev)
+                        f.times.append(time.time())
                         if ev["type"] in ("done", "error"):
                             return True
             except ConnectionClosed as e:

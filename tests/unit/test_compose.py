@@ -1,7 +1,7 @@
 """docker-compose.yml: valid against the Compose specification's schema (and ``docker compose
 config`` where a Docker engine with the compose plugin is installed), one worker service per GPU
 (each pinned to its own device), every long-running service restarted unless stopped and with a
-healthcheck; Prometheus finds every worker service."""
+healthcheck; Prometheus finds every worker service; the sentinel profile's replica and Sentinels."""
 
 from __future__ import annotations
 
@@ -13,7 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 import yaml
+
+from inferq.cli.procs import free_port, start_redis
+from tests.wait import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -43,7 +47,7 @@ def has_compose() -> bool:
 
 @pytest.mark.skipif(not has_compose(), reason="no docker compose here: the schema check above stands in")
 def test_docker_compose_config_accepts_it() -> None:
-    for profiles in ([], ["--profile", "gpu1", "--profile", "monitoring"]):
+    for profiles in ([], ["--profile", "gpu1", "--profile", "monitoring", "--profile", "sentinel"]):
         subprocess.run(["docker", "compose", "-f", str(COMPOSE), *profiles, "config", "-q"], check=True, cwd=ROOT)
 
 
@@ -93,3 +97,55 @@ def test_prometheus_scrapes_every_worker_service() -> None:
     for name, s in workers().items():
         aliases = set(s.get("networks", {}).get("default", {}).get("aliases", []))
         assert names & (aliases | {name}) == names, (name, names, aliases)
+
+
+def _args(command: list[str]) -> dict[str, list[str]]:
+    out, key = {}, None
+    for a in command[1:]:
+        if a.startswith("--"):
+            key = a[2:]
+            out[key] = []
+        elif key is not None:
+            out[key].append(a)
+    return out
+
+
+def test_sentinel_profile_replica_is_configured_as_the_master_and_three_sentinels_agree() -> None:
+    """The sentinel profile's replica is what Sentinel promotes: the same persistence, cap and
+    eviction policy as redis, replicating it; three Sentinels watch redis as inferq's settings name
+    it, a failover needing two of them."""
+    s = services()
+    master, replica = _args(s["redis"]["command"]), _args(s["redis-replica"]["command"])
+    assert replica.pop("replicaof") == ["redis", "6379"] and replica.pop("replica-announce-ip") == ["redis-replica"]
+    assert master.pop("replica-announce-ip") == ["redis"] and replica == master
+    sentinels = {n: v for n, v in s.items() if n.startswith("sentinel-")}
+    assert len(sentinels) == 3 and all(v["profiles"] == ["sentinel"] for v in [*sentinels.values(), s["redis-replica"]])
+    env = yaml.safe_load(COMPOSE.read_text())["x-inferq-env"]
+    assert env["INFERQ_REDIS_SENTINELS"] == "${INFERQ_REDIS_SENTINELS:-}"  # empty by default: Redis itself
+    for v in sentinels.values():
+        assert f"'sentinel monitor {env['INFERQ_REDIS_SENTINEL_MASTER']} redis 6379 2'" in v["command"][2]
+
+
+def test_the_sentinel_command_starts_a_sentinel_that_watches_the_master(tmp_path: Path) -> None:
+    """The compose Sentinel's own shell command, run here: its config file is written and Sentinel
+    starts on it and finds the master (the master's address made local, redis-sentinel being
+    redis-server --sentinel)."""
+    master = start_redis(free_port(), tmp_path, name="master")
+    port = free_port()
+    shim = tmp_path / "bin" / "redis-sentinel"
+    shim.parent.mkdir()
+    shim.write_text(f"#!/bin/sh\nexec {shutil.which('redis-server')} \"$@\" --sentinel --port {port}\n")
+    shim.chmod(0o755)
+    script = services()["sentinel-1"]["command"][2].replace("redis 6379", f"127.0.0.1 {master.port}")
+    script = script.replace("/tmp/sentinel.conf", str(tmp_path / "sentinel.conf"))
+    env = {"PATH": f"{shim.parent}:/usr/bin:/bin"}
+    proc = subprocess.Popen(["sh", "-c", script], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        with redis.Redis(port=port, decode_responses=True) as s:
+            m = eventually(lambda: s.sentinel_master("inferq"), 10, "the Sentinel watching the master",
+                           ignore=(redis.ConnectionError,), procs=[proc], until=lambda m: m["flags"] == "master")
+        assert (m["port"], m["quorum"], m["down-after-milliseconds"]) == (master.port, 2, 5000)
+    finally:
+        proc.kill()
+        proc.wait()
+        master.stop()
