@@ -121,9 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = get_settings()
     except ValidationError as e:  # an INFERQ_* variable that does not parse: one line, no traceback
+        # never the values: a settings check may see every variable, API keys and passwords too
         print("error: invalid settings: " + "; ".join(
-            f"INFERQ_{'_'.join(map(str, err['loc'])).upper()}={err.get('input')!r}: {err['msg']}"
-            for err in e.errors()), file=sys.stderr)
+            (f"INFERQ_{'_'.join(map(str, err['loc'])).upper()}: " if err["loc"] else "") + err["msg"]
+            for err in e.errors(include_input=False)), file=sys.stderr)
         return 2
     logs.setup(settings, {"api": "gateway", "worker": "worker"}.get(args.command, "inferq"))
     try:

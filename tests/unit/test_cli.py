@@ -123,7 +123,21 @@ def test_bad_settings_are_one_line_and_exit_2(monkeypatch: pytest.MonkeyPatch,
     finally:
         get_settings.cache_clear()
     (line,) = capsys.readouterr().err.splitlines()
-    assert line.startswith("error: invalid settings: INFERQ_PORT='eighty': ")
+    assert line.startswith("error: invalid settings: INFERQ_PORT: ") and "eighty" not in line
+
+
+def test_bad_settings_never_show_secrets(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A check of the whole settings (here: job records shorter-lived than a job's timeout) sees
+    every variable: the line names the problem, never their values (API keys among them)."""
+    monkeypatch.setenv("INFERQ_JOB_TTL_S", "60")
+    monkeypatch.setenv("INFERQ_API_KEYS", "sk-secret-123")
+    get_settings.cache_clear()
+    try:
+        assert main(["stream", "job-0"]) == 2
+    finally:
+        get_settings.cache_clear()
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "INFERQ_JOB_TTL_S" in line and "sk-secret-123" not in line
 
 
 def test_exit_codes_are_documented() -> None:
