@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
@@ -23,6 +22,7 @@ from typing import Any
 import httpx
 
 from bench.config import StackSpec, Workload
+from bench.sessions import spread
 from bench.stack import ROOT, Procs, base_env, free_port, http_ok, start_inferq
 
 
@@ -82,11 +82,8 @@ def drive(base: str, model: str, tokenizer: str, cfg: EmbedConfig, batch: int, o
 
 
 def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {"repeats": len(runs), "failed": sum(r["failed"] for r in runs)}
-    for key in ("inputs_s", "input_tok_s", "e2el_p50_ms", "e2el_p90_ms"):
-        vals = [r[key] for r in runs if r.get(key) is not None]
-        out[key] = {"median": statistics.median(vals), "min": min(vals), "max": max(vals)} if vals else None
-    return out
+    return {"repeats": len(runs), "failed": sum(r["failed"] for r in runs),
+            **spread(runs, ("inputs_s", "input_tok_s", "e2el_p50_ms", "e2el_p90_ms"))}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -183,14 +183,20 @@ def run_stack(cfg: SessionsConfig, out: Path, label: str, workers: int, mode: st
         return [asyncio.run(run_once(cfg, base, ports, models, seed=r)) for r in range(cfg.repeats)]
 
 
-def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Median and range of each total over the repeats."""
-    out: dict[str, Any] = {"repeats": len(runs), "errors": sum(r["errors"] for r in runs)}
-    for key in ("follow_up_hit_rate", "follow_up_ttft_p50_ms", "follow_up_ttft_p90_ms", "output_tok_s",
-                "busy_spread", "requests_spread"):
-        vals = [r[key] for r in runs if r[key] is not None]
+def spread(runs: list[dict[str, Any]], keys: tuple[str, ...]) -> dict[str, Any]:
+    """Median and range over the repeats of each of ``keys`` (None where no repeat has it)."""
+    out: dict[str, Any] = {}
+    for key in keys:
+        vals = [r[key] for r in runs if r.get(key) is not None]
         out[key] = {"median": statistics.median(vals), "min": min(vals), "max": max(vals)} if vals else None
     return out
+
+
+def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median and range of each total over the repeats."""
+    return {"repeats": len(runs), "errors": sum(r["errors"] for r in runs),
+            **spread(runs, ("follow_up_hit_rate", "follow_up_ttft_p50_ms", "follow_up_ttft_p90_ms", "output_tok_s",
+                            "busy_spread", "requests_spread"))}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -114,29 +114,29 @@ def test_a_bad_url_is_a_usage_error(argv: list[str], line: str, capsys: pytest.C
     assert capsys.readouterr().err == line
 
 
-def test_bad_settings_are_one_line_and_exit_2(monkeypatch: pytest.MonkeyPatch,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setenv("INFERQ_PORT", "eighty")
+def settings_error(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], **env: str) -> str:
+    """The one line ``inferq stream`` prints, exiting 2, with these settings in the environment."""
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
     get_settings.cache_clear()
     try:
         assert main(["stream", "job-0"]) == 2
     finally:
         get_settings.cache_clear()
     (line,) = capsys.readouterr().err.splitlines()
+    return line
+
+
+def test_bad_settings_are_one_line_and_exit_2(monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    line = settings_error(monkeypatch, capsys, INFERQ_PORT="eighty")
     assert line.startswith("error: invalid settings: INFERQ_PORT: ") and "eighty" not in line
 
 
 def test_bad_settings_never_show_secrets(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """A check of the whole settings (here: job records shorter-lived than a job's timeout) sees
     every variable: the line names the problem, never their values (API keys among them)."""
-    monkeypatch.setenv("INFERQ_JOB_TTL_S", "60")
-    monkeypatch.setenv("INFERQ_API_KEYS", "sk-secret-123")
-    get_settings.cache_clear()
-    try:
-        assert main(["stream", "job-0"]) == 2
-    finally:
-        get_settings.cache_clear()
-    (line,) = capsys.readouterr().err.splitlines()
+    line = settings_error(monkeypatch, capsys, INFERQ_JOB_TTL_S="60", INFERQ_API_KEYS="sk-secret-123")
     assert "INFERQ_JOB_TTL_S" in line and "sk-secret-123" not in line
 
 
