@@ -1,0 +1,71 @@
+"""Every message that crosses Redis or the public API, as pydantic models (JSON on the wire).
+
+- :class:`JobRequest` is what a client submits to ``POST /v1/jobs`` (and what the OpenAI routes
+  translate to); :class:`JobMessage` is the Celery task payload.
+- :data:`StreamEvent` is the tagged union of events a job emits (``token | done | error``), each
+  with a per-job ``seq`` that starts at 1 and grows by one.
+- :class:`JobRecord` is the job's Redis hash; :class:`JobView` is what ``GET /v1/jobs/{id}`` returns.
+
+The models live in four modules: ``jobs`` (the request and the statuses), ``events`` (what a job
+emits), ``records`` (the task payload, the record, the view) and ``fleet`` (workers and adapters);
+import them from here.
+"""
+
+from __future__ import annotations
+
+from inferq.shared.schemas.events import (
+    AcceptedMessage,
+    ChoiceEnd,
+    ControlMessage,
+    DoneEvent,
+    ErrorEvent,
+    ErrorInfo,
+    PromptLogprob,
+    PromptLogprobs,
+    RestartEvent,
+    StreamEvent,
+    TokenEvent,
+    TokenLogprob,
+    ToolCallPiece,
+    TopLogprob,
+    Usage,
+    parse_event,
+)
+from inferq.shared.schemas.fleet import (
+    AdapterCommand,
+    AdapterInfo,
+    AdapterReply,
+    EngineStats,
+    WorkerInfo,
+)
+from inferq.shared.schemas.jobs import (
+    NO_CONTROL_CHARS,
+    STRUCTURE_MAX_CHARS,
+    TERMINAL_STATUSES,
+    ChatMessage,
+    JobRequest,
+    JobStatus,
+    SamplingOptions,
+    ToolCall,
+    ToolCallFunction,
+)
+from inferq.shared.schemas.records import (
+    AdapterRef,
+    ChoiceView,
+    JobAccepted,
+    JobLinks,
+    JobMessage,
+    JobRecord,
+    JobView,
+    ResponseOptions,
+    hash_fields,
+)
+
+__all__ = [
+    "AcceptedMessage", "AdapterCommand", "AdapterInfo", "AdapterRef", "AdapterReply", "ChatMessage", "ChoiceEnd",
+    "ChoiceView", "ControlMessage", "DoneEvent", "EngineStats", "ErrorEvent", "ErrorInfo", "JobAccepted",
+    "JobLinks", "JobMessage", "JobRecord", "JobRequest", "JobStatus", "JobView", "NO_CONTROL_CHARS",
+    "PromptLogprob", "PromptLogprobs", "ResponseOptions", "RestartEvent", "STRUCTURE_MAX_CHARS",
+    "SamplingOptions", "StreamEvent", "TERMINAL_STATUSES", "TokenEvent", "TokenLogprob", "ToolCall",
+    "ToolCallFunction", "ToolCallPiece", "TopLogprob", "Usage", "WorkerInfo", "hash_fields", "parse_event"
+]

@@ -1,0 +1,85 @@
+"""What workers say of themselves (:class:`WorkerInfo`, their heartbeat) and the fleet's LoRA
+adapters (the registry and its control messages)."""
+
+from __future__ import annotations
+
+import time
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+
+class EngineStats(BaseModel):
+    running: int = 0
+    waiting: int = 0
+    kv_cache_usage: float = 0.0
+    peak_running: int = Field(default=0, description="Largest running batch seen since start.")
+    engine_requests: int = Field(default=0, description="Requests the engine holds right now.")
+    jobs_started: int = 0
+    jobs_finished: int = 0
+    steps: int = 0
+    prefix_cache_queries: int = Field(default=0, description="Prompt tokens looked up in the prefix cache "
+                                      "since start (of the steps whose stats reached this worker).")
+    prefix_cache_hits: int = Field(default=0, description="Of those, the tokens found cached.")
+    last_step_at: float | None = Field(
+        default=None, description="Unix time of the engine's last step: a busy engine moves it, a stuck one does not.")
+
+
+class WorkerInfo(BaseModel):
+    """What a worker publishes about itself on every heartbeat."""
+
+    id: str
+    model: str
+    host: str
+    pid: int
+    max_model_len: int
+    max_num_seqs: int
+    tokenizer: str | None = None
+    tool_call_parser: str | None = Field(default=None, description="INFERQ_TOOL_CALL_PARSER of the worker.")
+    vocab_size: int | None = Field(default=None, description="The model's token ids are 0 to this, excluded "
+                                   "(a prompt of token ids is checked against it).")
+    started_at: float
+    last_seen: float
+    draining: bool = False
+    stats: EngineStats = Field(default_factory=EngineStats)
+    frontend: int = Field(default=0, description="This worker's index in its engine group.")
+    tokenizer_files: str | None = Field(default=None, description="The Redis key of the model's tokenizer "
+                                        "as this worker published it for gateways (worker/engine/tokenizer_files.py).")
+    prompt_probe: dict[str, str] = Field(default_factory=dict, description="Per form of prompt, a digest "
+                                         "of the probe's token ids as this worker tokenizes it "
+                                         "(shared/prompt_probe.py).")
+    frontends: int = Field(default=1, description="Workers sharing this worker's engine (INFERQ_FRONTENDS); "
+                           "each reports the whole engine's stats.")
+    adapters: list[str] = Field(default_factory=list, description="LoRA adapters this worker's engine has "
+                                "loaded (by name), most recently used last.")
+    max_loras: int = Field(default=0, description="Adapters one engine batch may mix (0: LoRA off).")
+    lane: bool = Field(default=False, description="Whether this worker consumes its lane (cache-affine pull): "
+                       "only then may other workers pass jobs to it.")
+    tasks: list[str] = Field(default_factory=lambda: ["generate"], description="What its engine serves: "
+                             "'generate' (text), or pooling tasks such as 'embed' (INFERQ_RUNNER=pooling).")
+
+
+class AdapterInfo(BaseModel):
+    """A LoRA adapter the fleet serves (``inferq:adapters``): clients send ``name`` as ``model``."""
+
+    name: str
+    parent: str = Field(description="The base model it adapts: its workers run it, on its queue.")
+    path: str = Field(description="Its folder, readable by every worker of the base model.")
+    source: Literal["settings", "runtime"] = "settings"
+    created_at: float = Field(default_factory=time.time)
+
+
+class AdapterCommand(BaseModel):
+    """Published on ``inferq:control:adapters``: the workers of ``adapter.parent`` load the adapter
+    (and push an :class:`AdapterReply` onto ``reply_to``) or unload it."""
+
+    op: Literal["load", "unload"]
+    adapter: AdapterInfo
+    reply_to: str | None = None
+
+
+class AdapterReply(BaseModel):
+    """A worker's answer to a load: ``error`` None when its engine took the adapter."""
+
+    worker: str
+    error: str | None = None
