@@ -61,6 +61,9 @@ def up(settings: Settings, host: str | None = None, port: int | None = None) -> 
     logs = settings.cache_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
+    # Ctrl-C and SIGTERM stop everything, however this was started: a process started in the
+    # background of a script (or by one that was) inherits SIGINT ignored, and Python keeps it so
+    signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)
     print("inferq up: starting", flush=True)
     with Procs(logs) as procs:

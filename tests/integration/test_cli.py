@@ -90,8 +90,11 @@ def start_up(request: pytest.FixtureRequest) -> Up:
     redis.Redis.from_url(url).flushdb()
     port = quiet_port()  # its process starts for a while (quiet_port)
     env = inferq_env(url, PYTHONIOENCODING="utf-8")
+    # started as from a script's background (`inferq up &`): SIGINT ignored, which a process keeps
+    # unless it says otherwise; Ctrl-C must stop it all the same (test_ctrl_c_stops_everything_it_started)
     proc = subprocess.Popen([*CLI, "up", "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            env=env, cwd=ROOT, process_group=0)  # see cli.procs.Proc
+                            env=env, cwd=ROOT, process_group=0,  # see cli.procs.Proc
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     u = Up(proc, f"http://127.0.0.1:{port}", f"ws://127.0.0.1:{port}", env)
     u.reader = threading.Thread(target=u._read, daemon=True)
     u.reader.start()

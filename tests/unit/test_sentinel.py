@@ -204,11 +204,12 @@ def test_inferq_up_asks_the_sentinels_and_starts_no_redis_of_its_own(tmp_path: P
                                                                      capsys: pytest.CaptureFixture[str]) -> None:
     s = Settings(cache_dir=tmp_path, redis_url="redis://:secret@ignored.invalid:1/0", redis_sentinel_master="mm",
                  redis_sentinels=f"127.0.0.1:{free_port()}")
-    handler = signal.getsignal(signal.SIGTERM)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         assert launcher.up(s) == 1
     finally:
-        signal.signal(signal.SIGTERM, handler)
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
     out = capsys.readouterr().out
     assert "Redis at master 'mm' of Sentinels 127.0.0.1:" in out and "does not answer" in out
     assert "secret" not in out and "redis  " not in out  # nothing started
