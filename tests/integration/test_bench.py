@@ -44,6 +44,7 @@ def test_bench_smoke_with_the_client_over_processes(tmp_path: Path, stack) -> No
         assert all(r["job_id"] for run in runs for r in run["requests"]), name
 
 
+@pytest.mark.heavy  # ~80 s (its own vllm serve); make test drives the gateway with vllm bench serve in test_openai.py
 def test_bench_vllm_bench_client_drives_vllm_serve_and_inferq_sse(tmp_path: Path, stack) -> None:
     """vLLM's own load client (vllm bench serve) drives vllm serve and inferq's OpenAI API, each
     level split over two of its processes whose per-request results are merged."""
