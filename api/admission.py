@@ -36,6 +36,7 @@ from inferq.api.auth import Principal
 from inferq.api.service import JobService, new_job_id
 from inferq.shared import keys, lua
 from inferq.shared.errors import Conflict, InvalidRequest, NotFound, RateLimited
+from inferq.shared.fairshare import Share
 from inferq.shared.request_limits import check_limits
 from inferq.shared.schemas import JobRecord, JobRequest, ResponseOptions
 from inferq.shared.settings import Settings
@@ -66,10 +67,11 @@ def check_idempotency_key(value: str) -> str:
 
 class Admission:
     def __init__(self, settings: Settings, redis: Redis, service: JobService,
-                 replay_wait_s: float = 10.0) -> None:
+                 replay_wait_s: float = 10.0, shares: Callable[[str | None], Share] | None = None) -> None:
         self.settings = settings
         self.redis = redis
         self.service = service
+        self.shares = shares or (lambda owner: Share())  # an owner's fair share (KeyRing.share)
         self.replay_wait_s = replay_wait_s
         self._rate = lua.register(redis, "rate")
         self._reserve = lua.register(redis, "reserve")
@@ -132,10 +134,11 @@ class Admission:
         before one failed stay queued (a batch queues the rest of its line later, by their ids)."""
         await self.reserve(subject, ids, limit)
         records: list[JobRecord] = []
+        share = self.shares(owner)
         try:
             for req, job_id in zip(reqs, ids, strict=True):
                 records.append(await self.service.submit(req, owner=owner, job_id=job_id, max_depth=max_depth,
-                                                         response=response))
+                                                         response=response, share=share))
         except BaseException:
             await asyncio.shield(self._undo(subject, records if all_or_none else [], ids[len(records):]))
             raise

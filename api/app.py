@@ -56,7 +56,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         await hub.start()
         app.state.settings = settings
         app.state.service = JobService(settings, redis, store, make_celery(settings))
-        app.state.admission = Admission(settings, redis, app.state.service)
+        app.state.admission = Admission(settings, redis, app.state.service, shares=keyring.share)
         app.state.hub = hub
         app.state.files = FileStore(settings, redis)
         runner = BatchRunner(settings, redis, app.state.admission, app.state.files)

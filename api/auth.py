@@ -1,7 +1,9 @@
 """API keys: who is calling.
 
-Keys come from ``INFERQ_API_KEYS`` (comma-separated) and ``INFERQ_API_KEYS_FILE`` (one ``KEY [name]``
-a line; blank lines and ``#`` comments are skipped). With no key configured, auth is off and every
+Keys come from ``INFERQ_API_KEYS`` (comma-separated) and ``INFERQ_API_KEYS_FILE`` (one
+``KEY [name] [tenant=T] [weight=W]`` a line; blank lines and ``#`` comments are skipped). A key's
+tenant (default: the key itself) and weight (default 1) set its fair share of the queue
+(shared/fairshare.py). With no key configured, auth is off and every
 caller is anonymous. The gateway never keeps or logs a raw key after start-up: a key is known by
 its SHA-256 digest, compared in constant time, and identified by :func:`key_id` (a digest prefix),
 which is what job records store as their ``owner``.
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +23,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from inferq.api.errors import to_response
 from inferq.shared.errors import Unauthenticated
+from inferq.shared.fairshare import TENANT_PATTERN, Share
 from inferq.shared.settings import Settings
 
 
@@ -47,26 +51,42 @@ class Principal:
 
 
 @dataclass(frozen=True)
+class KeySpec:
+    """What the keys file says of a key besides the key."""
+
+    name: str | None = None
+    tenant: str | None = None  # None: the key is a tenant of its own
+    weight: float = 1.0
+
+
+@dataclass(frozen=True)
 class _Key:
     digest: bytes
     id: str
     name: str | None
+    share: Share
 
 
 class KeyRing:
-    def __init__(self, keys: dict[str, str | None]) -> None:
-        """``keys`` maps each raw key to its name (or None)."""
-        self._keys = [_Key(hashlib.sha256(k.encode()).digest(), key_id(k), n) for k, n in keys.items()]
+    def __init__(self, keys: dict[str, KeySpec]) -> None:
+        """``keys`` maps each raw key to what the keys file says of it."""
+        self._keys = [_Key(hashlib.sha256(k.encode()).digest(), key_id(k), spec.name,
+                           Share(spec.tenant or key_id(k), spec.weight)) for k, spec in keys.items()]
+        self._shares = {k.id: k.share for k in self._keys}
 
     @classmethod
     def from_settings(cls, settings: Settings) -> KeyRing:
-        keys: dict[str, str | None] = {}
+        keys: dict[str, KeySpec] = {}
         for k in settings.api_keys.get_secret_value().split(","):
             if k.strip():
-                keys[k.strip()] = None
+                keys[k.strip()] = KeySpec()
         if settings.api_keys_file is not None:
             keys.update(read_keys_file(settings.api_keys_file))
         return cls(keys)
+
+    def share(self, owner: str | None) -> Share:
+        """The fair share of the jobs of key ``owner`` (a :func:`key_id`; None: auth is off)."""
+        return self._shares.get(owner or "", Share())
 
     @property
     def enabled(self) -> bool:
@@ -118,13 +138,35 @@ class KeyBeforeBody:
         await self.app(scope, receive, send)
 
 
-def read_keys_file(path: Path) -> dict[str, str | None]:
-    """``KEY [name]`` per line; blank lines and lines starting with ``#`` are skipped."""
-    out: dict[str, str | None] = {}
-    for line in path.read_text().splitlines():
+def read_keys_file(path: Path) -> dict[str, KeySpec]:
+    """``KEY [name] [tenant=T] [weight=W]`` per line; blank lines and lines starting with ``#`` are
+    skipped. A bad option is a ValueError naming its line (never the key)."""
+    out: dict[str, KeySpec] = {}
+    for number, line in enumerate(path.read_text().splitlines(), 1):
         line = line.strip()
         if not line or line.startswith("#"):
             continue
-        key, *name = line.split(None, 1)
-        out[key] = name[0].strip() if name else None
+        key, *rest = line.split()
+        words, options = list(rest), {}
+        while words and (m := _OPTION.fullmatch(words[-1])):
+            options[m[1]] = m[2]
+            words.pop()
+        out[key] = KeySpec(" ".join(words) or None, *_options(options, f"{path}, line {number}"))
     return out
+
+
+_OPTION = re.compile(r"(tenant|weight)=(\S*)")
+
+
+def _options(options: dict[str, str], where: str) -> tuple[str | None, float]:
+    tenant = options.get("tenant")
+    if tenant is not None and not TENANT_PATTERN.fullmatch(tenant):
+        raise ValueError(f"{where}: tenant= must be 1 to 64 letters, digits and ._:@- (starting with a "
+                         "letter or digit)")
+    try:
+        weight = float(options.get("weight", "1"))
+    except ValueError:
+        weight = float("nan")
+    if not 0.01 <= weight <= 1000:  # also refuses nan
+        raise ValueError(f"{where}: weight= must be a number from 0.01 to 1000")
+    return tenant, weight

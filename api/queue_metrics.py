@@ -9,6 +9,7 @@ once, whichever process saw it.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -22,7 +23,8 @@ from inferq.shared import keys, lua
 from inferq.shared.schemas import WorkerInfo
 from inferq.shared.store import queue_depths
 
-_ARITY = {"submitted": 1, "end": 3, "requeue": 2, "reaped": 1, "batch_line": 1}  # labels of each kind of keys.stat()
+#: labels of each kind of keys.stat()
+_ARITY = {"submitted": 1, "end": 3, "requeue": 2, "reaped": 1, "batch_line": 1, "served": 2}
 
 
 @dataclass
@@ -36,6 +38,7 @@ class QueueSnapshot:
     running: dict[str, int] = field(default_factory=dict)  # model -> jobs its live workers hold
     stats: dict[str, int] = field(default_factory=dict)  # inferq:stats
     batches: int = 0  # batches not yet ended
+    tenants: dict[tuple[str, str, str], int] = field(default_factory=dict)  # (model, tenant, status) -> jobs
 
 
 async def snapshot(redis: Redis, default_model: str, ttl_s: float, window_s: float) -> QueueSnapshot:
@@ -48,7 +51,7 @@ async def snapshot(redis: Redis, default_model: str, ttl_s: float, window_s: flo
         lists = keys.queue_lists(model)
         lengths = await queue_depths(redis, model)  # jobs cancelled while queued not counted
         async with redis.pipeline(transaction=False) as p:
-            p.eval(lua.source("queue_oldest"), len(lists) + 1, *lists, keys.QUEUED)
+            p.eval(lua.source("queue_oldest"), len(lists) + 1, *lists, keys.QUEUED, json.dumps(model), keys.job(""))
             p.zrangebyscore(keys.workers(model), now - ttl_s, "+inf")
             oldest, wids = await p.execute()
         snap.depth.update({(model, prio): n for prio, n in zip(keys.PRIORITIES, lengths, strict=True)})
@@ -58,14 +61,39 @@ async def snapshot(redis: Redis, default_model: str, ttl_s: float, window_s: flo
             if wids else []
         snap.workers[(model, "live")] = sum(not w.draining for w in infos)
         snap.workers[(model, "draining")] = sum(w.draining for w in infos)
-        if wids:
-            async with redis.pipeline(transaction=False) as p:
-                for w in wids:
-                    p.scard(keys.worker_jobs(w))
-                snap.running[model] = sum(await p.execute())
-        else:
-            snap.running[model] = 0
+        running = await _running(redis, wids)
+        snap.running[model] = len(running)
+        await _tenants(redis, snap, model, lists, running)
     return snap
+
+
+async def _running(redis: Redis, wids: list[str]) -> list[str]:
+    """The jobs the workers ``wids`` hold."""
+    if not wids:
+        return []
+    async with redis.pipeline(transaction=False) as p:
+        for w in wids:
+            p.smembers(keys.worker_jobs(w))
+        return [j for held in await p.execute() for j in held]
+
+
+async def _tenants(redis: Redis, snap: QueueSnapshot, model: str, lists: list[str], running: list[str]) -> None:
+    """Each tenant's jobs queued (shared/fairshare.py's counts) and running (its jobs' records)."""
+    async with redis.pipeline(transaction=False) as p:
+        for name in lists:
+            p.hgetall(keys.fair_queued(name))
+        for job_id in running:
+            p.hget(keys.job(job_id), "fair")
+        got = await p.execute()
+    for counts in got[:len(lists)]:
+        for tenant, n in counts.items():
+            if int(n) > 0:
+                k = (model, tenant, "queued")
+                snap.tenants[k] = snap.tenants.get(k, 0) + int(n)
+    for fair in got[len(lists):]:
+        if fair:
+            k = (model, json.loads(fair)["b"], "running")
+            snap.tenants[k] = snap.tenants.get(k, 0) + 1
 
 
 class QueueCollector(Collector):
@@ -97,6 +125,12 @@ class QueueCollector(Collector):
         for (model, state), n in s.workers.items():
             workers.add_metric([model, state], n)
         yield workers
+        tenants = GaugeMetricFamily("inferq_tenant_jobs", "Jobs of each tenant (an API key, or the tenant "
+                                    "its keys-file line names) queued and running, for fair share.",
+                                    labels=["model", "tenant", "status"])
+        for (model, tenant, status), n in sorted(s.tenants.items()):
+            tenants.add_metric([model, tenant, status], n)
+        yield tenants
         yield GaugeMetricFamily("inferq_batches_active", "Batches (the Batch API) not yet ended.", value=s.batches)
         yield from self._counters()
 
@@ -112,6 +146,9 @@ class QueueCollector(Collector):
                                            labels=["model", "reason"]),
             "reaped": CounterMetricFamily("inferq_workers_reaped", "Workers found dead (no heartbeat for "
                                           "INFERQ_WORKER_TTL_S) and removed by a reaper.", labels=["model"]),
+            "served": CounterMetricFamily("inferq_tenant_served_tokens", "Tokens served to each tenant (prompt "
+                                          "and output of its ended jobs), what fair share evens out.",
+                                          labels=["model", "tenant"]),
             "batch_line": CounterMetricFamily("inferq_batch_lines", "Batch requests answered, by outcome "
                                               "(ok: output file; error: error file).", labels=["outcome"]),
         }

@@ -25,6 +25,7 @@ from inferq.api.prompt_ids import Published, tokenize
 from inferq.shared import keys, tracing
 from inferq.shared.celery_app import job_message
 from inferq.shared.errors import ContextLengthExceeded, InvalidRequest, NotFound, RateLimited, job_not_found
+from inferq.shared.fairshare import Share, job_cost, share_json
 from inferq.shared.pooling import check_task
 from inferq.shared.request_limits import check_vocabulary
 from inferq.shared.schemas import (
@@ -154,12 +155,14 @@ class JobService:
         return ids
 
     async def submit(self, req: JobRequest, *, owner: str | None = None, job_id: str | None = None,
-                     max_depth: int | None = None, response: ResponseOptions | None = None) -> JobRecord:
+                     max_depth: int | None = None, response: ResponseOptions | None = None,
+                     share: Share | None = None) -> JobRecord:
         """Queue the job: its record and its Celery message are written together, in one Redis
         script, unless the model's queue holds ``max_depth`` (default ``INFERQ_MAX_QUEUE_DEPTH``)
         messages already (429 ``queue_full``). A ``job_id`` that was queued before is not queued
         again: its record is returned as it is (a batch's lines have ids of their own that way).
-        ``response``: the options of a ``/v1/responses`` request, kept on the record."""
+        ``response``: the options of a ``/v1/responses`` request, kept on the record. ``share``:
+        whose fair share of the queue the job takes (shared/fairshare.py; default: anonymous)."""
         model, info, adapter = await self.resolve(req.model)
         ids = await self.check_context(req, info) if info is not None else None
         record = JobRecord(id=job_id or new_job_id(), model=model, request=req, owner=owner, adapter=adapter,
@@ -169,8 +172,10 @@ class JobService:
         with tracing.span("inferq.submit", job_id=record.id, model=model, priority=req.priority) as span:
             record.traceparent = span.traceparent
             queue_list, message = job_message(self.celery, record.message(ids))
+            cost = job_cost(req, len(ids) if ids is not None else None, self.settings.default_max_tokens)
+            fair = share_json(share or Share(), cost, queue_list, self.settings.fair_share)
             try:
-                depth = await self.store.submit(record, queue_list, message, limit)
+                depth = await self.store.submit(record, queue_list, message, limit, fair)
             except AlreadyQueued:
                 if (prior := await self.store.get(record.id)) is None:  # ended and expired meanwhile
                     raise job_not_found(record.id) from None

@@ -33,6 +33,11 @@ inferq:px:{model}:{hash}        string    the worker that last ran a prompt whos
                                           (or ``a:{adapter}``: that last ran the adapter) (TTL)
 inferq:cancelled:{list}         zset      job ids cancelled while queued whose message is still in the
                                           list -> cancel time: not counted in the queue's depth (TTL)
+inferq:fair:{list}              zset      job ids whose message waits in the list -> virtual finish tag
+                                          (fair share between keys: shared/fairshare.py; TTL)
+inferq:fair:{list}:state        hash      ``v``: the virtual time (the tag last claimed); ``t|{tenant}``:
+                                          the tenant's last finish tag (TTL)
+inferq:fair:{list}:queued       hash      tenant -> its jobs queued in the list, not yet taken (TTL)
 unacked, unacked_index          hash,zset kombu's delivered-but-unacked messages (the reaper sweeps)
 inferq:rate:{subject}           zset      submission times of the last minute (sliding window; TTL)
 inferq:active:{subject}         zset      the subject's unfinished job ids -> submit time (TTL)
@@ -154,6 +159,21 @@ def queue_cancelled(queue_list: str) -> str:
     return f"{PREFIX}:cancelled:{queue_list}"
 
 
+def fair_order(queue_list: str) -> str:
+    """The jobs whose message waits in ``queue_list``, scored by virtual finish tag (fair share)."""
+    return f"{PREFIX}:fair:{queue_list}"
+
+
+def fair_state(queue_list: str) -> str:
+    """The list's virtual time (``v``) and each tenant's last finish tag (``t|{tenant}``)."""
+    return f"{PREFIX}:fair:{queue_list}:state"
+
+
+def fair_queued(queue_list: str) -> str:
+    """Tenant -> its jobs queued in ``queue_list`` and not yet taken by a worker."""
+    return f"{PREFIX}:fair:{queue_list}:queued"
+
+
 def worker_jobs(worker_id: str) -> str:
     """Ids of the jobs a worker is running; the reaper requeues them if the worker dies."""
     return f"{PREFIX}:worker:{worker_id}:jobs"
@@ -179,7 +199,8 @@ def idempotency(subject: str, key_hash: str) -> str:
 
 def stat(kind: str, *labels: str) -> str:
     """A field of :data:`STATS`: ``end|model|status|code``, ``requeue|model|reason``,
-    ``reaped|model``, ``submitted|model`` or ``batch_line|outcome`` (shared/lua/prelude.lua's
+    ``reaped|model``, ``submitted|model``, ``served|model|tenant`` (tokens: prompt + output) or
+    ``batch_line|outcome`` (shared/lua/prelude.lua's
     ``count`` builds the same)."""
     return STAT_SEP.join((kind, *labels))
 

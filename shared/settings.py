@@ -130,7 +130,8 @@ class Settings(BaseSettings):
     api_keys: SecretStr = Field(default=SecretStr(""), description="Comma-separated bearer keys; any turns "
                                 "auth on, and jobs, files and batches become private to their key "
                                 "(docs/security.md).")
-    api_keys_file: Path | None = Field(default=None, description="API keys, one per line: 'KEY [name]'; "
+    api_keys_file: Path | None = Field(default=None, description="API keys, one per line: "
+                                       "'KEY [name] [tenant=T] [weight=W]' (fair share: docs/security.md); "
                                        "added to INFERQ_API_KEYS.")
     allowed_origins: str = Field(default="", description="Comma-separated origins (scheme://host[:port], or "
                                  "'*') that browser pages may call the API from (CORS) and open WebSockets "
@@ -143,6 +144,10 @@ class Settings(BaseSettings):
         return [o.strip().rstrip("/") for o in self.allowed_origins.split(",") if o.strip()]
     rate_limit_per_minute: int = Field(default=0, ge=0, description="Submissions per key (per client "
                                        "IP without keys) per minute, 429 beyond; 0: off.")
+    fair_share: bool = Field(default=True, description="Order each priority level of a model's queue by "
+                             "fair share between tenants (API keys, or the tenant= their keys-file lines "
+                             "name, weighted by weight=): a worker's next job is the one of the tenant "
+                             "served least so far. Off: first in, first out.")
     max_concurrent_jobs_per_key: int = Field(default=0, ge=0, description="Unfinished jobs per key (per "
                                              "client IP without keys), 429 beyond; 0: off.")
     idempotency_ttl_s: int = Field(default=24 * 3600, ge=1, description="How long an Idempotency-Key "

@@ -87,15 +87,17 @@ class JobStore:
         """Write the job's record alone, without a Celery message (a job some other way sends)."""
         await self._write(record)
 
-    async def submit(self, record: JobRecord, queue_list: str, message: str, max_depth: int) -> int | None:
+    async def submit(self, record: JobRecord, queue_list: str, message: str, max_depth: int,
+                     share: str = "") -> int | None:
         """Write the job's record and put its Celery message on ``queue_list`` in one step, unless
         the model's queue already holds ``max_depth`` jobs (as :func:`queue_depths` counts them): then
         nothing is written and the depth is returned. :class:`AlreadyQueued` when a job with the
-        record's id exists: nothing is written then either."""
-        return await self._write(record, queue_list, message, max_depth)
+        record's id exists: nothing is written then either. ``share``: the job's fair share
+        (:func:`shared.fairshare.share_json`), which places the message in the list."""
+        return await self._write(record, queue_list, message, max_depth, share)
 
     async def _write(self, record: JobRecord, queue_list: str | None = None, message: str = "",
-                     max_depth: int | None = None) -> int | None:
+                     max_depth: int | None = None, share: str = "") -> int | None:
         lists = keys.queue_lists(record.model)
         queue_list = queue_list or lists[record.request.priority]  # where its messages go (job_message)
         # the record names the zset its job joins if it is cancelled while its message waits in that list
@@ -105,7 +107,7 @@ class JobStore:
             keys=[keys.job(record.id), keys.QUEUED, keys.STATS, queue_list, *lists,
                   *map(keys.queue_cancelled, lists)],
             args=["" if max_depth is None else max_depth, self.ttl_s, record.id, repr(record.created_at),
-                  keys.stat("submitted", record.model), message, *fields]))
+                  keys.stat("submitted", record.model), message, share, *fields]))
         if depth == -2:
             raise AlreadyQueued(record.id)
         return None if depth < 0 else depth

@@ -5,11 +5,18 @@
 -- not "running": else the job would stay running with nobody on it.
 -- Every claim consumes one of the job's messages: a job cancelled while queued is no longer among
 -- those whose message waits in its queue's list (the zset named in the record, see job_cancel.lua).
+-- A job of a fair share leaves its list's tag order and its tenant's queued count (job_submit.lua).
 -- A job taken gets a full ttl for its record and log (the heartbeat renews them while it runs).
 local st = redis.call('HGET', KEYS[1], 'status')
 if not st then return nil end
 local cancelled = redis.call('HGET', KEYS[1], 'queue_cancelled')
 if cancelled then redis.call('ZREM', cancelled, ARGV[3]) end
+-- its message has left the list: the list's virtual time moves on to its tag (job_submit.lua)
+local fair = fair_of(KEYS[1])
+if fair and fair.t and redis.call('ZREM', fair.z, ARGV[3]) == 1 then
+  local v = redis.call('HGET', fair.s, 'v')
+  if not v or tonumber(fair.t) > tonumber(v) then redis.call('HSET', fair.s, 'v', fair.t) end
+end
 if st ~= STATUS.queued then
   if ARGV[4] ~= '' and st == STATUS.running and redis.call('HGET', KEYS[1], 'claim') == ARGV[4] then
     return {STATUS.queued, tonumber(redis.call('HGET', KEYS[1], 'attempt')), last_seq(KEYS[2])}
@@ -23,4 +30,5 @@ redis.call('EXPIRE', KEYS[1], ARGV[5])
 redis.call('EXPIRE', KEYS[2], ARGV[5])
 redis.call('SADD', KEYS[3], ARGV[3])
 redis.call('ZREM', KEYS[4], ARGV[3])
+fair_unqueue(KEYS[1], fair)
 return {st, attempt, last_seq(KEYS[2])}

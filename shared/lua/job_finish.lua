@@ -23,6 +23,25 @@ local st, code = redis.call('HGET', KEYS[1], 'status'), ''
 local e = redis.call('HGET', KEYS[1], 'error')
 if st == STATUS.failed and e and e ~= 'null' then code = cjson.decode(e).code end
 count(KEYS[5], KEYS[1], 'end', cjson.decode(st), code)
+-- fair share: the tokens its tenant was served; a job that cost less than its tag assumed gives
+-- the difference back to the tenant's last tag (never below the virtual time)
+local fair = fair_of(KEYS[1])
+if fair then
+  local u, used = redis.call('HGET', KEYS[1], 'usage'), 0
+  if u and u ~= 'null' then
+    u = cjson.decode(u)
+    used = (tonumber(u.prompt_tokens) or 0) + (tonumber(u.completion_tokens) or 0)
+  end
+  if used > 0 then count(KEYS[5], KEYS[1], 'served', fair.b, nil, used) end
+  if fair.t and used < fair.c then
+    local k = 't|' .. fair.b
+    local last, v = redis.call('HGET', fair.s, k), redis.call('HGET', fair.s, 'v')
+    if last then
+      local back = tonumber(last) - (fair.c - used) / fair.w
+      redis.call('HSET', fair.s, k, tagstr(math.max(back, tonumber(v or '0'))))
+    end
+  end
+end
 redis.call('SREM', KEYS[2], ARGV[2])
 redis.call('XADD', KEYS[3], seq .. '-0', 'e', data)
 redis.call('EXPIRE', KEYS[3], ARGV[5])

@@ -6,12 +6,31 @@ local function text(v)
   return ''
 end
 
--- one of the cluster-wide counters (keys.stat): kind|model|a[|b], the model from the job record h
-local function count(stats, h, kind, a, b)
+-- one of the cluster-wide counters (keys.stat): kind|model|a[|b], the model from the job record h;
+-- counts `by` (default 1)
+local function count(stats, h, kind, a, b, by)
   local m = redis.call('HGET', h, 'model')
   local f = kind .. '|' .. text(m and cjson.decode(m)) .. '|' .. text(a)
   if b then f = f .. '|' .. text(b) end
-  redis.call('HINCRBY', stats, f, 1)
+  redis.call('HINCRBY', stats, f, by or 1)
+end
+
+-- a virtual finish tag as stored (every digit of the double: tags are compared and added to)
+local function tagstr(x)
+  return string.format('%.17g', x)
+end
+
+-- the job's fair share (the record's `fair`, see job_submit.lua), or nil
+local function fair_of(h)
+  local f = redis.call('HGET', h, 'fair')
+  if f then return cjson.decode(f) end
+  return nil
+end
+
+-- a queued job of that share is no longer waiting (taken, cancelled or failed): it leaves its
+-- tenant's count of queued jobs, once (`fair_q` is set at submit only)
+local function fair_unqueue(h, fair)
+  if fair and redis.call('HDEL', h, 'fair_q') == 1 then redis.call('HINCRBY', fair.n, fair.b, -1) end
 end
 
 -- the seq of the last event in a job's log (0: none)

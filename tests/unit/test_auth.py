@@ -9,7 +9,7 @@ import pytest
 from starlette.requests import Request
 
 from inferq.api.admission import check_idempotency_key, fingerprint
-from inferq.api.auth import KeyRing, Principal, key_id
+from inferq.api.auth import KeyRing, KeySpec, Principal, key_id
 from inferq.shared.errors import InvalidRequest, Unauthenticated
 from inferq.shared.settings import Settings
 
@@ -41,7 +41,7 @@ def test_key_id_is_a_sha256_prefix() -> None:
     (b"Bearer \xe9\xff", b"", False), (None, b"api_key=sk-a", None),
 ])
 def test_bearer_header(auth: bytes | None, query: bytes, ok: bool | None) -> None:
-    ring = KeyRing({"sk-a": None})
+    ring = KeyRing({"sk-a": KeySpec()})
     for allow_query in (False, True):
         expect = ok if ok is not None else allow_query  # ?api_key= only where allowed (WebSockets)
         if expect:

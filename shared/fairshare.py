@@ -1,0 +1,64 @@
+"""Fair share between tenants inside each priority level of a model's queue.
+
+A tenant is an API key, or the ``tenant=`` several keys name in the keys file (without keys,
+every caller is one tenant: the queue is first in, first out as before). Each job is charged its
+expected cost in tokens (its prompt and ``max_tokens`` per choice) divided by its key's weight,
+as a virtual finish tag (start-time fair queueing, as in weighted fair queueing): the tag is
+``max(virtual time, the tenant's last tag) + cost / weight``, where the virtual time is the tag of
+the job workers took last. The gateway's submit script (shared/lua/job_submit.lua) puts the job's
+Celery message into its list in tag order, so a worker's next job is always the one of the tenant
+with the least service so far; a tenant with 10,000 jobs queued does not delay another's next job
+by more than the jobs ahead of it in tag order. A job that ends having cost less than it was
+charged gives the difference back to its tenant (shared/lua/job_finish.lua).
+
+Nothing else changes: messages stay in Celery's lists (queue depth, KEDA triggers, cancels,
+redelivery and hand-backs, which go to the front as before, see them as they were).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+from inferq.shared import keys
+from inferq.shared.schemas import JobRequest
+
+#: A tenant's name in the keys file (it labels metrics and Redis fields).
+TENANT_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,63}")
+#: The tenant of every caller when auth is off.
+ANONYMOUS = "anonymous"
+#: Prompt characters counted as one token when the gateway could not count the prompt's tokens.
+CHARS_PER_TOKEN = 4
+
+
+@dataclass(frozen=True)
+class Share:
+    """Whose share of the queue a job takes, and how big a share that is."""
+
+    tenant: str = ANONYMOUS
+    weight: float = 1.0
+
+
+def job_cost(req: JobRequest, prompt_tokens: int | None, default_max_tokens: int) -> int:
+    """The tokens a job is expected to cost: its prompt (as counted, else estimated from its
+    characters) and its output, ``max_tokens`` for each of its ``n`` choices (none for an
+    embedding job)."""
+    if prompt_tokens is None:
+        if req.embed is not None:
+            prompt_tokens = sum(map(len, req.embed.token_ids or [])) + \
+                sum(map(len, req.embed.texts or [])) // CHARS_PER_TOKEN
+        elif req.prompt_token_ids is not None:
+            prompt_tokens = len(req.prompt_token_ids)
+        else:
+            chars = len(req.prompt or "") + sum(len(m.content) for m in req.messages or [])
+            prompt_tokens = chars // CHARS_PER_TOKEN
+    output = 0 if req.embed is not None else (req.max_tokens or default_max_tokens) * req.n
+    return max(1, prompt_tokens + output)
+
+
+def share_json(share: Share, cost: int, queue_list: str, ordered: bool) -> str:
+    """The job's share as job_submit.lua takes it (and the record keeps it, as ``fair``)."""
+    return json.dumps({"b": share.tenant, "w": share.weight, "c": cost, "o": int(ordered),
+                       "z": keys.fair_order(queue_list), "s": keys.fair_state(queue_list),
+                       "n": keys.fair_queued(queue_list)}, separators=(",", ":"))

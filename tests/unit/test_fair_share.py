@@ -1,0 +1,193 @@
+"""Fair share between tenants in the queue (shared/fairshare.py; a Redis of its own, no worker).
+
+Jobs are submitted as the gateway does (Admission.queue), and taken as workers do: pop the right
+end of the queue's list and claim the job. What is asserted is the order workers get them in."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+import redis
+
+from inferq.api import queue_metrics
+from inferq.api.admission import Admission
+from inferq.api.auth import KeyRing, KeySpec, key_id, read_keys_file
+from inferq.api.service import JobService
+from inferq.shared import keys
+from inferq.shared.celery_app import make_celery
+from inferq.shared.fairshare import Share, job_cost
+from inferq.shared.schemas import DoneEvent, JobRequest, JobStatus, Usage
+from inferq.shared.settings import Settings
+from inferq.shared.store import JobStore
+
+MAX_TOKENS = 10  # each job costs 11 tokens: a 4-character prompt (~1 token) and 10 out
+
+
+def admission(url: str, r: redis.asyncio.Redis, shares: dict[str, Share], fair: bool = True) -> Admission:
+    s = Settings(redis_url=url, served_model_name=f"fair-{uuid.uuid4().hex[:6]}", fair_share=fair)
+    return Admission(s, r, JobService(s, r, JobStore(r, s.job_ttl_s), make_celery(s)),
+                     shares=lambda owner: shares.get(owner or "", Share(owner or "anonymous")))
+
+
+async def submit(adm: Admission, owner: str, n: int = 1, priority: int = 5, max_tokens: int = MAX_TOKENS) -> list[str]:
+    ids = [f"job-{uuid.uuid4().hex}" for _ in range(n)]
+    reqs = [JobRequest(prompt="abcd", max_tokens=max_tokens, priority=priority) for _ in ids]
+    await adm.queue(owner, owner, reqs, ids)
+    return ids
+
+
+async def take(adm: Admission, n: int | None = None) -> list[str]:
+    """What workers do: pop the right end of the model's lists (most urgent first), claim the job.
+    Returns the owners of the jobs taken, in order."""
+    r, store, owners = adm.redis, adm.service.store, []
+    for name in keys.queue_lists(adm.settings.model_name):
+        while (n is None or len(owners) < n) and (raw := await r.rpop(name)) is not None:
+            job_id = json.loads(raw)["headers"]["id"]
+            claim = await store.claim(job_id, "w")
+            rec = await store.get(job_id)
+            assert claim is not None and rec is not None
+            if claim.previous is JobStatus.queued:
+                owners.append(rec.owner or "")
+    return owners
+
+
+async def test_without_fair_share_the_queue_is_first_in_first_out(own_redis: str, r: redis.asyncio.Redis) -> None:
+    adm = admission(own_redis, r, {}, fair=False)
+    await submit(adm, "A", 20)
+    await submit(adm, "B")
+    assert await take(adm) == ["A"] * 20 + ["B"]
+
+
+async def test_a_tenant_with_one_job_is_not_queued_behind_another_s_backlog(own_redis: str,
+                                                                          r: redis.asyncio.Redis) -> None:
+    adm = admission(own_redis, r, {})
+    await submit(adm, "A", 200)
+    await submit(adm, "B")
+    got = await take(adm)
+    assert len(got) == 201 and got.index("B") <= 1  # behind at most the job A had at the front
+
+
+async def test_two_backlogged_tenants_alternate(own_redis: str, r: redis.asyncio.Redis) -> None:
+    adm = admission(own_redis, r, {})
+    await submit(adm, "A", 30)
+    await submit(adm, "B", 30)
+    got = await take(adm)
+    for k in range(2, 61, 2):  # every prefix: one each, give or take one
+        assert abs(got[:k].count("A") - got[:k].count("B")) <= 1, got
+
+
+async def test_weights_share_the_queue_in_proportion(own_redis: str, r: redis.asyncio.Redis) -> None:
+    adm = admission(own_redis, r, {"A": Share("A", 3.0), "B": Share("B", 1.0)})
+    await submit(adm, "B", 20)
+    await submit(adm, "A", 60)
+    got = await take(adm, 40)
+    assert got.count("A") in (29, 30, 31) and got.count("B") in (9, 10, 11), got
+
+
+async def test_tenants_of_one_name_share_one_slot(own_redis: str, r: redis.asyncio.Redis) -> None:
+    acme = Share("acme", 1.0)
+    adm = admission(own_redis, r, {"A1": acme, "A2": acme})
+    await submit(adm, "A1", 10)
+    await submit(adm, "A2", 10)
+    await submit(adm, "B", 10)
+    got = await take(adm, 20)
+    assert got.count("B") == 10, got  # acme's 20 jobs and B's 10: B has half the service
+
+
+async def test_an_idle_tenant_comes_back_level_not_with_credit(own_redis: str, r: redis.asyncio.Redis) -> None:
+    adm = admission(own_redis, r, {})
+    await submit(adm, "A", 40)
+    assert await take(adm, 20) == ["A"] * 20  # A alone for a while: B is owed nothing for it
+    await submit(adm, "B", 20)
+    got = await take(adm, 20)
+    assert 9 <= got.count("B") <= 11, got
+
+
+async def test_cheaper_jobs_run_more_often(own_redis: str, r: redis.asyncio.Redis) -> None:
+    """The charge is tokens: a tenant whose jobs cost a tenth gets ten jobs for one."""
+    adm = admission(own_redis, r, {})
+    await submit(adm, "A", 20, max_tokens=109)  # 110 tokens each
+    await submit(adm, "B", 100, max_tokens=10)  # 11 tokens each
+    got = await take(adm, 44)
+    assert got.count("A") in (3, 4, 5), got
+
+
+async def test_priorities_still_come_first(own_redis: str, r: redis.asyncio.Redis) -> None:
+    adm = admission(own_redis, r, {})
+    await submit(adm, "A", 10, priority=0)
+    await submit(adm, "B", 10, priority=5)
+    assert await take(adm) == ["A"] * 10 + ["B"] * 10
+
+
+async def test_counts_served_tokens_and_gives_back_what_a_job_did_not_use(own_redis: str,
+                                                                          r: redis.asyncio.Redis) -> None:
+    adm = admission(own_redis, r, {"A": Share("acme", 2.0)})
+    store, model = adm.service.store, adm.settings.model_name
+    [a1, a2] = await submit(adm, "A", 2)
+    [b1] = await submit(adm, "B", 1)
+    lists = keys.queue_lists(model)
+    snap = await queue_metrics.snapshot(r, model, 60, 60)
+    assert snap.tenants == {(model, "acme", "queued"): 2, (model, "B", "queued"): 1}
+    state = keys.fair_state(lists[5])
+    before = float(await r.hget(state, "t|acme"))
+    await store.claim(a1, "w")
+    await r.sadd(keys.worker_jobs("w"), a1)
+    await r.zadd(keys.workers(model), {"w": __import__("time").time()})
+    snap = await queue_metrics.snapshot(r, model, 60, 60)
+    assert snap.tenants[(model, "acme", "running")] == 1 and snap.tenants[(model, "acme", "queued")] == 1
+    assert await store.finish(a1, "w", 1, DoneEvent(seq=1, status=JobStatus.succeeded), check_log=False,
+                              status=JobStatus.succeeded, usage=Usage(prompt_tokens=1, completion_tokens=3))
+    assert int(await r.hget(keys.STATS, keys.stat("served", model, "acme"))) == 4
+    # charged 11 tokens at weight 2 (5.5), used 4 (2): 3.5 back
+    assert float(await r.hget(state, "t|acme")) == pytest.approx(before - 3.5)
+    assert await store.request_cancel(a2) is JobStatus.queued  # a cancel leaves the count too
+    assert await store.request_cancel(b1) is JobStatus.queued
+    snap = await queue_metrics.snapshot(r, model, 60, 60)
+    assert not any(k[2] == "queued" for k in snap.tenants)
+    text = queue_metrics.exposition(snap).decode()
+    assert f'inferq_tenant_served_tokens_total{{model="{model}",tenant="acme"}} 4.0' in text
+
+
+async def test_depth_oldest_and_cancels_still_count_right(own_redis: str, r: redis.asyncio.Redis) -> None:
+    adm = admission(own_redis, r, {})
+    model = adm.settings.model_name
+    first = await submit(adm, "A", 5)
+    await submit(adm, "B")  # now at the popping end, but A's first job is still the oldest
+    snap = await queue_metrics.snapshot(r, model, 60, 60)
+    rec = await adm.service.store.get(first[0])
+    assert rec is not None and snap.oldest[model] == pytest.approx(rec.created_at)
+    assert await adm.service.store.queue_depth(model) == 6
+    await adm.service.cancel(first[1])
+    assert await adm.service.store.queue_depth(model) == 5
+    assert sorted(await take(adm)) == ["A"] * 4 + ["B"]
+
+
+def test_job_cost_counts_prompt_and_every_choice() -> None:
+    assert job_cost(JobRequest(prompt="x" * 40, max_tokens=5, n=3), None, 256) == 10 + 15
+    assert job_cost(JobRequest(prompt="x", max_tokens=5), 7, 256) == 12
+    assert job_cost(JobRequest(prompt="x"), 1, 256) == 257
+
+
+def test_keys_file_names_tenants_and_weights(tmp_path: Path) -> None:
+    f = tmp_path / "keys"
+    f.write_text("sk-1 ops team tenant=acme weight=3\nsk-2 tenant=acme\nsk-3 weight=0.5\nsk-4 carol\n")
+    specs = read_keys_file(f)
+    assert specs == {"sk-1": KeySpec("ops team", "acme", 3.0), "sk-2": KeySpec(None, "acme", 1.0),
+                     "sk-3": KeySpec(None, None, 0.5), "sk-4": KeySpec("carol", None, 1.0)}
+    ring = KeyRing(specs)
+    assert ring.share(key_id("sk-1")) == Share("acme", 3.0)
+    assert ring.share(key_id("sk-3")) == Share(key_id("sk-3"), 0.5)
+    assert ring.share(None) == Share() and ring.share("key-unknown") == Share()
+
+
+@pytest.mark.parametrize("line", ["sk-secret weight=0", "sk-secret weight=x", "sk-secret weight=nan",
+                                  "sk-secret tenant=a|b", "sk-secret tenant="])
+def test_a_bad_option_names_its_line_not_the_key(tmp_path: Path, line: str) -> None:
+    f = tmp_path / "keys"
+    f.write_text("# keys\n" + line + "\n")
+    with pytest.raises(ValueError, match="line 2") as e:
+        read_keys_file(f)
+    assert "sk-secret" not in str(e.value)
