@@ -12,7 +12,8 @@ if st == STATUS.queued then
              'finish_reason', cjson.encode('cancelled'))
   log_event(KEYS[1], KEYS[2], KEYS[3], event(ARGV[4], last_seq(KEYS[2]) + 1), ARGV[3])
   redis.call('ZREM', KEYS[4], ARGV[2])
-  fair_unqueue(KEYS[1], fair_of(KEYS[1]))
+  local fair = fair_of(KEYS[1])
+  if fair_unqueue(KEYS[1], fair) then fair_refund(fair, fair.c) end
   count(KEYS[5], KEYS[1], 'end', 'cancelled', '')
   local cancelled = redis.call('HGET', KEYS[1], 'queue_cancelled')
   if cancelled then

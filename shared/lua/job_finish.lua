@@ -33,14 +33,7 @@ if fair then
     used = (tonumber(u.prompt_tokens) or 0) + (tonumber(u.completion_tokens) or 0)
   end
   if used > 0 then count(KEYS[5], KEYS[1], 'served', fair.b, nil, used) end
-  if fair.t and used < fair.c then
-    local k = 't|' .. fair.b
-    local last, v = redis.call('HGET', fair.s, k), redis.call('HGET', fair.s, 'v')
-    if last then
-      local back = tonumber(last) - (fair.c - used) / fair.w
-      redis.call('HSET', fair.s, k, tagstr(math.max(back, tonumber(v or '0'))))
-    end
-  end
+  fair_refund(fair, fair.c - used)
 end
 redis.call('SREM', KEYS[2], ARGV[2])
 redis.call('XADD', KEYS[3], seq .. '-0', 'e', data)

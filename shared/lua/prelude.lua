@@ -28,9 +28,24 @@ local function fair_of(h)
 end
 
 -- a queued job of that share is no longer waiting (taken, cancelled or failed): it leaves its
--- tenant's count of queued jobs, once (`fair_q` is set at submit only)
+-- tenant's count of queued jobs, once (`fair_q` is set at submit only); true if it was counted
 local function fair_unqueue(h, fair)
-  if fair and redis.call('HDEL', h, 'fair_q') == 1 then redis.call('HINCRBY', fair.n, fair.b, -1) end
+  if fair and redis.call('HDEL', h, 'fair_q') == 1 then
+    redis.call('HINCRBY', fair.n, fair.b, -1)
+    return true
+  end
+  return false
+end
+
+-- give `tokens` of a job's charge back to its tenant (a job that cost less than charged, or never
+-- ran): its last tag moves back by tokens / weight, never below the virtual time
+local function fair_refund(fair, tokens)
+  if not (fair and fair.t and tokens > 0) then return end
+  local k = 't|' .. fair.b
+  local last, v = redis.call('HGET', fair.s, k), redis.call('HGET', fair.s, 'v')
+  if last then
+    redis.call('HSET', fair.s, k, tagstr(math.max(tonumber(last) - tokens / fair.w, tonumber(v or '0'))))
+  end
 end
 
 -- the seq of the last event in a job's log (0: none)

@@ -6,7 +6,8 @@ docs/reliability.md (between its ``chaos:begin``/``chaos:end`` marks) and as JSO
     python -m tests.chaos --only failover --no-doc         # the Redis Sentinel failover alone
 
 The failover scenarios (tests/chaos/failover.py) each start a fleet of their own (a master, a
-replica, three Sentinels, two gateways, two workers), after the shared fleet has stopped.
+replica, three Sentinels, two gateways, two workers), after the shared fleet has stopped; so does
+``fairness`` (tests/chaos/fairness.py: four keys of a keys file, two workers).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.chaos import bookkeeping, failover, scenarios, slowloris
+from tests.chaos import bookkeeping, failover, fairness, scenarios, slowloris
 from tests.chaos.client import Client
 from tests.fleet import Fleet
 
@@ -29,7 +30,8 @@ KEYS = ("chaos-key-a", "chaos-key-b")
 TIMINGS = {"INFERQ_HEARTBEAT_S": "0.5", "INFERQ_WORKER_TTL_S": "3", "INFERQ_MAX_NUM_SEQS": "32",
            "INFERQ_API_KEYS": ",".join(KEYS), "INFERQ_MAX_QUEUE_DEPTH": "200"}
 ORDER = ["poison", *slowloris.SCENARIOS, "expiry", "load", "sigstop", "redis_down", "faults", "hot_prefix",
-         *bookkeeping.SCENARIOS, *failover.SCENARIOS]
+         *bookkeeping.SCENARIOS, *failover.SCENARIOS, *fairness.SCENARIOS]
+OWN_FLEET = {*failover.SCENARIOS, *fairness.SCENARIOS}
 
 
 def verdict(name: str, r: dict[str, Any]) -> list[str]:
@@ -59,6 +61,8 @@ def verdict(name: str, r: dict[str, Any]) -> list[str]:
         bad += slowloris.problems(name, r)
     if name in failover.SCENARIOS:
         bad += failover.problems(r)
+    if name in fairness.SCENARIOS:
+        bad += fairness.problems(r)
     return bad
 
 
@@ -70,6 +74,8 @@ def _cell(name: str, r: dict[str, Any]) -> str:
         return slowloris.cell(name, r)
     if name in failover.SCENARIOS:
         return failover.cell(r)
+    if name in fairness.SCENARIOS:
+        return fairness.cell(r)
     if name == "load":
         return f"{r['max_tokens']} tokens each, all at once; reaped {r['reaped']}; wall {r['wall_s']} s"
     if name == "sigstop":
@@ -153,7 +159,7 @@ def main() -> None:
     a = p.parse_args()
     fleet = Fleet(Path(tempfile.mkdtemp(prefix="inferq-chaos-")), extra_env=TIMINGS, api_key=KEYS[0])
     t0 = time.time()
-    shared = [n for n in ORDER if n in a.only and n not in failover.SCENARIOS]
+    shared = [n for n in ORDER if n in a.only and n not in OWN_FLEET]
     reports: dict[str, dict[str, Any]] = {}
     if shared:
         try:
@@ -161,9 +167,10 @@ def main() -> None:
             reports = asyncio.run(run(fleet, shared, a.sizes))
         finally:
             fleet.stop()
-    for name in (n for n in ORDER if n in a.only and n in failover.SCENARIOS):  # a fleet of their own
+    for name in (n for n in ORDER if n in a.only and n in OWN_FLEET):  # a fleet of their own
         t1 = time.time()
-        r = failover.run(name, fleet.logdir, TIMINGS, KEYS, a.sizes.get(name, {}))
+        r = fairness.run(fleet.logdir, TIMINGS, a.sizes.get(name, {})) if name in fairness.SCENARIOS else \
+            failover.run(name, fleet.logdir, TIMINGS, KEYS, a.sizes.get(name, {}))
         r.update(scenario_s=round(time.time() - t1, 1), verdict=verdict(name, r))
         reports[name] = r
         print(name, json.dumps(r), flush=True)

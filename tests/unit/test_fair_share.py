@@ -191,3 +191,16 @@ def test_a_bad_option_names_its_line_not_the_key(tmp_path: Path, line: str) -> N
     with pytest.raises(ValueError, match="line 2") as e:
         read_keys_file(f)
     assert "sk-secret" not in str(e.value)
+
+
+async def test_jobs_cancelled_while_queued_cost_their_tenant_nothing(own_redis: str, r: redis.asyncio.Redis) -> None:
+    """A tenant that cancels its backlog is not behind it afterwards."""
+    adm = admission(own_redis, r, {})
+    backlog = await submit(adm, "A", 100)
+    await submit(adm, "B", 10)
+    for job_id in backlog:
+        await adm.service.cancel(job_id)
+    await submit(adm, "A", 10)
+    got = await take(adm)
+    assert sorted(got) == ["A"] * 10 + ["B"] * 10
+    assert got[:10].count("A") in (4, 5, 6), got
