@@ -37,6 +37,7 @@ class StackSpec:
     env: dict[str, str] = field(default_factory=dict)          # every worker and the gateway
     worker_env: list[dict[str, str]] = field(default_factory=list)  # per worker, by index
     startup_timeout_s: float = 600.0
+    staggered: bool = False  # start workers one at a time (engines sharing one GPU size their KV cache apart)
 
 
 @dataclass(frozen=True)

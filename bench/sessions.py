@@ -61,6 +61,7 @@ class SessionsConfig:
     gpu_memory_utilization: float = 0.9
     env: dict[str, str] = field(default_factory=dict)
     startup_timeout_s: float = 900.0
+    staggered: bool = False  # workers started one at a time (several engines on one GPU)
 
 
 def metric_sum(text: str, name: str) -> float:
@@ -170,7 +171,7 @@ def run_stack(cfg: SessionsConfig, out: Path, label: str, workers: int, mode: st
     spec = StackSpec(workers=workers, max_num_seqs=cfg.max_num_seqs, kv_cache_gib=cfg.kv_cache_gib,
                      gpu_memory_utilization=cfg.gpu_memory_utilization, env=env,
                      worker_env=[{"INFERQ_METRICS_PORT": str(p)} for p in ports],
-                     startup_timeout_s=cfg.startup_timeout_s)
+                     startup_timeout_s=cfg.startup_timeout_s, staggered=cfg.staggered)
     w = Workload(name=cfg.name, model=cfg.model, load_format=cfg.load_format, dtype=cfg.dtype,
                  max_model_len=cfg.max_model_len)
     logdir = out / "logs" / label
@@ -221,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
             result["stacks"][label] = {"workers": workers, "affinity": mode, "adapters": count, "runs": runs,
                                        "summary": summary(runs)}
             print(label, json.dumps(result["stacks"][label]["summary"]), flush=True)
+            (args.out / "sessions.json").write_text(json.dumps(result, indent=1))  # each stack as it ends
     (args.out / "sessions.json").write_text(json.dumps(result, indent=1))
     return 0
 

@@ -41,16 +41,22 @@ def start_inferq(procs: Procs, w: Workload, spec: StackSpec, tag: str) -> str:
     if w.max_model_len:
         inferq["INFERQ_MAX_MODEL_LEN"] = str(w.max_model_len)
     py = [sys.executable, "-m", "inferq.cli"]
+    procs.start(f"gateway-{tag}", [*py, "api", "--port", str(gport)], base_env(**inferq))
+    base = f"http://127.0.0.1:{gport}"
     for i in range(spec.workers):
         extra = spec.worker_env[i] if i < len(spec.worker_env) else {}
         procs.start(f"worker-{tag}-{i}", [*py, "worker"],
                     base_env(**inferq, INFERQ_WORKER_ID=f"bench-{tag}-{i}", **extra))
-    procs.start(f"gateway-{tag}", [*py, "api", "--port", str(gport)], base_env(**inferq))
-    base = f"http://127.0.0.1:{gport}"
-    live = spec.workers * spec.frontends  # each frontend of an engine group registers as a worker
+        if spec.staggered:  # each engine sizes its KV cache once the one before holds its memory
+            _wait_workers(procs, base, (i + 1) * spec.frontends, spec, tag)
+    _wait_workers(procs, base, spec.workers * spec.frontends, spec, tag)
+    return base
+
+
+def _wait_workers(procs: Procs, base: str, live: int, spec: StackSpec, tag: str) -> None:
+    """Until the gateway sees ``live`` workers (each frontend of an engine group is one)."""
     procs.wait(lambda: http_ok(f"{base}/readyz", lambda body: body.get("workers") == live),
                spec.startup_timeout_s, f"inferq stack {tag!r} ({spec.workers} workers x {spec.frontends} frontends)")
-    return base
 
 
 def start_naive(procs: Procs, w: Workload, model_path: str, mode: str, batch_size: int,

@@ -16,8 +16,10 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
+from urllib.parse import quote
 
 import redis
 
@@ -160,16 +162,39 @@ def redis_pings(where: Where) -> bool:
         return False
 
 
-class RedisProc(Proc):
-    """A redis-server that :func:`start_redis` started, on 127.0.0.1:``port``."""
+@dataclass(frozen=True)
+class RedisTls:
+    """TLS for a local redis-server or Sentinel: its certificate and key (PEM) and the CA that
+    signed them, which its clients check it against. Clients need no certificate of their own."""
 
-    def __init__(self, name: str, cmd: list[str], env: dict[str, str] | None, log: Path, port: int) -> None:
+    cert: Path
+    key: Path
+    ca: Path
+
+    def options(self, port: int) -> list[tuple[str, str]]:
+        """redis-server's options (command line or config file) for TLS alone on ``port``: no
+        client certificates asked for, and TLS to the servers it connects to (a replica's master,
+        the servers a Sentinel watches)."""
+        return [("port", "0"), ("tls-port", str(port)), ("tls-cert-file", str(self.cert)),
+                ("tls-key-file", str(self.key)), ("tls-ca-cert-file", str(self.ca)), ("tls-auth-clients", "no"),
+                ("tls-replication", "yes")]
+
+
+class RedisProc(Proc):
+    """A redis-server that :func:`start_redis` started, on 127.0.0.1:``port`` (over TLS alone
+    when ``tls`` is given, with ``password`` when it has one)."""
+
+    def __init__(self, name: str, cmd: list[str], env: dict[str, str] | None, log: Path, port: int,
+                 tls: RedisTls | None = None, password: str = "") -> None:
         super().__init__(name, cmd, env, log)
-        self.port = port
+        self.port, self.tls, self.password = port, tls, password
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        auth = f":{quote(self.password, safe='')}@" if self.password else ""
+        if self.tls is None:
+            return f"redis://{auth}127.0.0.1:{self.port}/0"
+        return f"rediss://{auth}127.0.0.1:{self.port}/0?ssl_ca_certs={quote(str(self.tls.ca), safe='')}"
 
 
 def _redis_server() -> str:
@@ -181,23 +206,29 @@ def _redis_server() -> str:
 
 def start_redis(port: int, logdir: Path, appendonly: bool = False, *, name: str = "redis",
                 env: dict[str, str] | None = None, timeout: float = 10.0,
-                replica_of: int | None = None) -> RedisProc:
+                replica_of: int | None = None, tls: RedisTls | None = None, password: str = "") -> RedisProc:
     """A local redis-server on ``port`` (log ``logdir/NAME.log``), returned once it answers PING.
 
     No snapshots. ``appendonly``: an append-only file in ``logdir/NAME-data``, fsynced on every
     write, so a restart on the same port, name and folder finds every job and queue as it was.
     ``replica_of``: a replica of the local Redis on that port (its copy of the master's data goes
-    to the same folder, as would a server's made a replica later)."""
+    to the same folder, as would a server's made a replica later). ``tls``: TLS alone on ``port``,
+    to its master too. ``password``: its own, and the one it gives its master (every server of a
+    replicated set has the same)."""
     data = logdir / f"{name}-data"  # its files: the append-only file; what a replica loads from its master
     data.mkdir(exist_ok=True)
-    cmd = [_redis_server(), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", str(data)]
+    listen = [("port", str(port))] if tls is None else tls.options(port)
+    cmd = [_redis_server(), *(a for k, v in listen for a in (f"--{k}", v)), "--bind", "127.0.0.1", "--save", "",
+           "--dir", str(data)]
     if replica_of is not None:
         cmd += ["--replicaof", "127.0.0.1", str(replica_of)]
     if appendonly:
         cmd += ["--appendonly", "yes", "--appendfsync", "always"]
     else:
         cmd += ["--appendonly", "no"]
-    proc = RedisProc(name, cmd, env, logdir / f"{name}.log", port)
+    if password:
+        cmd += ["--requirepass", password, "--masterauth", password]
+    proc = RedisProc(name, cmd, env, logdir / f"{name}.log", port, tls, password)
     try:
         wait_until(lambda: redis_pings(proc.url), timeout, f"redis-server on port {port}", [proc],
                    interval=0.05)
@@ -216,20 +247,34 @@ def http_ok(url: str, check: Callable[[Any], bool] | None = None, timeout: float
         return False
 
 
+def _quoted(value: str) -> str:
+    """``value`` as one argument of a line of a Redis config file."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 def start_sentinel(port: int, logdir: Path, master_port: int, *, master: str = "inferq", quorum: int = 2,
                    down_after_ms: int = 1000, name: str = "sentinel", env: dict[str, str] | None = None,
-                   timeout: float = 10.0) -> RedisProc:
+                   timeout: float = 10.0, tls: RedisTls | None = None, password: str = "",
+                   master_password: str = "") -> RedisProc:
     """A local Redis Sentinel on ``port`` watching the master on 127.0.0.1:``master_port`` as
     ``master``: down after ``down_after_ms`` without an answer, failed over when ``quorum``
     Sentinels agree. Returned once it answers PING (its config file, which it rewrites, is
-    ``logdir/NAME.conf``)."""
+    ``logdir/NAME.conf``). ``tls``: TLS alone, its clients' and its own to the servers it watches;
+    ``password``: its own (``requirepass``); ``master_password``: the watched servers'."""
     conf = logdir / f"{name}.conf"
-    conf.write_text(f"port {port}\nbind 127.0.0.1\ndir {logdir}\n"
-                    f"sentinel monitor {master} 127.0.0.1 {master_port} {quorum}\n"
-                    f"sentinel down-after-milliseconds {master} {down_after_ms}\n"
-                    f"sentinel failover-timeout {master} {max(3 * down_after_ms, 3000)}\n"
-                    f"sentinel parallel-syncs {master} 1\n")
-    proc = RedisProc(name, [_redis_server(), str(conf), "--sentinel"], env, logdir / f"{name}.log", port)
+    listen = [("port", str(port))] if tls is None else tls.options(port)
+    lines = [f"{k} {v}" for k, v in listen] + ["bind 127.0.0.1", f"dir {logdir}"]
+    if password:
+        lines.append(f"requirepass {_quoted(password)}")
+    lines += [f"sentinel monitor {master} 127.0.0.1 {master_port} {quorum}",
+              f"sentinel down-after-milliseconds {master} {down_after_ms}",
+              f"sentinel failover-timeout {master} {max(3 * down_after_ms, 3000)}",
+              f"sentinel parallel-syncs {master} 1"]
+    if master_password:
+        lines.append(f"sentinel auth-pass {master} {_quoted(master_password)}")
+    conf.write_text("\n".join(lines) + "\n")
+    proc = RedisProc(name, [_redis_server(), str(conf), "--sentinel"], env, logdir / f"{name}.log", port,
+                     tls, password)
     try:
         wait_until(lambda: redis_pings(proc.url), timeout, f"redis-sentinel on port {port}", [proc], interval=0.05)
     except BaseException:

@@ -114,7 +114,7 @@ async def _backlog(a: Client, b: Client, jobs: int, tokens: int, spread: int, pr
 
 
 async def scenario(fleet: Fleet, backlog: int = 10_000, backlog_tokens: int = 1000, probes: int = 10,
-                   flood: int = 400, flood_tokens: int = 100, window_s: float = 90.0) -> dict[str, Any]:
+                   flood: int = 1000, flood_tokens: int = 100, window_s: float = 45.0) -> dict[str, Any]:
     clients = {t: Client(fleet.base, fleet.ws, KEY.format(t)) for t in WEIGHTS}
     try:
         same = await _backlog(clients["a"], clients["b"], backlog, backlog_tokens, 0, max(1, probes // 3))
