@@ -207,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--base", help="a running stack's gateway (one repeat against it)")
     ap.add_argument("--metrics", default="", help="its workers' metrics ports, comma-separated")
     ap.add_argument("--model", default=None, help="with --base: the model name to send")
+    ap.add_argument("--only", nargs="+", default=None, help="run only these stacks (labels: single, 2w-off, ...)")
     args = ap.parse_args(argv)
     cfg = SessionsConfig(**json.loads(args.config.read_text()))
     args.out.mkdir(parents=True, exist_ok=True)
@@ -218,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         lora = adapters_for(cfg, args.out / "adapters") if max(cfg.adapters) else {}
         for label, workers, mode, count in stacks(cfg):
+            if args.only and label not in args.only:
+                continue
             runs = run_stack(cfg, args.out, label, workers, mode, dict(list(lora.items())[:count]))
             result["stacks"][label] = {"workers": workers, "affinity": mode, "adapters": count, "runs": runs,
                                        "summary": summary(runs)}

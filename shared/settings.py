@@ -288,6 +288,10 @@ class Settings(BaseSettings):
                                   "and in its lane, as a fraction of its sequences) than the worker that took a "
                                   "job the worker holding its prefix may be and still get it: above, the job runs "
                                   "where it was taken. Lower balances load, higher follows caches.")
+    affinity_spread: bool = Field(default=True, description="A job that starts a new prefix (no worker holds "
+                                  "its first block) runs on the least loaded worker (live: its claimed jobs and "
+                                  "its lane) when the worker that took it is busier by more than one: follow-ups "
+                                  "come back to where their prefix ran, so this keeps the fleet's load even.")
     affinity_ttl_s: int = Field(default=600, ge=1, description="How long a worker is taken to still hold a "
                                 "prefix (or an adapter) it ran (seconds).")
     heartbeat_s: float = Field(default=2.0, gt=0, description="Worker heartbeat period (seconds), and the "

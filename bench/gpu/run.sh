@@ -41,11 +41,12 @@ json.dump(c, open(p, "w"), indent=1)
 PY
 }
 case "${1:-serving}" in
-  sessions)  # multi-turn sessions, Mistral-7B shape, 2 workers on one GPU (0.42 of its memory each)
-    timeout "${2:-560}" python3 -m bench.sessions bench/configs/sessions/h200-sessions.json --out /tmp/b-sessions \
-      > /tmp/b-sessions.log 2>&1
-    cp /tmp/b-sessions/sessions.json "$out/h200-sessions.json" 2>/dev/null
-    tail -n 40 /tmp/b-sessions/logs/*/*.log > "$out/sessions-logs.txt" 2>/dev/null
+  sessions)  # [TIMEOUT_S [STACK ...]] multi-turn sessions, Mistral-7B shape, 2 workers on one GPU (0.42 of its memory each)
+    tag=${3:+-$3}; only=(); [ $# -ge 3 ] && only=(--only "${@:3}")
+    timeout "${2:-500}" python3 -m bench.sessions bench/configs/sessions/h200-sessions.json --out /tmp/b-sessions$tag \
+      "${only[@]}" > /tmp/b-sessions.log 2>&1
+    cp /tmp/b-sessions$tag/sessions.json "$out/h200-sessions$tag.json" 2>/dev/null
+    tail -n 40 /tmp/b-sessions$tag/logs/*/*.log > "$out/sessions$tag-logs.txt" 2>/dev/null
     cp /tmp/b-sessions.log "$out/"; tail -n 20 /tmp/b-sessions.log ;;
   config)  # NAME TARGETS TAG [TIMEOUT_S]
     timeout "${5:-560}" python3 -m bench run --config "bench/configs/$2.json" --targets "$3" --out "/tmp/b-$4" \

@@ -134,3 +134,30 @@ async def test_a_lane_goes_back_to_the_queue_in_order_and_by_priority(own_redis,
     assert await r.lrange(keys.queue_lists(MODEL)[0], 0, -1) == ["p0-0"]
     popped = [await r.rpop(keys.queue_lists(MODEL)[5]) for _ in range(4)]
     assert popped == ["p5-0", "p5-1", "p5-2", "queued-before"]  # the lane's waited longest
+
+
+def test_new_prefixes_start_on_the_least_loaded_worker(own_redis, sync_r) -> None:
+    """A job no worker holds a block of goes where the loads (claimed jobs, live, and lanes) are
+    lowest, when that evens them out: a wave of new sessions taken by one worker spreads out."""
+    w1, w2, w3 = (worker(own_redis, w) for w in ("w1", "w2", "w3"))
+    for w in ("w1", "w2", "w3"):
+        beat(sync_r, w)
+        sync_r.zadd(keys.workers(MODEL), {w: time.time()})
+    sync_r.sadd(keys.worker_jobs("w2"), "job-x")  # w2 has claimed one job since its last beat
+    held = [0]
+    w1.own_load = lambda: held[0] + 1  # what w1 holds, this job included
+    placed = []
+    for i in range(4):  # w1 took four new sessions' first turns
+        ids = [1000 * i + k for k in range(16)]
+        to = w1.place(job(ids), ids)
+        placed.append(to)
+        if to is None:
+            held[0] += 1
+        else:
+            w1.pass_to(job(ids), to)
+    assert placed.count(None) == 2 and placed.count("w3") == 1 and placed.count("w2") == 1, placed
+    ids = list(range(5000, 5016))
+    assert w2.place(job(ids), ids) is None  # w2, no busier than the others by more than one: it keeps it
+    beat(sync_r, "w3", running=4)  # full: never sent one
+    w1.own_load = lambda: 4
+    assert w1.place(job(list(range(6000, 6016))), list(range(6000, 6016))) == "w2"

@@ -8,6 +8,9 @@ block (a TTL drops what its cache has long evicted). A worker that takes a job f
 queue looks the job's blocks up (one MGET): if another live worker ran the longest of them (or,
 failing a prefix, the job's adapter), and that worker has a free slot by its last heartbeat, the job
 is passed to that worker's lane (a queue only it consumes) and this worker takes the next one.
+A job that starts a new prefix (no worker holds its first block) goes to the least loaded worker
+when this one is busier by more than one job (INFERQ_AFFINITY_SPREAD): its follow-ups will come back
+to wherever it runs, so where new prefixes start decides the fleet's balance from then on.
 
 What keeps a queue's promises: a job is passed at most once (``passed_by``: the lane's worker runs
 it); only to a live worker with room, so that no job waits on a busy worker while another is free,
@@ -87,6 +90,8 @@ class Affinity:
                 holder = owners[-1]  # no prefix held anywhere: go where the adapter is loaded
             if holder == self.worker_id or (holder is not None and not self._has_room(holder)):
                 holder = None
+            elif holder is None and hashes and self.settings.affinity_spread:
+                holder = self._least_loaded()  # a new prefix: it starts where it keeps loads even
         if holder is None:
             self.remember(names)
         return holder
@@ -98,25 +103,53 @@ class Affinity:
                 p.set(name, self.worker_id, ex=self.settings.affinity_ttl_s)
             p.execute()
 
+    def _load_of(self, worker_ids: list[str]) -> dict[str, tuple[WorkerInfo, int]]:
+        """Of the workers that may receive a job (live, serving this model, consuming their lane,
+        not draining): each one's description and load, its claimed jobs (live: its job set; or
+        its engine's sequences by its last heartbeat, if more) and its lane (live)."""
+        lanes = len(keys.PRIORITIES)
+        with self.redis.pipeline(transaction=False) as p:
+            for w in worker_ids:
+                p.get(keys.worker(w))
+                p.scard(keys.worker_jobs(w))
+                for name in keys.priority_lists(keys.lane(self.model, w)):
+                    p.llen(name)
+            got = p.execute()
+        out = {}
+        for i, w in enumerate(worker_ids):
+            raw, claimed, *lane = got[i * (lanes + 2):(i + 1) * (lanes + 2)]
+            if raw is None:
+                continue
+            info = WorkerInfo.model_validate_json(raw)
+            if (info.model != self.model or not info.lane or info.draining
+                    or time.time() - info.last_seen > self.settings.worker_ttl_s):
+                continue
+            out[w] = (info, max(int(claimed), info.stats.running + info.stats.waiting) + sum(lane))
+        return out
+
+    def _least_loaded(self) -> str | None:
+        """For a job that starts a new prefix (its follow-ups will come back to where it runs): the
+        least loaded other worker with a free slot, if running it there leaves the two loads
+        closer than running it here; else None (it runs here). Without this, sessions would stay
+        split as the first jobs happened to be popped, however uneven."""
+        live = self.redis.zrangebyscore(keys.workers(self.model), time.time() - self.settings.worker_ttl_s, "+inf")
+        others = [w for w in live if w != self.worker_id]
+        loads = {w: load for w, (info, load) in self._load_of(others).items() if load < info.max_num_seqs}
+        if not loads:
+            return None
+        best = min(loads, key=lambda w: loads[w])
+        return best if loads[best] + 1 < self.own_load() else None
+
     def _has_room(self, worker_id: str) -> bool:
         """Whether the worker is live, serving this model, consuming its lane (a worker with
-        INFERQ_AFFINITY=off, or of an older release, does not), not draining, and has a slot free (by
-        its last heartbeat, less what its lane already holds), and is not busier than this one by
-        more than INFERQ_AFFINITY_SLACK of its slots (then the job runs here: the two loads even
-        out, and this worker holds the prefix from then on). The holder's load is its engine's
-        sequences and its lane; this worker's, the jobs it holds, this one included."""
-        with self.redis.pipeline(transaction=False) as p:
-            p.get(keys.worker(worker_id))
-            for name in keys.priority_lists(keys.lane(self.model, worker_id)):
-                p.llen(name)
-            raw, *lane = p.execute()
-        if raw is None:
+        INFERQ_AFFINITY=off, or of an older release, does not), not draining, and has a slot free,
+        and is not busier than this one by more than INFERQ_AFFINITY_SLACK of its slots (then the
+        job runs here: the two loads even out, and this worker holds the prefix from then on). The
+        holder's load is :meth:`_load_of`'s; this worker's, the jobs it holds, this one included."""
+        got = self._load_of([worker_id]).get(worker_id)
+        if got is None:
             return False
-        info = WorkerInfo.model_validate_json(raw)
-        if (info.model != self.model or not info.lane or info.draining
-                or time.time() - info.last_seen > self.settings.worker_ttl_s):
-            return False
-        load = info.stats.running + info.stats.waiting + sum(lane)
+        info, load = got
         slack = max(1, int(self.settings.affinity_slack * info.max_num_seqs))
         return load < info.max_num_seqs and load <= self.own_load() + slack
 
