@@ -165,19 +165,33 @@ def redis_pings(where: Where) -> bool:
 @dataclass(frozen=True)
 class RedisTls:
     """TLS for a local redis-server or Sentinel: its certificate and key (PEM) and the CA that
-    signed them, which its clients check it against. Clients need no certificate of their own."""
+    signed them, which its clients check it against. ``client_certificates``: clients must show a
+    certificate that CA signed (Redis' default; :attr:`RedisProc.url` shows the server's own, so
+    it must be good for client authentication too); else they need none. ``names_address``: the
+    certificate names 127.0.0.1 (else :attr:`RedisProc.url` does not check the name)."""
 
     cert: Path
     key: Path
     ca: Path
+    client_certificates: bool = False
+    names_address: bool = True
+
+    def query(self) -> str:
+        """A rediss:// URL's options for a client of these servers."""
+        o = {"ssl_ca_certs": str(self.ca)}
+        if self.client_certificates:
+            o.update(ssl_certfile=str(self.cert), ssl_keyfile=str(self.key))
+        if not self.names_address:
+            o["ssl_check_hostname"] = "false"
+        return "&".join(f"{k}={quote(v, safe='')}" for k, v in o.items())
 
     def options(self, port: int) -> list[tuple[str, str]]:
-        """redis-server's options (command line or config file) for TLS alone on ``port``: no
-        client certificates asked for, and TLS to the servers it connects to (a replica's master,
-        the servers a Sentinel watches)."""
+        """redis-server's options (command line or config file) for TLS alone on ``port``, and TLS
+        to the servers it connects to (a replica's master, the servers a Sentinel watches), where
+        it shows its own certificate."""
         return [("port", "0"), ("tls-port", str(port)), ("tls-cert-file", str(self.cert)),
-                ("tls-key-file", str(self.key)), ("tls-ca-cert-file", str(self.ca)), ("tls-auth-clients", "no"),
-                ("tls-replication", "yes")]
+                ("tls-key-file", str(self.key)), ("tls-ca-cert-file", str(self.ca)),
+                ("tls-auth-clients", "yes" if self.client_certificates else "no"), ("tls-replication", "yes")]
 
 
 class RedisProc(Proc):
@@ -194,7 +208,7 @@ class RedisProc(Proc):
         auth = f":{quote(self.password, safe='')}@" if self.password else ""
         if self.tls is None:
             return f"redis://{auth}127.0.0.1:{self.port}/0"
-        return f"rediss://{auth}127.0.0.1:{self.port}/0?ssl_ca_certs={quote(str(self.tls.ca), safe='')}"
+        return f"rediss://{auth}127.0.0.1:{self.port}/0?{self.tls.query()}"
 
 
 def _redis_server() -> str:

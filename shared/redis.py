@@ -1,17 +1,19 @@
 """Redis client construction, with the same options in every process.
 
 Every client of the gateway and the workers comes from here: :func:`make_redis` (asyncio),
-:func:`make_sync_redis` (threads), :func:`master_address` (the gateway's own pub/sub reader) and,
-for Celery, shared/celery_app.py, all from one :class:`RedisTarget`. With Sentinels
-(``INFERQ_REDIS_SENTINELS``) a client asks them for the master each time it opens a connection, so
-after a failover its next connection goes to the new master; the errors of the switch (the old
-master gone, or answering ``READONLY`` as a replica, no master known yet) are :data:`TRANSIENT`.
+:func:`make_sync_redis` (threads), :func:`master_address` (where the gateway's own pub/sub reader
+connects; :meth:`RedisTarget.ssl_context` is TLS as the URL asks for it) and, for Celery,
+shared/celery_app.py, all from one :class:`RedisTarget`. With Sentinels (``INFERQ_REDIS_SENTINELS``)
+a client asks them for the master each time it opens a connection, so after a failover its next
+connection goes to the new master; the errors of the switch (the old master gone, or answering
+``READONLY`` as a replica, no master known yet) are :data:`TRANSIENT`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -20,7 +22,7 @@ from urllib.parse import urlparse
 import redis as sync_redis
 import redis.sentinel as sync_sentinel
 from redis.asyncio import BlockingConnectionPool, Redis
-from redis.asyncio.connection import parse_url
+from redis.asyncio.connection import SSLConnection, parse_url
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import ExponentialBackoff, NoBackoff
@@ -103,6 +105,15 @@ class RedisTarget:
         if self.tls:
             o.update(ssl=True, **{k: v for k, v in parse_url(self.url).items() if k.startswith("ssl_")})
         return o
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The TLS context redis-py's clients make of the URL's ``ssl_*`` options (None for
+        redis://), its defaults included (certificate and name checked), for a connection opened
+        by hand, as the gateway's pub/sub reader opens its own (its ``_ssl_context`` takes only
+        ``ssl_ca_certs`` and ``ssl_cert_reqs``: no client certificate, no ``ssl_check_hostname``)."""
+        if not self.tls:
+            return None
+        return SSLConnection(**{k: v for k, v in parse_url(self.url).items() if k.startswith("ssl_")}).ssl_context.get()
 
     def __str__(self) -> str:
         if not self.sentinels:
