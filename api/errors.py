@@ -106,6 +106,8 @@ def to_response(exc: Exception) -> Response:
         headers["WWW-Authenticate"] = "Bearer"
     if status == 429:
         count_rejection(err.code)
+    if status in (408, 413):  # the request's body was not read to its end: the connection cannot carry another
+        headers["Connection"] = "close"  # (said, a client opens a new one instead of racing the close)
     return Response(error_body(err).model_dump_json(), status, headers, media_type="application/json")
 
 

@@ -18,12 +18,10 @@ import asyncio
 import contextlib
 import logging
 import socket
-import ssl
 from collections.abc import Callable
-from typing import Any
 
 import hiredis
-from redis.asyncio.connection import SSLConnection, parse_url
+from redis.asyncio.connection import parse_url
 from redis.exceptions import RedisError
 
 from inferq.shared.redis import RedisTarget, Where, master_address, sentinel_for
@@ -39,17 +37,6 @@ def _command(*parts: str) -> bytes:
         b = p.encode()
         out.append(b"$%d\r\n%s\r\n" % (len(b), b))
     return b"".join(out)
-
-
-def _ssl_context(o: dict[str, Any]) -> ssl.SSLContext | None:
-    """TLS as the URL asks for it (``rediss://...?ssl_cert_reqs=none&ssl_ca_certs=...``)."""
-    if o.get("connection_class") is not SSLConnection:
-        return None
-    ctx = ssl.create_default_context(cafile=o.get("ssl_ca_certs"))
-    if str(o.get("ssl_cert_reqs", "required")).lower() in ("none", "0"):
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE
-    return ctx
 
 
 class Subscriber:
@@ -106,7 +93,7 @@ class Subscriber:
                 reader, writer = await asyncio.open_unix_connection(o["path"])
             else:
                 host, port = await master_address(self._target, self._sentinel)
-                reader, writer = await asyncio.open_connection(host, port, ssl=_ssl_context(o))
+                reader, writer = await asyncio.open_connection(host, port, ssl=self._target.ssl_context())
                 if (sock := writer.get_extra_info("socket")) is not None:
                     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
             try:

@@ -19,6 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bench.sessions import summary as sessions_summary
+
 HERE = Path(__file__).resolve().parent.parent / "docs" / "results"
 PAGE = HERE.parent / "benchmarks.md"
 IMG = HERE.parent / "img"
@@ -93,10 +95,26 @@ def _range(s: dict[str, float] | None, fmt: str, scale: float = 1.0) -> str:
     return f"{s['median'] * scale:{fmt}} ({s['min'] * scale:{fmt}}–{s['max'] * scale:{fmt}})"
 
 
+def _files(file: str | list[str]) -> list[str]:
+    return [file] if isinstance(file, str) else file
+
+
+def _pooled(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several runs' stacks as one: each stack's repeats pooled, its summary made again of them all."""
+    if len(results) == 1:
+        return results[0]
+    out: dict[str, Any] = {}
+    for stacks in results:
+        for label, st in stacks.items():
+            runs = out.get(label, {}).get("runs", []) + st["runs"]
+            out[label] = {**st, "runs": runs, "summary": sessions_summary(runs)}
+    return out
+
+
 def sessions_table(spec: dict[str, Any]) -> str:
-    """A ``python -m bench.sessions`` result: one row per stack, medians of its repeats (range)."""
-    result = json.loads((HERE / spec["file"]).read_text())
-    stacks = result["stacks"]
+    """A ``python -m bench.sessions`` result (or several runs', pooled): one row per stack, medians
+    of its repeats (range)."""
+    stacks = _pooled([json.loads((HERE / f).read_text())["stacks"] for f in _files(spec["file"])])
     ideal = stacks.get("single", {}).get("summary", {}).get("follow_up_hit_rate")
     lines = [spec["line"], "", SESSIONS_HEADER]
     for label, st in stacks.items():

@@ -85,6 +85,10 @@ def test_malformed_json_is_400(stack) -> None:
 def test_oversized_body_is_413(stack) -> None:
     with stack.http() as http:
         r = http.post("/v1/jobs", json={"prompt": "x" * (2 << 20)})
+        # its body unread, the connection closes, and says so: the client's next request goes on a
+        # new one (else it could be sent on the closing socket and fail with a ReadError)
+        assert r.headers["connection"] == "close"
+        assert http.post("/v1/jobs", json={"prompt": "x", "max_tokens": 10**9}).status_code == 400
     assert r.status_code == 413 and "bytes" in r.json()["error"]["message"]
     assert (r.json()["error"]["type"], r.json()["error"]["code"]) == ("invalid_request_error", "body_too_large")
 

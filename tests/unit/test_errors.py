@@ -309,6 +309,7 @@ def test_one_413_body_whether_the_length_is_declared_or_not() -> None:
         streamed = client.post("/echo", content=iter([big[:50], big[50:]]),
                                headers={"content-type": "application/json"})
     assert declared.status_code == streamed.status_code == 413
+    assert declared.headers["connection"] == streamed.headers["connection"] == "close"
     assert declared.json() == streamed.json() == {"error": {
         "message": "request body is larger than 100 bytes", "type": "invalid_request_error", "param": None,
         "code": "body_too_large"}}

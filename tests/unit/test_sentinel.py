@@ -63,6 +63,9 @@ def topology(tmp_path: Path) -> Iterator[Topology]:
         sentinel = start_sentinel(free_port(), tmp_path, master.port, master=MASTER, quorum=1, down_after_ms=1000)
         started.append(sentinel)
         with redis.Redis(port=sentinel.port, decode_responses=True) as s:
+            # a Sentinel whose timer fell 2 s behind (a busy machine) does nothing for its "TILT"
+            # period: 1 s here, not 30 (a failover test on a loaded machine waited it out and failed)
+            s.execute_command("SENTINEL", "DEBUG", "tilt-period", 1000)
             eventually(lambda: s.sentinel_master(MASTER), 10, "the Sentinel to see the replica",
                        until=lambda m: m["num-slaves"] >= 1)
         down = free_port()  # nothing listens there: a Sentinel that is down, first in the list

@@ -6,7 +6,7 @@ the job store), the thread client, ``inferq up``'s check, the gateway's pub/sub 
 broker (kombu's Sentinel transport); then the master is SIGKILLed and they all go on with the
 promoted replica, over TLS too. Then servers that ask clients for a certificate (Redis' default) and
 a certificate that does not name the servers' address: the URL's client certificate and
-``ssl_check_hostname=false`` reach every client too, but the gateway's pub/sub reader (xfail).
+``ssl_check_hostname=false`` reach every client too, the gateway's pub/sub reader included.
 
 Skipped only where redis-server was built without TLS."""
 
@@ -320,9 +320,6 @@ async def test_client_certificates_and_no_name_check_reach_every_client(client_c
     assert RedisTarget("redis://127.0.0.1:1/0").ssl_context() is None  # no TLS
 
 
-@pytest.mark.xfail(strict=True, raises=OSError,
-                   reason="api/pubsub.py makes its TLS context of ssl_ca_certs and ssl_cert_reqs alone: no client "
-                          "certificate, names always checked (RedisTarget.ssl_context takes every ssl_* option)")
 async def test_the_gateways_pubsub_reader_takes_every_ssl_option(client_certificates: Settings) -> None:
     sub = Subscriber(client_certificates, lambda _channel, _data: None, lambda _channel: None)
     try:
