@@ -79,7 +79,7 @@ class WorkerRuntime:
                                  timeout_s=settings.worker_ttl_s, exit=exit)
         fe = self.host.frontend
         self.slots = frontend_slots(settings.max_num_seqs, fe.count) if fe is not None else settings.max_num_seqs
-        self._taken, self._taking = 0, threading.Lock()  # jobs in run_job (Celery's threads)
+        self._kept, self._taking = 0, threading.Lock()  # jobs run_job runs here (taken, not passed, not ended)
         self.affinity = Affinity(settings, celery, self.id, self.slots, self._load, self.host.adapters.loaded) \
             if settings.affinity != "off" else None
         self.heartbeat = Heartbeat(settings, self.id, self)
@@ -145,19 +145,29 @@ class WorkerRuntime:
         assert self.runner is not None, "worker runtime not started"
         if self.death.triggered:  # about to exit: leave the job (e.g. one just handed back) to another worker
             raise Reject("the engine is dead", requeue=True)
+        return self._run_or_pass(msg)
+
+    def _hold(self, n: int) -> None:
         with self._taking:
-            self._taken += 1
-        try:
-            return self._run_or_pass(msg)
-        finally:
-            with self._taking:
-                self._taken -= 1
+            self._kept += n
 
     def _run_or_pass(self, msg: JobMessage) -> JobStatus | None:
         assert self.runner is not None
         early = self._early(msg) if self.affinity is not None else None
-        if self.affinity is not None and self._passed(msg, early):
-            return None
+        if self.affinity is None:
+            self._hold(1)
+        else:
+            with self.affinity.deciding:  # one at a time: each decision sees the passes and keeps before it
+                if self._passed(msg, early):
+                    return None
+                self._hold(1)
+        try:
+            return self._run(msg, early)
+        finally:
+            self._hold(-1)
+
+    def _run(self, msg: JobMessage, early: Prepared | Exception | None) -> JobStatus | None:
+        assert self.runner is not None
         # the prompt is tokenized on this thread (it would wait anyway) while the engine loop
         # claims the job: no hand-off to a tokenizing thread on the job's way to the engine
         prepared: concurrent.futures.Future[Prepared] = concurrent.futures.Future()
@@ -279,8 +289,9 @@ class WorkerRuntime:
         return len(self.runner.attempts) if self.runner is not None else 0
 
     def _load(self) -> int:
-        """Jobs this worker holds right now: taken from a queue and not yet ended or passed on."""
-        return self._taken
+        """Jobs this worker holds while it decides where a job runs: those it runs (taken, not
+        passed on, not ended) and the one being decided."""
+        return self._kept + 1
 
     def saturated(self) -> bool:
         return self.held_jobs() >= self.slots

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import threading
 import time
 from array import array
 from collections.abc import Callable, Sequence
@@ -61,7 +62,8 @@ class Affinity:
                  own_load: Callable[[], int] = lambda: 0,
                  own_adapters: Callable[[], list[str]] = lambda: []) -> None:
         self.settings = settings
-        self.own_load = own_load  # the jobs this worker holds (taken, not yet ended or passed)
+        self.own_load = own_load  # the jobs this worker holds (running here, and the one being placed)
+        self.deciding = threading.Lock()  # the caller places (and passes) one job at a time
         self.own_adapters = own_adapters  # the adapters this worker's engine has loaded
         self.celery = celery
         self.worker_id = worker_id
