@@ -29,6 +29,7 @@ inferq:adapter-reply:{nonce}    list      workers' answers to one run-time load 
 inferq.q.{model}[:{p}]          list      the model's Celery queue, one list per priority p (kombu)
 inferq.q.{model}.w.{wid}[:{p}]  list      the worker's lane: jobs other workers of the model passed to it because it
                                           holds their prompt's prefix or adapter (only it consumes it)
+inferq:load:{model}             hash      worker id -> the jobs it runs right now (cache-affine pull's loads)
 inferq:px:{model}:{hash}        string    the worker that last ran a prompt whose prefix block hashes to {hash}
                                           (or ``a:{adapter}``: that last ran the adapter) (TTL)
 inferq:cancelled:{list}         zset      job ids cancelled while queued whose message is still in the
@@ -146,6 +147,12 @@ def lane(model: str, worker_id: str) -> str:
 def priority_lists(q: str) -> list[str]:
     """The Redis lists of Celery queue ``q``, one per priority (kombu's naming)."""
     return [q if p == 0 else f"{q}{PRIORITY_SEP}{p}" for p in PRIORITIES]
+
+
+def worker_loads(model: str) -> str:
+    """Worker id -> the jobs it runs (taken, not passed on, not ended), as it last wrote: what
+    cache-affine pull compares, live (a heartbeat is up to a beat old)."""
+    return f"{PREFIX}:load:{model}"
 
 
 def prefix_owner(model: str, block_hash: str) -> str:

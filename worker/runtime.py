@@ -148,8 +148,10 @@ class WorkerRuntime:
         return self._run_or_pass(msg)
 
     def _hold(self, n: int) -> None:
-        with self._taking:
+        with self._taking:  # (published under the lock: two ends at once never write out of order)
             self._kept += n
+            if self.affinity is not None:
+                self.affinity.publish_load(self._kept)
 
     def _run_or_pass(self, msg: JobMessage) -> JobStatus | None:
         assert self.runner is not None

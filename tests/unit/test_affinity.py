@@ -47,6 +47,8 @@ def worker(own_redis: str, wid: str) -> Affinity:
 
 def beat(r: redis.Redis, wid: str, running: int = 0, draining: bool = False, age: float = 0.0,
          lane: bool = True) -> None:
+    """The worker's heartbeat, and the load it publishes as it takes jobs on and ends them."""
+    r.hset(keys.worker_loads(MODEL), wid, running)
     now = time.time()
     info = WorkerInfo(id=wid, model=MODEL, host="h", pid=1, max_model_len=4096, max_num_seqs=4, started_at=now,
                       last_seen=now - age, draining=draining, stats=EngineStats(running=running), lane=lane)
@@ -137,13 +139,13 @@ async def test_a_lane_goes_back_to_the_queue_in_order_and_by_priority(own_redis,
 
 
 def test_new_prefixes_start_on_the_least_loaded_worker(own_redis, sync_r) -> None:
-    """A job no worker holds a block of goes where the loads (claimed jobs, live, and lanes) are
+    """A job no worker holds a block of goes where the loads (the jobs each runs, live, and lanes) are
     lowest, when that evens them out: a wave of new sessions taken by one worker spreads out."""
     w1, w2, w3 = (worker(own_redis, w) for w in ("w1", "w2", "w3"))
     for w in ("w1", "w2", "w3"):
         beat(sync_r, w)
         sync_r.zadd(keys.workers(MODEL), {w: time.time()})
-    sync_r.sadd(keys.worker_jobs("w2"), "job-x")  # w2 has claimed one job since its last beat
+    sync_r.hset(keys.worker_loads(MODEL), "w2", 1)  # w2 has taken one job on since its last beat
     held = [0]
     w1.own_load = lambda: held[0] + 1  # what w1 holds, this job included
     placed = []

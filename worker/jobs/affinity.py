@@ -70,6 +70,7 @@ class Affinity:
         self.model = settings.model_name
         self.redis = make_sync_redis(settings, decode_responses=True, socket_timeout=5,
                                      max_connections=max(4, slots))
+        self.publish_load(0)  # a worker starting again under its id runs nothing yet
 
     def _keys(self, hashes: list[str], adapter: str | None) -> list[str]:
         names = [keys.prefix_owner(self.model, h) for h in hashes]
@@ -105,28 +106,41 @@ class Affinity:
                 p.set(name, self.worker_id, ex=self.settings.affinity_ttl_s)
             p.execute()
 
+    def publish_load(self, running: int) -> None:
+        """Say how many jobs this worker runs now (it has just taken one on, or ended one): other
+        workers compare it, live, when they place jobs. Best effort: a failed write leaves the last."""
+        try:
+            self.redis.hset(keys.worker_loads(self.model), self.worker_id, running)
+        except Exception as e:
+            log.debug("could not publish this worker's load: %s", e)
+
     def _load_of(self, worker_ids: list[str]) -> dict[str, tuple[WorkerInfo, int]]:
         """Of the workers that may receive a job (live, serving this model, consuming their lane,
-        not draining): each one's description and load, its claimed jobs (live: its job set; or
-        its engine's sequences by its last heartbeat, if more) and its lane (live)."""
+        not draining): each one's description and load, the jobs it runs as it last wrote them
+        (:meth:`publish_load`, live; a worker that writes none, its engine's sequences by its last
+        heartbeat) and its lane (live)."""
+        if not worker_ids:
+            return {}
         lanes = len(keys.PRIORITIES)
         with self.redis.pipeline(transaction=False) as p:
+            p.hmget(keys.worker_loads(self.model), worker_ids)
             for w in worker_ids:
                 p.get(keys.worker(w))
-                p.scard(keys.worker_jobs(w))
                 for name in keys.priority_lists(keys.lane(self.model, w)):
                     p.llen(name)
-            got = p.execute()
+            published, *got = p.execute()
         out = {}
         for i, w in enumerate(worker_ids):
-            raw, claimed, *lane = got[i * (lanes + 2):(i + 1) * (lanes + 2)]
+            raw, *lane = got[i * (lanes + 1):(i + 1) * (lanes + 1)]
             if raw is None:
                 continue
             info = WorkerInfo.model_validate_json(raw)
             if (info.model != self.model or not info.lane or info.draining
                     or time.time() - info.last_seen > self.settings.worker_ttl_s):
                 continue
-            out[w] = (info, max(int(claimed), info.stats.running + info.stats.waiting) + sum(lane))
+            stale = info.stats.running + info.stats.waiting  # (right after a wave ends, still the wave's)
+            running = int(published[i]) if published[i] is not None else stale
+            out[w] = (info, running + sum(lane))
         return out
 
     def _least_loaded(self) -> str | None:
