@@ -4,7 +4,8 @@ Each runs on a fleet of its own (:class:`SentinelFleet`): a master and a replica
 fsynced on every write), three Sentinels (quorum 2, down after 1 s), two gateways and two workers,
 every process given the three Sentinels in the same order.
 
-- ``failover``: streaming jobs over both gateways and a batch, all running; the master SIGKILLed.
+- ``failover``: streaming jobs over both gateways, all running, and a batch of 200 lines (those
+  the streams leave slots for running, the rest queued); the master SIGKILLed.
 - ``failover_sentinel_down``: the same, with the first Sentinel of the list down from the start
   (every process starts with it dead and must ask the next one, at start and through the failover).
 
@@ -20,6 +21,7 @@ import asyncio
 import json
 import signal
 import time
+import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +40,7 @@ from tests.wait import WaitTimeout, eventually, eventually_async
 SCENARIOS = ["failover", "failover_sentinel_down"]
 MASTER = "inferq"
 DOWN_AFTER_MS = 1000
-#: 48 sequences per engine: the 64 streams and the batch's lines all run at once on two workers
+#: 48 sequences per engine: the 64 streams run at once on two workers, and 32 of the batch's lines beside them
 FLEET_ENV = {"INFERQ_MAX_NUM_SEQS": "48", "INFERQ_CPU_KV_CACHE_GIB": "0.5"}
 
 
@@ -187,24 +189,28 @@ async def _stranded(client: Client) -> int:
 
 
 async def scenario(fleet: SentinelFleet, a: Client, b: Client, jobs: int = 64, max_tokens: int = 1000,
-                   lines: int = 32, line_tokens: int = 300) -> dict[str, Any]:
-    """Streams over both gateways and a batch, all running; the master SIGKILLed."""
-    batch_id = await _batch(a, lines, line_tokens)
+                   lines: int = 200, line_tokens: int = 300) -> dict[str, Any]:
+    """Streams over both gateways, all running, and a batch, some of its lines running and the
+    rest queued; the master SIGKILLed."""
+    tag = uuid.uuid4().hex[:8]
     submitted: dict[str, Client] = {}  # job id -> the client (gateway) that follows it
 
     async def stream(i: int) -> tuple[str, Followed]:
         c = (a, b)[i % 2]
         job_id = await c.submit({"prompt": f"failover {i}:", "max_tokens": max_tokens, "ignore_eos": True,
-                                 "temperature": 0}, f"failover-{batch_id}-{i}")
+                                 "temperature": 0}, f"failover-{tag}-{i}")
         submitted[job_id] = c
         return job_id, await c.follow(job_id, 900)
 
     streams = asyncio.gather(*(stream(i) for i in range(jobs)))
 
-    async def all_running() -> bool:  # nothing queued: every stream runs, and a line of the batch at least
+    async def running(more: int) -> bool:  # every stream runs (none queued), and ``more`` jobs besides
         q = (await a.http.get("/v1/queue")).json()["models"]
-        return len(submitted) == jobs and sum(m["queued"] for m in q) == 0 and sum(m["running"] for m in q) > jobs
-    await eventually_async(all_running, 300, "every stream and some of the batch's lines running", interval=0.2)
+        return (len(submitted) == jobs and sum(m["by_priority"]["5"] for m in q) == 0
+                and sum(m["running"] for m in q) >= jobs + more)
+    await eventually_async(lambda: running(0), 300, "every stream running", interval=0.2)
+    batch_id = await _batch(a, lines, line_tokens)  # its lines take the slots left; the rest wait queued
+    await eventually_async(lambda: running(1), 300, "some of the batch's lines running", interval=0.2)
     t_kill = time.time()
     fleet.redis.stop(signal.SIGKILL)
 
