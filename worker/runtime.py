@@ -158,11 +158,10 @@ class WorkerRuntime:
         early = self._early(msg) if self.affinity is not None else None
         if self.affinity is None:
             self._hold(1)
-        else:
-            with self.affinity.deciding:  # one at a time: each decision sees the passes and keeps before it
-                if self._passed(msg, early):
-                    return None
-                self._hold(1)
+        else:  # passed to the worker that holds its prefix or adapter, or kept here
+            ids = early.ids if isinstance(early, Prepared) else msg.prompt_ids or msg.request.prompt_token_ids
+            if self.affinity.route(msg, ids, keep=lambda: self._hold(1)):
+                return None
         try:
             return self._run(msg, early)
         finally:
@@ -196,21 +195,6 @@ class WorkerRuntime:
             return self.runner.prepare(msg)
         except Exception as e:
             return e
-
-    def _passed(self, msg: JobMessage, early: Prepared | Exception | None) -> bool:
-        """Whether the job went to the lane of the worker that holds its prefix or adapter."""
-        assert self.affinity is not None
-        ids = early.ids if isinstance(early, Prepared) else msg.prompt_ids or msg.request.prompt_token_ids
-        if ids is None:  # not tokenized: the run reports why
-            return False
-        try:
-            holder = self.affinity.place(msg, ids)
-            if holder is not None:
-                self.affinity.pass_to(msg, holder)
-        except Exception as e:  # Redis away: run it here (the claim path has its own retries)
-            log.warning("job %s: cache-affine placement failed (%s); running it here", msg.id, e)
-            return False
-        return holder is not None
 
     def drain(self) -> None:
         """SIGTERM (Celery has stopped consuming): announce draining in the next beat, let held

@@ -6,8 +6,9 @@ blocks of INFERQ_AFFINITY_BLOCK_TOKENS, each block hashed with the ones before i
 adapter), and ``inferq:px:{model}:{hash}`` names the last worker that ran a prompt holding that
 block (a TTL drops what its cache has long evicted). A worker that takes a job from its model's
 queue looks the job's blocks up (one MGET): if another live worker ran the longest of them (or,
-failing a prefix, the job's adapter), and that worker has a free slot by its last heartbeat, the job
-is passed to that worker's lane (a queue only it consumes) and this worker takes the next one.
+failing a prefix, the job's adapter), and that worker has a free slot and is not much busier (loads
+read live: each worker writes the jobs it runs), the job is passed to that worker's lane (a queue
+only it consumes) and this worker takes the next one.
 A job that starts a new prefix (no worker holds its first block) goes to the least loaded worker
 when this one is busier by more than one job (INFERQ_AFFINITY_SPREAD): its follow-ups will come back
 to wherever it runs, so where new prefixes start decides the fleet's balance from then on.
@@ -63,7 +64,7 @@ class Affinity:
                  own_adapters: Callable[[], list[str]] = lambda: []) -> None:
         self.settings = settings
         self.own_load = own_load  # the jobs this worker holds (running here, and the one being placed)
-        self.deciding = threading.Lock()  # the caller places (and passes) one job at a time
+        self._deciding = threading.Lock()  # one job placed (and passed, or kept) at a time
         self.own_adapters = own_adapters  # the adapters this worker's engine has loaded
         self.celery = celery
         self.worker_id = worker_id
@@ -75,6 +76,25 @@ class Affinity:
     def _keys(self, hashes: list[str], adapter: str | None) -> list[str]:
         names = [keys.prefix_owner(self.model, h) for h in hashes]
         return names + [keys.prefix_owner(self.model, f"a:{adapter}")] if adapter else names
+
+    def route(self, msg: JobMessage, ids: Sequence[int] | None, keep: Callable[[], None]) -> bool:
+        """Pass the job to the worker that should run it (True), or call ``keep`` and run it here
+        (False). One job at a time, ``keep`` included: each decision sees the passes and keeps of
+        the ones before it (a burst taken at once would otherwise all see the same loads). A job
+        not tokenized (``ids`` None: its run reports why) or a Redis error: it runs here."""
+        with self._deciding:
+            holder = None
+            if ids is not None:
+                try:
+                    holder = self.place(msg, ids)
+                    if holder is not None:
+                        self.pass_to(msg, holder)
+                except Exception as e:  # Redis away: run it here (the claim path has its own retries)
+                    log.warning("job %s: cache-affine placement failed (%s); running it here", msg.id, e)
+                    holder = None
+            if holder is None:
+                keep()
+            return holder is not None
 
     def place(self, msg: JobMessage, ids: Sequence[int]) -> str | None:
         """The worker to pass the job to, or None to run it here (and remember it ran here). The
