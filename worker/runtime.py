@@ -155,17 +155,19 @@ class WorkerRuntime:
 
     def _run_or_pass(self, msg: JobMessage) -> JobStatus | None:
         assert self.runner is not None
-        early = self._early(msg) if self.affinity is not None else None
-        if self.affinity is None:
-            self._hold(1)
-        else:  # passed to the worker that holds its prefix or adapter, or kept here
-            ids = early.ids if isinstance(early, Prepared) else msg.prompt_ids or msg.request.prompt_token_ids
-            if self.affinity.route(msg, ids, keep=lambda: self._hold(1)):
-                return None
+        self._hold(1)  # counted (and published) from the moment it is taken, placed or not yet
+        passed = False
         try:
+            early = self._early(msg) if self.affinity is not None else None
+            if self.affinity is not None:  # passed to the worker that holds its prefix or adapter, or kept here
+                ids = early.ids if isinstance(early, Prepared) else msg.prompt_ids or msg.request.prompt_token_ids
+                passed = self.affinity.route(msg, ids, passed=lambda: self._hold(-1))
+                if passed:
+                    return None
             return self._run(msg, early)
         finally:
-            self._hold(-1)
+            if not passed:
+                self._hold(-1)
 
     def _run(self, msg: JobMessage, early: Prepared | Exception | None) -> JobStatus | None:
         assert self.runner is not None
@@ -275,9 +277,10 @@ class WorkerRuntime:
         return len(self.runner.attempts) if self.runner is not None else 0
 
     def _load(self) -> int:
-        """Jobs this worker holds while it decides where a job runs: those it runs (taken, not
-        passed on, not ended) and the one being decided."""
-        return self._kept + 1
+        """Jobs this worker holds while it decides where a job runs: those taken and not passed on
+        or ended, the one being decided included. A burst taken at once counts whole from the
+        start: other workers placing jobs meanwhile see it, not only the jobs placed so far."""
+        return self._kept
 
     def saturated(self) -> bool:
         return self.held_jobs() >= self.slots

@@ -5,6 +5,7 @@ lane handed back to the queue."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import pytest
@@ -16,6 +17,8 @@ from inferq.shared.schemas import AdapterRef, EngineStats, JobMessage, JobReques
 from inferq.shared.settings import Settings
 from inferq.worker.jobs.affinity import Affinity, block_hashes
 from inferq.worker.liveness.lanes import return_lane
+from tests.unit.workerkit import GatedEngine, queued_job, start_runtime
+from tests.wait import eventually
 
 BLOCK = 8
 MODEL = "m-aff"
@@ -163,3 +166,39 @@ def test_new_prefixes_start_on_the_least_loaded_worker(own_redis, sync_r) -> Non
     beat(sync_r, "w3", running=4)  # full: never sent one
     w1.own_load = lambda: 4
     assert w1.place(job(list(range(6000, 6016))), list(range(6000, 6016))) == "w2"
+
+
+async def test_a_worker_counts_a_burst_it_takes_before_placing_it(store, own_redis) -> None:
+    """Jobs a worker has taken but not yet placed (placing is one at a time) already count in the
+    load it publishes: other workers placing new prefixes meanwhile see the whole burst, not only
+    what was placed so far (with four workers taking a wave at once, they did not, and the wave
+    stayed split 6 to 11 sessions a worker). A job passed on stops counting."""
+    rig = start_runtime(own_redis, GatedEngine(), affinity="prefix")
+    rt, gate = rig.runtime, threading.Event()
+    placed: list[str] = []
+
+    def slow_place(msg: JobMessage, ids: list[int]) -> str | None:
+        gate.wait(30)
+        placed.append(msg.id)
+        return "elsewhere" if len(placed) == 1 else None  # the first goes to another worker
+
+    rt.affinity.place, rt.affinity.pass_to = slow_place, lambda msg, to: None
+    loads = redis.Redis.from_url(own_redis, decode_responses=True)
+
+    def published() -> int:
+        return int(loads.hget(keys.worker_loads("scripted"), rt.id) or 0)
+
+    try:
+        jobs = [await queued_job(store, "scripted", prompt=None, prompt_token_ids=list(range(40)))
+                for _ in range(3)]
+        runs = [rig.run_job(m) for m in jobs]
+        eventually(lambda: published() == 3, 30, "the three jobs taken count before any is placed")
+        assert placed == []
+        gate.set()
+        eventually(lambda: len(rig.engine.started) == 2, 30, "the two jobs kept run here")
+        eventually(lambda: any(f.done() for f in runs), 30, "the job passed on leaves this worker")
+        assert [f.result() for f in runs if f.done()] == [None] and len(placed) == 3
+        assert published() == 2 and rt._load() == 2
+    finally:
+        gate.set()
+        rig.stop()

@@ -63,7 +63,7 @@ class Affinity:
                  own_load: Callable[[], int] = lambda: 0,
                  own_adapters: Callable[[], list[str]] = lambda: []) -> None:
         self.settings = settings
-        self.own_load = own_load  # the jobs this worker holds (running here, and the one being placed)
+        self.own_load = own_load  # the jobs this worker holds (taken, not passed on or ended)
         self._deciding = threading.Lock()  # one job placed (and passed, or kept) at a time
         self.own_adapters = own_adapters  # the adapters this worker's engine has loaded
         self.celery = celery
@@ -77,23 +77,24 @@ class Affinity:
         names = [keys.prefix_owner(self.model, h) for h in hashes]
         return names + [keys.prefix_owner(self.model, f"a:{adapter}")] if adapter else names
 
-    def route(self, msg: JobMessage, ids: Sequence[int] | None, keep: Callable[[], None]) -> bool:
-        """Pass the job to the worker that should run it (True), or call ``keep`` and run it here
-        (False). One job at a time, ``keep`` included: each decision sees the passes and keeps of
-        the ones before it (a burst taken at once would otherwise all see the same loads). A job
-        not tokenized (``ids`` None: its run reports why) or a Redis error: it runs here."""
+    def route(self, msg: JobMessage, ids: Sequence[int] | None, passed: Callable[[], None]) -> bool:
+        """Pass the job to the worker that should run it, then call ``passed`` (True), or leave it
+        to run here (False). One job at a time, ``passed`` included: each decision sees the ones
+        before it (this worker's load counts every job it has taken, placed or not; a pass takes
+        its job off). A job not tokenized (``ids`` None: its run reports why) or a Redis error: it
+        runs here."""
+        if ids is None:
+            return False
         with self._deciding:
-            holder = None
-            if ids is not None:
-                try:
-                    holder = self.place(msg, ids)
-                    if holder is not None:
-                        self.pass_to(msg, holder)
-                except Exception as e:  # Redis away: run it here (the claim path has its own retries)
-                    log.warning("job %s: cache-affine placement failed (%s); running it here", msg.id, e)
-                    holder = None
-            if holder is None:
-                keep()
+            try:
+                holder = self.place(msg, ids)
+                if holder is not None:
+                    self.pass_to(msg, holder)
+            except Exception as e:  # Redis away: run it here (the claim path has its own retries)
+                log.warning("job %s: cache-affine placement failed (%s); running it here", msg.id, e)
+                return False
+            if holder is not None:
+                passed()
             return holder is not None
 
     def place(self, msg: JobMessage, ids: Sequence[int]) -> str | None:
