@@ -146,13 +146,15 @@ async def run_once(cfg: SessionsConfig, base: str, ports: list[int], models: lis
 
 
 def adapters_for(cfg: SessionsConfig, out: Path) -> dict[str, str]:
-    """``cfg.adapters`` random adapters for the built-in model, written under ``out``."""
+    """``cfg.adapters`` random adapters for the config's model (its config.json gives the shapes;
+    None: the built-in tiny model), written under ``out``."""
     from inferq.shared.settings import Settings
     from inferq.worker.engine.models import build_tiny_adapter, tiny_model_dir
 
-    base = tiny_model_dir(Settings())
-    most = max(cfg.adapters)
-    return {f"lora-{k}": str(build_tiny_adapter(out / f"lora-{k}", base, seed=100 + k)) for k in range(most)}
+    base = Path(cfg.model) if cfg.model else tiny_model_dir(Settings())
+    scale = 0.01 if cfg.model else 0.5  # (a 7B shape's 32 layers would overflow at the tiny model's)
+    return {f"lora-{k}": str(build_tiny_adapter(out / f"lora-{k}", base, seed=100 + k, scale=scale))
+            for k in range(max(cfg.adapters))}
 
 
 def stacks(cfg: SessionsConfig) -> list[tuple[str, int, str, int]]:

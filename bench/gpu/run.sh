@@ -5,7 +5,8 @@
 #   bench/gpu/run.sh peer-refs; bench/gpu/run.sh peer-inferq   # one H200, two calls: in-process +
 #       vllm serve, then inferq (every level 3 times); then locally:
 #       python -m bench.merge OUT.json refs-results.json inferq-results.json
-#   bench/gpu/run.sh sessions   # bench.sessions on h200-sessions.json (plain vs cache-affine pull)
+#   bench/gpu/run.sh sessions   # bench.sessions on h200-sessions.json (plain vs cache-affine pull);
+#       SESSIONS=h200-lora-mix bench/gpu/run.sh sessions 560 2w-prefix-1a 2w-prefix-16a: the adapter mix
 #   bench/gpu/run.sh config NAME TARGETS TAG   # bench/configs/NAME.json, those targets only
 #   bench/gpu/run.sh table-7b-refs; bench/gpu/run.sh table-7b-inferq   # one H200, two calls of < 9 min:
 #       in-process + vllm serve with 1 and 4 API servers, then inferq WS + SSE, every OpenAI target
@@ -42,10 +43,11 @@ PY
 }
 case "${1:-serving}" in
   sessions)  # [TIMEOUT_S [STACK ...]] multi-turn sessions, Mistral-7B shape, 2 workers on one GPU (0.42 of its memory each)
-    tag=${3:+-$3}; only=(); [ $# -ge 3 ] && only=(--only "${@:3}")
-    timeout "${2:-500}" python3 -m bench.sessions bench/configs/sessions/h200-sessions.json --out /tmp/b-sessions$tag \
+    # SESSIONS=h200-lora-mix: the multi-adapter mix (16 random adapters of the 7B shape, written here)
+    name=${SESSIONS:-h200-sessions}; tag=${3:+-$3}; only=(); [ $# -ge 3 ] && only=(--only "${@:3}")
+    timeout "${2:-500}" python3 -m bench.sessions "bench/configs/sessions/$name.json" --out /tmp/b-sessions$tag \
       "${only[@]}" > /tmp/b-sessions.log 2>&1
-    cp /tmp/b-sessions$tag/sessions.json "$out/h200-sessions$tag.json" 2>/dev/null
+    cp /tmp/b-sessions$tag/sessions.json "$out/$name$tag.json" 2>/dev/null
     tail -n 40 /tmp/b-sessions$tag/logs/*/*.log > "$out/sessions$tag-logs.txt" 2>/dev/null
     cp /tmp/b-sessions.log "$out/"; tail -n 20 /tmp/b-sessions.log ;;
   config)  # NAME TARGETS TAG [TIMEOUT_S]

@@ -143,10 +143,11 @@ def build_tiny_model(out: Path) -> None:
     (out / "inferq-tiny.json").write_text(json.dumps({"version": TINY_VERSION, "demo": True}))
 
 
-def build_tiny_adapter(out: Path, base: Path, seed: int, rank: int = 8) -> Path:
+def build_tiny_adapter(out: Path, base: Path, seed: int, rank: int = 8, scale: float = 0.5) -> Path:
     """Write a LoRA adapter for the model in ``base`` (PEFT layout: adapter_config.json and
-    adapter_model.safetensors) with random weights from ``seed``, on its attention projections.
-    Large enough weights that each adapter steers the tiny model's text its own way (tests, bench)."""
+    adapter_model.safetensors) with random weights from ``seed`` (standard deviation ``scale``), on
+    its attention projections. The default is large enough that each adapter steers the tiny
+    model's text its own way (tests, bench); a model of many wide layers wants far smaller."""
     import torch
     from safetensors.torch import save_file
 
@@ -161,8 +162,8 @@ def build_tiny_adapter(out: Path, base: Path, seed: int, rank: int = 8) -> Path:
     for layer in range(layers):
         for name, (fan_in, fan_out) in shapes.items():
             prefix = f"base_model.model.model.layers.{layer}.self_attn.{name}"
-            tensors[f"{prefix}.lora_A.weight"] = torch.randn(rank, fan_in, generator=gen) * 0.5
-            tensors[f"{prefix}.lora_B.weight"] = torch.randn(fan_out, rank, generator=gen) * 0.5
+            tensors[f"{prefix}.lora_A.weight"] = torch.randn(rank, fan_in, generator=gen) * scale
+            tensors[f"{prefix}.lora_B.weight"] = torch.randn(fan_out, rank, generator=gen) * scale
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, out / "adapter_model.safetensors")
     config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": 2 * rank,
