@@ -117,9 +117,14 @@ def test_a_holder_much_busier_than_the_taker_leaves_it_the_job(own_redis, sync_r
 
 def test_an_adapter_draws_its_jobs_when_no_prefix_does(own_redis, sync_r) -> None:
     w1, w2 = worker(own_redis, "w1"), worker(own_redis, "w2")
+    w1.own_load = lambda: 1  # this job, taken
     w2.place(job([1, 2], adapter="lora-x"), [1, 2])  # a prompt shorter than a block: the adapter alone
     beat(sync_r, "w2")
     assert w1.place(job([5, 6, 7], adapter="lora-x"), [5, 6, 7]) == "w2"
+    w2.place(job([1, 2], adapter="lora-x"), [1, 2])
+    beat(sync_r, "w2", running=1)  # the adapter's worker as busy as this one: the job would tip it
+    assert w1.place(job([5, 6, 7], adapter="lora-x"), [5, 6, 7]) is None
+    beat(sync_r, "w2")
     w1.own_adapters = lambda: ["lora-x"]  # loaded here too: nothing to gain by passing it
     assert w1.place(job([5, 6, 7], adapter="lora-x"), [5, 6, 7]) is None
     w1.own_adapters = lambda: []

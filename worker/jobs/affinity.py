@@ -7,7 +7,8 @@ adapter), and ``inferq:px:{model}:{hash}`` names the last worker that ran a prom
 block (a TTL drops what its cache has long evicted). A worker that takes a job from its model's
 queue looks the job's blocks up (one MGET): if another live worker ran the longest of them (or,
 failing a prefix, the job's adapter), and that worker has a free slot and is not much busier (loads
-read live: each worker writes the jobs it runs), the job is passed to that worker's lane (a queue
+read live: each worker writes the jobs it runs; for a job drawn by its adapter alone, not busier at
+all), the job is passed to that worker's lane (a queue
 only it consumes) and this worker takes the next one.
 A job that starts a new prefix (no worker holds its first block) goes to the least loaded worker
 when this one is busier by more than one job (INFERQ_AFFINITY_SPREAD): its follow-ups will come back
@@ -110,11 +111,12 @@ class Affinity:
         if msg.passed_by is None:
             owners = self.redis.mget(names)
             holder = next((o for o in reversed(owners[:len(hashes)]) if o), None)
-            if holder is None and adapter and adapter not in self.own_adapters():
-                holder = owners[-1]  # no prefix held anywhere: go where the adapter is loaded
-            if holder == self.worker_id or (holder is not None and not self._has_room(holder)):
+            new = holder is None  # no worker holds its first block: it starts a new prefix
+            if new and adapter and adapter not in self.own_adapters():
+                holder = owners[-1]  # go where the adapter is loaded, if that keeps loads even
+            if holder == self.worker_id or (holder is not None and not self._has_room(holder, even=new)):
                 holder = None
-            elif holder is None and hashes and self.settings.affinity_spread:
+            if holder is None and new and hashes and self.settings.affinity_spread:
                 holder = self._least_loaded()  # a new prefix: it starts where it keeps loads even
         if holder is None:
             self.remember(names)
@@ -177,17 +179,20 @@ class Affinity:
         best = min(loads, key=lambda w: loads[w])
         return best if loads[best] + 1 < self.own_load() else None
 
-    def _has_room(self, worker_id: str) -> bool:
+    def _has_room(self, worker_id: str, even: bool = False) -> bool:
         """Whether the worker is live, serving this model, consuming its lane (a worker with
         INFERQ_AFFINITY=off, or of an older release, does not), not draining, and has a slot free,
         and is not busier than this one by more than INFERQ_AFFINITY_SLACK of its slots (then the
-        job runs here: the two loads even out, and this worker holds the prefix from then on). The
+        job runs here: the two loads even out, and this worker holds the prefix from then on).
+        ``even`` (a job that starts a new prefix, drawn only by its adapter): not busier at all, so
+        that the job leaves the two loads within one of each other; the sessions of a popular
+        adapter would otherwise pile up on the worker that loaded it first, and stay there. The
         holder's load is :meth:`_load_of`'s; this worker's, the jobs it holds, this one included."""
         got = self._load_of([worker_id]).get(worker_id)
         if got is None:
             return False
         info, load = got
-        slack = max(1, int(self.settings.affinity_slack * info.max_num_seqs))
+        slack = -1 if even else max(1, int(self.settings.affinity_slack * info.max_num_seqs))
         return load < info.max_num_seqs and load <= self.own_load() + slack
 
     def pass_to(self, msg: JobMessage, worker_id: str) -> None:
