@@ -44,6 +44,8 @@ class ChoiceView(BaseModel):
     index: int
     text: str
     finish_reason: str | None = None
+    stop_reason: str | int | None = Field(default=None, description="The stop string or stop token id "
+                                          "that ended the choice, as vLLM's server says it.")
 
 
 class ResponseOptions(BaseModel):

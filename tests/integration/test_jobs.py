@@ -121,6 +121,7 @@ def test_stop_string_ends_the_completion(stack) -> None:
         stop = text[5:8]  # a string the greedy completion is known to produce
         view = wait_status(http, submit(http, prompt="def f(x):", max_tokens=24, temperature=0, stop=[stop]))
     assert view["finish_reason"] == "stop", view
+    assert view["choices"][0]["stop_reason"] == stop  # which stop string ended it, as vLLM's server says
     assert stop not in view["text"] and text.startswith(view["text"])
 
 

@@ -50,7 +50,7 @@ def test_each_delta_is_an_event_in_order_and_the_end_sums_them_up() -> None:
     fields, done = p.end(JobStatus.succeeded, None)
     assert isinstance(done, DoneEvent) and done.seq == 6 and done.finish_reason == "stop"
     assert done.choices[0].stop_reason == "\n"
-    assert fields["choices"] == [{"index": 0, "text": "Hello world", "finish_reason": "stop"}]
+    assert fields["choices"] == [{"index": 0, "text": "Hello world", "finish_reason": "stop", "stop_reason": "\n"}]
     assert (done.usage.prompt_tokens, done.usage.completion_tokens, done.usage.total_tokens) == (2, 3, 5)
 
 
