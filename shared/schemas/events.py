@@ -96,7 +96,8 @@ class TokenEvent(BaseModel):
 class ChoiceEnd(BaseModel):
     index: int
     finish_reason: str | None = None
-    stop_reason: str | int | None = None
+    stop_reason: str | int | None = Field(default=None, description="The stop string or stop token id "
+                                          "that ended the choice, as vLLM's server says it.")
 
 
 class DoneEvent(BaseModel):

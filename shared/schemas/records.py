@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from inferq.shared.schemas.events import ErrorInfo, Usage
+from inferq.shared.schemas.events import ChoiceEnd, ErrorInfo, Usage
 from inferq.shared.schemas.jobs import JobRequest, JobStatus
 
 
@@ -40,12 +40,10 @@ class JobMessage(BaseModel):
                                   "(cache-affine pull, worker/jobs/affinity.py): it is run, never passed again.")
 
 
-class ChoiceView(BaseModel):
-    index: int
+class ChoiceView(ChoiceEnd):
+    """A choice as the job's record keeps it: how it ended, and its text."""
+
     text: str
-    finish_reason: str | None = None
-    stop_reason: str | int | None = Field(default=None, description="The stop string or stop token id "
-                                          "that ended the choice, as vLLM's server says it.")
 
 
 class ResponseOptions(BaseModel):

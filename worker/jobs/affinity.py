@@ -8,8 +8,8 @@ block (a TTL drops what its cache has long evicted). A worker that takes a job f
 queue looks the job's blocks up (one MGET): if another live worker ran the longest of them (or,
 failing a prefix, the job's adapter), and that worker has a free slot and is not much busier (loads
 read live: each worker writes the jobs it runs; for a job drawn by its adapter alone, not busier at
-all), the job is passed to that worker's lane (a queue
-only it consumes) and this worker takes the next one.
+all), the job is passed to that worker's lane (a queue only it consumes) and this worker takes the
+next one.
 A job that starts a new prefix (no worker holds its first block) goes to the least loaded worker
 when this one is busier by more than one job (INFERQ_AFFINITY_SPREAD): its follow-ups will come back
 to wherever it runs, so where new prefixes start decides the fleet's balance from then on.

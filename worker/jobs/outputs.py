@@ -63,8 +63,7 @@ class Progress:
         ends = [self.finish.get(i) or ChoiceEnd(index=i, finish_reason=None) for i in range(n)]
         if status is JobStatus.cancelled:
             ends = [e.model_copy(update={"finish_reason": e.finish_reason or "cancelled"}) for e in ends]
-        choices = [ChoiceView(index=i, text="".join(self.texts.get(i, ())), finish_reason=ends[i].finish_reason,
-                              stop_reason=ends[i].stop_reason) for i in range(n)]
+        choices = [ChoiceView(**ends[i].model_dump(), text="".join(self.texts.get(i, ()))) for i in range(n)]
         usage = self.usage()
         fields: dict[str, Any] = dict(status=status, finished_at=time.time(), usage=usage,
                                       choices=[c.model_dump() for c in choices], finish_reason=ends[0].finish_reason)
