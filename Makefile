@@ -60,8 +60,15 @@ test-packages:
 run: run-packages $(STAMP)
 	$(VENV)/bin/inferq up
 
+# mypy reads the package as it installs (inferq.api, ...): pyproject's package-dir maps those names
+# onto the top-level folders, which a type checker cannot follow, so they are linked into
+# .typecheck/inferq/ (ignored by git) and mypy reads them there ([tool.mypy] in pyproject.toml).
+TYPECHECK := .typecheck
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	@mkdir -p $(TYPECHECK)/inferq && for p in api worker shared cli; do ln -sfn ../../$$p $(TYPECHECK)/inferq/$$p; done
+	$(VENV)/bin/mypy
 	$(VENV)/bin/hadolint --config .hadolint.yaml Dockerfile
 
 test: test-packages $(STAMP) lint
@@ -110,4 +117,4 @@ chaos: setup
 	$(PY) -m tests.chaos
 
 clean:
-	rm -rf $(VENV) .venv-3.* *.egg-info .pytest_cache
+	rm -rf $(VENV) .venv-3.* *.egg-info .pytest_cache .mypy_cache $(TYPECHECK)

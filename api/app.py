@@ -75,7 +75,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # without, the docs are api/routes/docs.py's (their assets served here, not from a CDN).
     app = FastAPI(title="inferq", version="0.1.0", lifespan=lifespan,
                   description="Queue-based LLM inference: REST, WebSocket and OpenAI-compatible APIs.",
-                  docs_url=None, redoc_url=None, **({"openapi_url": None} if keyring.enabled else {}))
+                  docs_url=None, redoc_url=None, openapi_url=None if keyring.enabled else "/openapi.json")
     app.state.keyring = keyring
     if keyring.enabled:
         @app.get("/openapi.json", include_in_schema=False)

@@ -8,6 +8,7 @@ last SSE payload of a failed stream) or a WebSocket ``error`` event and close co
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -49,7 +50,7 @@ class PassThrough(StarletteHTTPException):
         self.error = error
 
 
-def validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
+def validation_message(errors: Sequence[Mapping[str, Any]]) -> tuple[str, str | None]:
     """One readable line naming each bad field, and the first field's dotted path."""
     parts, first = [], None
     for e in errors:
@@ -70,7 +71,7 @@ def typed(exc: BaseException) -> InferqError:
     if isinstance(exc, PassThrough):
         return exc.error
     if isinstance(exc, (RequestValidationError, ValidationError)):
-        message, param = validation_message(list(exc.errors()))
+        message, param = validation_message(exc.errors())
         return InvalidRequest(message, param=param)
     if isinstance(exc, (RedisConnectionError, RedisTimeoutError, RedisReadOnlyError)):  # READONLY: mid-failover
         log.warning("Redis unavailable: %s", exc)

@@ -6,15 +6,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any
+
+from starlette.types import Message, Receive, Scope, Send
 
 from inferq.api.errors import PassThrough, to_response
 from inferq.shared.errors import BodyTooLarge, RequestTimeout
-
-Scope = dict[str, Any]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
-
 
 #: The most of a too-large body read (and dropped) before the 413, as a multiple of the limit up to this.
 DRAIN_MAX_BYTES = 32 << 20
@@ -39,7 +35,7 @@ class BodyLimit:
             return await to_response(BodyTooLarge(limit))(scope, receive, send)
         seen, done = 0, False
 
-        async def limited_receive() -> dict[str, Any]:
+        async def limited_receive() -> Message:
             nonlocal seen, done
             if done:  # the body is all here: what is left is a streamed answer's wait for the disconnect
                 return await receive()
@@ -74,7 +70,7 @@ class BodyLimit:
         except PassThrough:  # it stalled: answer now
             pass
 
-    async def _next(self, receive: Receive) -> dict[str, Any]:
+    async def _next(self, receive: Receive) -> Message:
         """The body's next part; 408 when it does not come within ``body_timeout_s``."""
         if self.body_timeout_s is None:
             return await receive()

@@ -37,9 +37,12 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 class FrameLike(Protocol):
     """A stream frame as api/streams.py has it."""
 
-    type: str
-    seq: int
-    raw: str
+    @property
+    def type(self) -> str: ...
+    @property
+    def seq(self) -> int: ...
+    @property
+    def raw(self) -> str: ...
 
 #: Whether this process's metrics live in multiprocess files: prometheus-client decides it once,
 #: when it is imported, from the environment (a later PROMETHEUS_MULTIPROC_DIR changes nothing).

@@ -27,6 +27,7 @@ from inferq.api import chat_template
 from inferq.api.chat_template import ChatTemplate
 from inferq.shared import prompt_probe
 from inferq.shared.errors import Unavailable
+from inferq.shared.redis import text_map
 from inferq.shared.schemas import JobRequest, WorkerInfo
 
 log = logging.getLogger(__name__)
@@ -128,7 +129,7 @@ class Published:
 
     async def _load(self, key: str) -> None:
         try:
-            files = await self.redis.hgetall(key)
+            files = text_map(await self.redis.hgetall(key))
             if "tokenizer" not in files:
                 raise LookupError("nothing published under this key")
             tok = await asyncio.to_thread(from_files, key, files)

@@ -20,6 +20,7 @@ from prometheus_client.registry import Collector
 from redis.asyncio import Redis
 
 from inferq.shared import keys, lua
+from inferq.shared.redis import text_map
 from inferq.shared.schemas import WorkerInfo
 from inferq.shared.store import queue_depths
 
@@ -45,7 +46,7 @@ async def snapshot(redis: Redis, default_model: str, ttl_s: float, window_s: flo
     """Read the queues of the default model and of every model served within ``window_s``."""
     now = time.time()
     models = {default_model, *await redis.zrangebyscore(keys.MODELS, now - window_s, "+inf")}
-    snap = QueueSnapshot(now, stats={k: int(v) for k, v in (await redis.hgetall(keys.STATS)).items()},
+    snap = QueueSnapshot(now, stats={k: int(v) for k, v in text_map(await redis.hgetall(keys.STATS)).items()},
                          batches=await redis.scard(keys.BATCHES_ACTIVE))
     for model in sorted(models):
         lists = keys.queue_lists(model)

@@ -27,6 +27,7 @@ from inferq.shared.celery_app import job_message
 from inferq.shared.errors import ContextLengthExceeded, InvalidRequest, NotFound, RateLimited, job_not_found
 from inferq.shared.fairshare import Share, job_cost, share_json
 from inferq.shared.pooling import check_task
+from inferq.shared.redis import texts
 from inferq.shared.request_limits import check_vocabulary
 from inferq.shared.schemas import (
     AdapterRef,
@@ -67,18 +68,19 @@ class JobService:
         self.store = store
         self.celery = celery
         self._served: dict[str, tuple[float, WorkerInfo]] = {}  # model -> (when seen, one live worker)
-        self._looking: dict[str, asyncio.Task[None]] = {}  # model -> its background look-up
+        self._looking: dict[str, asyncio.Task[WorkerInfo | None]] = {}  # model -> its background look-up
         self._cancelling: set[asyncio.Task[JobStatus]] = set()  # cancels of jobs whose client went away
         self.published = Published(redis)  # tokenizers workers published (a gateway on another host)
         self.adapters = Adapters(settings, redis)  # the fleet's LoRA adapters (names clients may send)
 
     async def live_workers(self, model: str) -> list[WorkerInfo]:
-        ids = await self.redis.zrangebyscore(keys.workers(model), time.time() - self.settings.worker_ttl_s, "+inf")
+        ids = texts(await self.redis.zrangebyscore(keys.workers(model), time.time() - self.settings.worker_ttl_s,
+                                                   "+inf"))
         raw = await self.redis.mget([keys.worker(i) for i in ids]) if ids else []
         return [WorkerInfo.model_validate_json(r) for r in raw if r]
 
     async def live_models(self) -> list[str]:
-        return list(await self.redis.zrangebyscore(keys.MODELS, time.time() - self.settings.worker_ttl_s, "+inf"))
+        return texts(await self.redis.zrangebyscore(keys.MODELS, time.time() - self.settings.worker_ttl_s, "+inf"))
 
     async def resolve_model(self, requested: str | None) -> tuple[str, WorkerInfo | None]:
         """The model name to queue for, and one live worker's description of it (if any). A model

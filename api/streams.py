@@ -22,7 +22,8 @@ import re
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import NamedTuple
+from dataclasses import dataclass
+from typing import ClassVar, Literal, NamedTuple
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -73,28 +74,35 @@ class Frame(NamedTuple):
         return self.raw if self.type == "token" else parse_event(self.raw).model_dump_json(exclude_none=True)
 
 
-class PlainToken(NamedTuple):
+@dataclass(slots=True)
+class PlainToken:
     """Consecutive plain token events of one completion, joined, with the text as the worker's JSON
     wrote it (escaped, without its quotes): a stream splices ``text_json`` into its chunk's JSON,
     which is what dumping the chunk would write, without decoding and encoding the text again.
-    Reads like a :class:`TokenEvent` without logprobs."""
+    A member of the event union: ``type == "token"`` narrows to it or a :class:`TokenEvent`, and
+    it reads like one without logprobs, tool calls or prompt log-probs."""
 
     seq: int
     index: int
     text_json: str
     n_tokens: int
 
-    type = "token"
-    logprobs = None
-    tool_calls = None
-    prompt_logprobs = None
+    type: ClassVar[Literal["token"]] = "token"
+    logprobs: ClassVar[None] = None
+    tool_calls: ClassVar[None] = None
+    prompt_logprobs: ClassVar[None] = None
 
     @property
     def text(self) -> str:
-        return json.loads(f'"{self.text_json}"')
+        text: str = json.loads(f'"{self.text_json}"')
+        return text
 
     def event(self) -> TokenEvent:
         return TokenEvent(seq=self.seq, index=self.index, text=self.text, n_tokens=self.n_tokens)
+
+
+#: An event as the OpenAI streams read it: parsed, or a run of plain tokens (``merge``)
+StreamItem = Event | PlainToken
 
 
 class Head(NamedTuple):
@@ -251,15 +259,13 @@ class StreamHub:
         raise AssertionError("unreachable")
 
     async def events(self, job_id: str, after: int = 0, merge: bool = False,
-                     kind: str | None = None, last_attempt: bool = False) -> AsyncIterator[Event | PlainToken]:
+                     kind: str | None = None) -> AsyncIterator[StreamItem]:
         """Every event of the job with ``seq > after``, exactly once and in order, up to the last.
         With ``merge``, plain token events come as :class:`PlainToken`, and those that were already
         waiting together as one (a reader that is behind gets fewer, larger deltas; their ``seq``
         is the last one's). ``kind``: a client stream of that kind (``ws``, ``sse``), counted in the
-        gateway's metrics. ``last_attempt``: see :func:`from_last_restart`."""
+        gateway's metrics. (The OpenAI streams read api/openai/sent_events.py's filter instead.)"""
         async for batch in self.batches(job_id, after, kind):
-            if last_attempt:
-                batch = from_last_restart(batch)
             for ev in merged(batch) if merge else [f.event() for f in batch]:
                 yield ev
 
@@ -328,11 +334,11 @@ def _upto_terminal(frames: list[Frame]) -> list[Frame]:
     return frames[:end + 1]
 
 
-def merged(frames: list[Frame]) -> list[Event | PlainToken]:
+def merged(frames: list[Frame]) -> list[StreamItem]:
     """The frames' events, consecutive plain token events of the same completion joined into
     one :class:`PlainToken` (texts and token counts added up, ``seq`` the last one's). Events with
     logprobs, and all others, pass as they are."""
-    out: list[Event | PlainToken] = []
+    out: list[StreamItem] = []
     run: PlainToken | None = None
     for f in frames:
         m = _PLAIN.fullmatch(f.raw) if f.type == "token" else None

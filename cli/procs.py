@@ -88,7 +88,8 @@ P = TypeVar("P", bound=Proc)
 
 
 class _Polled(Protocol):
-    returncode: int | None
+    @property
+    def returncode(self) -> int | None: ...
 
     def poll(self) -> int | None: ...
 

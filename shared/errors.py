@@ -196,10 +196,14 @@ STATUS: dict[str, int] = {t: cls.status for t, cls in BY_TYPE.items()}
 class StoredError(Protocol):
     """An error as a job record or an ``error`` event stores it (``shared.schemas.ErrorInfo``)."""
 
-    type: str
-    code: str | None
-    message: str
-    param: str | None
+    @property
+    def type(self) -> str: ...
+    @property
+    def code(self) -> str | None: ...
+    @property
+    def message(self) -> str: ...
+    @property
+    def param(self) -> str | None: ...
 
 
 def error_from(info: StoredError) -> InferqError:

@@ -14,9 +14,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 from urllib.parse import urlparse
 
 import redis as sync_redis
@@ -29,6 +29,7 @@ from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.connection import HiredisRespSerializer
 from redis.exceptions import ConnectionError, ReadOnlyError, TimeoutError
 from redis.retry import Retry as SyncRetry
+from redis.typing import EncodableT
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from inferq.shared.settings import Settings
@@ -50,7 +51,8 @@ class _HiredisPacking:
     token in a worker's event batches (eight arguments per event), 8x less with hiredis."""
 
     def pack_command(self, *args: Any) -> list[bytes]:
-        return _PACKER.pack(*args)
+        packed: list[bytes] = _PACKER.pack(*args)
+        return packed
 
     def pack_commands(self, commands: Iterable[Iterable[Any]]) -> list[bytes]:
         return [b"".join(_PACKER.pack(*c)[0] for c in commands)]
@@ -113,7 +115,8 @@ class RedisTarget:
         ``ssl_ca_certs`` and ``ssl_cert_reqs``: no client certificate, no ``ssl_check_hostname``)."""
         if not self.tls:
             return None
-        return SSLConnection(**{k: v for k, v in parse_url(self.url).items() if k.startswith("ssl_")}).ssl_context.get()
+        options: dict[str, Any] = {k: v for k, v in parse_url(self.url).items() if k.startswith("ssl_")}
+        return SSLConnection(**options).ssl_context.get()
 
     def __str__(self) -> str:
         if not self.sentinels:
@@ -129,7 +132,6 @@ Where = str | RedisTarget | Settings
 class _BlockingSentinelPool(SentinelConnectionPool, BlockingConnectionPool):
     """redis-py's Sentinel pool that waits for a free connection, as :func:`make_redis`'s does,
     and closes its connections to the Sentinels with itself."""
-
     async def aclose(self) -> None:
         await super().aclose()
         await self.sentinel_manager.aclose()
@@ -153,8 +155,9 @@ def make_redis(where: Where, *, max_connections: int = 64, health_check_interval
         retry_on_error=[ConnectionError, TimeoutError, ReadOnlyError],
     )
     if t.sentinels:
-        pool: BlockingConnectionPool = _BlockingSentinelPool(t.master, _sentinel(t), **t.connection_kwargs(),
-                                                             **options)
+        # redis-py leaves SentinelConnectionPool.__init__ unannotated
+        pool: BlockingConnectionPool = _BlockingSentinelPool(  # type: ignore[no-untyped-call]
+            t.master, _sentinel(t), **t.connection_kwargs(), **options)
     else:
         pool = BlockingConnectionPool.from_url(t.url, **options)
     pool.connection_class = _hiredis_packing(pool.connection_class)
@@ -171,7 +174,8 @@ def make_sync_redis(where: Where, **options: Any) -> sync_redis.Redis:
         return sync_redis.Redis.from_url(t.url, **options)
     sentinels = sync_sentinel.Sentinel(list(t.sentinels), sentinel_kwargs={
         **t.sentinel_kwargs(), "retry": SyncRetry(NoBackoff(), 0)})
-    return sentinels.master_for(t.master, **t.connection_kwargs(), **options)
+    master: sync_redis.Redis = sentinels.master_for(t.master, **t.connection_kwargs(), **options)
+    return master
 
 
 async def master_address(where: Where, sentinel: Sentinel | None = None) -> tuple[str, int]:
@@ -183,9 +187,11 @@ async def master_address(where: Where, sentinel: Sentinel | None = None) -> tupl
         o = parse_url(t.url)
         return str(o.get("host", "localhost")), int(o.get("port", 6379))
     if sentinel is not None:
-        return await sentinel.discover_master(t.master)
+        found: tuple[str, int] = await sentinel.discover_master(t.master)
+        return found
     async with _sentinel(t) as s:
-        return await s.discover_master(t.master)
+        found = await s.discover_master(t.master)
+        return found
 
 
 def sentinel_for(where: Where) -> Sentinel | None:
@@ -217,6 +223,45 @@ async def retried(call: Callable[[], Awaitable[T]], seconds: float = 30.0) -> T:
         with attempt:
             return await call()
     raise AssertionError("unreachable")  # redis_retrying re-raises once it gives up
+
+
+# redis-py types every reply ``bytes | str`` (a range: names, pairs or lists), whatever the client
+# decodes. The clients made here decode to str (make_redis; make_sync_redis(decode_responses=True)),
+# and these say so to the type checker, in this one place; they cost nothing at run time.
+
+def text(reply: bytes | str) -> str:
+    """One reply of a decoding client: a str."""
+    return cast(str, reply)
+
+
+def text_or_none(reply: bytes | str | None) -> str | None:
+    """One reply of a decoding client that may be nil."""
+    return cast(str | None, reply)
+
+
+def texts(reply: Iterable[Any]) -> list[str]:
+    """A list reply of a decoding client (LRANGE, HKEYS, a ZRANGE without scores...): strs."""
+    return cast(list[str], reply)
+
+
+def text_set(reply: Iterable[Any]) -> set[str]:
+    """A set reply of a decoding client (SMEMBERS): strs."""
+    return cast(set[str], reply)
+
+
+def text_map(reply: Mapping[Any, Any]) -> dict[str, str]:
+    """A hash reply of a decoding client (HGETALL): str to str."""
+    return cast(dict[str, str], reply)
+
+
+def stream_entries(reply: Iterable[Any] | None) -> list[tuple[str, dict[str, str]]]:
+    """An XRANGE reply of a decoding client: (id, fields) pairs (never nil, whatever its type says)."""
+    return cast(list[tuple[str, dict[str, str]]], reply)
+
+
+def hash_fields(mapping: Mapping[str, EncodableT]) -> Mapping[EncodableT, EncodableT]:
+    """HSET's ``mapping`` from str keys (redis-py's type for it is invariant in the key)."""
+    return cast(Mapping[EncodableT, EncodableT], mapping)
 
 
 async def listen(redis: Redis, channel: str, handle: Callable[[str], Awaitable[None]], retry_s: float = 0.5) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from inferq.shared.errors import InvalidRequest
@@ -104,7 +104,7 @@ def check_json(value: Any, param: str, settings: Settings) -> None:
                 for k in v:
                     if not _encodable(k):
                         _refuse(param, "holds a string that is not valid Unicode (a lone surrogate)")
-                items = v.values()
+                items: Iterable[Any] = v.values()
             else:
                 items = v
             stack.extend((x, depth + 1) for x in items if isinstance(x, (dict, list, str, float)))

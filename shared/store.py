@@ -20,6 +20,7 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError, ResponseError
 
 from inferq.shared import keys, lua
+from inferq.shared.redis import stream_entries, text_map
 from inferq.shared.schemas import (
     DoneEvent,
     ErrorEvent,
@@ -54,6 +55,15 @@ def _given_up(reason: str) -> str:
     return lua.event_json(ErrorEvent(seq=0, error=ErrorInfo(
         type="service_unavailable", code="worker_lost",
         message=f"the job was interrupted {{attempt}} times (last: {reason}); giving up")))
+
+
+#: Engine deaths a job may be running at: at the next, it fails instead of going to another worker
+#: (a request that kills engines, such as one whose LoRA adapter's folder was deleted, would
+#: otherwise take down every worker it reached in turn).
+MAX_ENGINE_FAILURES = 2
+_ENGINE_FAILURES = lua.event_json(ErrorEvent(seq=0, error=ErrorInfo(
+    type="server_error", code="engine_failure",
+    message=f"the engine died {MAX_ENGINE_FAILURES} times while running this job; it is not run again")))
 
 
 class AlreadyQueued(Exception):
@@ -114,7 +124,7 @@ class JobStore:
 
     async def get(self, job_id: str) -> JobRecord | None:
         h = await self.redis.hgetall(keys.job(job_id))
-        return JobRecord.from_hash(h) if h else None
+        return JobRecord.from_hash(text_map(h)) if h else None
 
     async def get_visible(self, job_id: str, owner: str | None) -> JobRecord | None:
         """The record if the job exists and ``owner`` may see it (the rule of
@@ -122,7 +132,7 @@ class JobStore:
         same work whether the job is missing or another owner's."""
         flat = await self._get_visible(keys=[keys.job(job_id)], args=[_Q(owner) if owner is not None else ""])
         h = dict(zip(flat[::2], flat[1::2], strict=False))
-        return JobRecord.from_hash(h) if h else None
+        return JobRecord.from_hash(text_map(h)) if h else None
 
     async def claim(self, job_id: str, worker_id: str, token: str = "") -> Claim | None:
         """queued -> running for ``worker_id`` (a new attempt). None: no such job. A call repeated
@@ -181,7 +191,8 @@ class JobStore:
                   str(time.time()), reason, job_id, self.ttl_s,
                   "" if claimed_before is None else repr(claimed_before),
                   "" if beat is None else repr(beat), wid, _CANCELLED, _given_up(reason),
-                  lua.event_json(RestartEvent(seq=0, attempt=0, reason=reason))]))
+                  lua.event_json(RestartEvent(seq=0, attempt=0, reason=reason)), MAX_ENGINE_FAILURES,
+                  _ENGINE_FAILURES]))
 
     async def sent(self, job_id: str) -> None:
         """The new message of a job :meth:`requeue` queued again is sent: it is no longer unsent."""
@@ -247,7 +258,7 @@ class JobStore:
     async def read_log_raw(self, job_id: str, after: int = 0) -> list[str]:
         """:meth:`read_log` as stored: each event's JSON text."""
         rows = await self.redis.xrange(keys.job_log(job_id), min=f"{after + 1}-0", max="+")
-        return [fields["e"] for _, fields in rows]
+        return [fields["e"] for _, fields in stream_entries(rows)]
 
 
 async def queue_depths(redis: Redis, model: str) -> list[int]:

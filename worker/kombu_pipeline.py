@@ -105,7 +105,8 @@ def _append(original: Callable[..., Any]) -> Callable[..., Any]:
     def append(self: Any, message: Any, delivery_tag: str) -> None:
         w = writer(self)
         if w is None:
-            return original(self, message, delivery_tag)
+            original(self, message, delivery_tag)
+            return
         info = message.delivery_info
         w.send(("ZADD", self.unacked_index_key, time.time(), delivery_tag),
                ("HSET", self.unacked_key, delivery_tag,
@@ -118,7 +119,8 @@ def _ack(original: Callable[..., Any]) -> Callable[..., Any]:
     def ack(self: Any, delivery_tag: str) -> None:
         w = writer(self)
         if w is None:
-            return original(self, delivery_tag)
+            original(self, delivery_tag)
+            return
         w.send(("ZREM", self.unacked_index_key, delivery_tag), ("HDEL", self.unacked_key, delivery_tag))
         kombu_virtual.QoS.ack(self, delivery_tag)
     return ack
@@ -138,8 +140,8 @@ def install() -> None:
     qos = kombu_redis.QoS
     if getattr(qos, "_inferq_pipelined", False):
         return
-    qos.append = _append(qos.append)
-    qos.ack = _ack(qos.ack)
+    setattr(qos, "append", _append(qos.append))  # noqa: B010 (mypy refuses assigning to a method)
+    setattr(qos, "ack", _ack(qos.ack))  # noqa: B010
     for name in ("restore_unacked", "restore_by_tag", "reject", "restore_visible"):
         setattr(qos, name, _flushed_first(getattr(qos, name)))
-    qos._inferq_pipelined = True
+    setattr(qos, "_inferq_pipelined", True)  # noqa: B010 (not an attribute kombu declares)

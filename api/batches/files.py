@@ -24,6 +24,7 @@ from inferq.api.auth import Principal
 from inferq.api.batches.schemas import FileList, FileObject, FilePurpose
 from inferq.shared import keys, lua
 from inferq.shared.errors import InvalidRequest, NotFound
+from inferq.shared.redis import hash_fields, texts
 from inferq.shared.settings import Settings
 
 _FILE_ID = re.compile(keys.FILE_ID_PATTERN)
@@ -92,7 +93,7 @@ class FileStore:
         else:
             await run_in_threadpool(_write_atomically, self._path(meta.id), data)
         async with self.redis.pipeline(transaction=True) as p:
-            p.hset(keys.file(meta.id), mapping=fields)
+            p.hset(keys.file(meta.id), mapping=hash_fields(fields))
             p.zadd(keys.files(owner), {meta.id: time.time()})
             if meta.expires_at is not None:
                 p.zadd(keys.FILES_EXPIRING, {meta.id: meta.expires_at})
@@ -104,7 +105,7 @@ class FileStore:
         (``param``: the request field that named the file)."""
         meta, owner = (await self.redis.hmget(keys.file(file_id), ["meta", "owner"])
                        if _FILE_ID.fullmatch(file_id) else (None, None))
-        if meta is None or not caller.may_see(json.loads(owner)):
+        if meta is None or owner is None or not caller.may_see(json.loads(owner)):
             raise file_not_found(file_id, param)
         f = FileObject.model_validate_json(meta)
         if _expired(f):  # not yet swept
@@ -141,8 +142,8 @@ class FileStore:
     async def sweep(self, now: float | None = None, most: int = 100) -> int:
         """Delete up to ``most`` files whose time is up; how many (every gateway's batch runner
         calls this each poll: two that delete one file at once both succeed)."""
-        due = await self.redis.zrangebyscore(keys.FILES_EXPIRING, "-inf", time.time() if now is None else now,
-                                             start=0, num=most)
+        due = texts(await self.redis.zrangebyscore(keys.FILES_EXPIRING, "-inf", time.time() if now is None else now,
+                                                   start=0, num=most))
         for file_id in due:
             await self._remove(file_id)  # off the expiring set last: a failed delete is tried again
         return len(due)
@@ -150,7 +151,8 @@ class FileStore:
     async def list(self, caller: Principal, purpose: str | None, limit: int, after: str | None,
                    newest_first: bool = True) -> FileList:
         """The caller's files, newest first (or oldest); ``after``: continue after that file id."""
-        ids = await (self.redis.zrevrange if newest_first else self.redis.zrange)(keys.files(caller.key_id), 0, -1)
+        read = self.redis.zrevrange if newest_first else self.redis.zrange
+        ids = texts(await read(keys.files(caller.key_id), 0, -1))
         if after is not None:
             ids = ids[ids.index(after) + 1:] if after in ids else []
         out: list[FileObject] = []

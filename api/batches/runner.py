@@ -45,6 +45,7 @@ import time
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
+from redis.typing import EncodableT
 from starlette.concurrency import run_in_threadpool
 
 from inferq.api.admission import Admission
@@ -53,6 +54,7 @@ from inferq.api.batches.files import FileStore
 from inferq.api.batches.schemas import ENDED, BatchError, BatchErrors, BatchRecord, OutputLine
 from inferq.shared import keys, lua
 from inferq.shared.errors import InferqError, NotFound, RateLimited, Unavailable
+from inferq.shared.redis import text_map, text_or_none, text_set, texts
 from inferq.shared.schemas import TERMINAL_STATUSES, JobRequest
 from inferq.shared.settings import Settings
 
@@ -109,7 +111,7 @@ class BatchRunner:
             except Exception:  # Redis away: next poll
                 log.warning("batch runner: cannot delete the expired files", exc_info=True)
             try:
-                active = await self.redis.smembers(keys.BATCHES_ACTIVE)
+                active = text_set(await self.redis.smembers(keys.BATCHES_ACTIVE))
             except Exception:  # Redis away: try again next poll
                 log.warning("batch runner: cannot read the active batches", exc_info=True)
                 active = set()
@@ -147,7 +149,7 @@ class BatchRunner:
         finally:
             keeper.cancel()
 
-    async def _fenced(self, name: str, batch_id: str, *keys_: str, args: tuple[object, ...] = ()) -> int:
+    async def _fenced(self, name: str, batch_id: str, *keys_: str, args: tuple[EncodableT, ...] = ()) -> int:
         """Run a write script; LeaseLost when the batch is no longer this runner's."""
         got = int(await self._scripts[name](keys=[keys.batch_part(batch_id, "lease"), *keys_], args=[self.me, *args]))
         if got < 0:
@@ -224,10 +226,10 @@ class BatchRunner:
         """Cancel the unfinished lines' jobs, and those of the next line, which a runner that died
         may have queued without recording them."""
         bid = rec.batch.id
-        ids = [j for raw in (await self.redis.hgetall(keys.batch_part(bid, "running"))).values()
+        ids = [j for raw in text_map(await self.redis.hgetall(keys.batch_part(bid, "running"))).values()
                for j in json.loads(raw)["jobs"]]
         nxt = int(await self.redis.hget(keys.batch(bid), "next") or 0)
-        if (raw := await self.redis.lindex(keys.batch_part(bid, "lines"), nxt)) is not None:
+        if (raw := text_or_none(await self.redis.lindex(keys.batch_part(bid, "lines"), nxt))) is not None:
             with contextlib.suppress(Exception):  # a line its endpoint refuses never had jobs
                 ids += line_job_ids(rec, nxt, len(lines.prepare(raw, self.settings).jobs))
         for job_id in ids:
@@ -236,7 +238,7 @@ class BatchRunner:
         rec.aborted = True
         await self._save(rec)
 
-    def _answer_args(self, bid: str, index: int, out: OutputLine) -> tuple[list[str], list[object]]:
+    def _answer_args(self, bid: str, index: int, out: OutputLine) -> tuple[list[str], list[EncodableT]]:
         ok = out.response is not None and out.response.status_code == 200
         return ([keys.batch_part(bid, "lease"), keys.batch_part(bid, "results"), keys.batch_part(bid, "running"),
                  keys.batch(bid), keys.STATS],
@@ -251,7 +253,7 @@ class BatchRunner:
     async def _collect(self, rec: BatchRecord) -> None:
         """Answer the lines whose jobs have all ended."""
         bid = rec.batch.id
-        entries = await self.redis.hgetall(keys.batch_part(bid, "running"))
+        entries = text_map(await self.redis.hgetall(keys.batch_part(bid, "running")))
         running = {int(i): json.loads(v) for i, v in entries.items()}
         ids = [j for entry in running.values() for j in entry["jobs"]]
         async with self.redis.pipeline(transaction=False) as p:
@@ -262,7 +264,9 @@ class BatchRunner:
             states = [status[j] for j in entry["jobs"]]
             if any(s is not None and s not in TERMINAL_STATUSES for s in states):
                 continue
-            raw = await self.redis.lindex(keys.batch_part(bid, "lines"), index)
+            raw = text_or_none(await self.redis.lindex(keys.batch_part(bid, "lines"), index))
+            if raw is None:
+                raise LookupError(f"batch {bid}: line {index} is not stored")
             await self._answer(bid, index, await self._result(rec, raw, entry, states))
 
     async def _result(self, rec: BatchRecord, raw: str, entry: dict, states: list[str | None]) -> OutputLine:
@@ -296,7 +300,7 @@ class BatchRunner:
             return
         key_slots, max_depth = self._limits()
         timeout = max(1.0, rec.batch.expires_at - time.time())  # a line may wait as long as its batch
-        for n, raw in enumerate(await self.redis.lrange(keys.batch_part(bid, "lines"), nxt, nxt + room - 1)):
+        for n, raw in enumerate(texts(await self.redis.lrange(keys.batch_part(bid, "lines"), nxt, nxt + room - 1))):
             if self._stopping:
                 return
             index = nxt + n
@@ -354,7 +358,7 @@ class BatchRunner:
         b, bid = rec.batch, rec.batch.id
         b.finalizing_at = b.finalizing_at or int(time.time())
         if rec.ending is not None:  # the lines never queued, in chunks of one pipeline each
-            rest = await self.redis.lrange(keys.batch_part(bid, "lines"), nxt, -1)
+            rest = texts(await self.redis.lrange(keys.batch_part(bid, "lines"), nxt, -1))
             for start in range(0, len(rest), 500):
                 async with self.redis.pipeline(transaction=False) as p:
                     for n, raw in enumerate(rest[start:start + 500]):
@@ -366,7 +370,7 @@ class BatchRunner:
         elif b.status != "finalizing":
             b.status = "finalizing"
             await self._save(rec)
-        results = await self.redis.hgetall(keys.batch_part(bid, "results"))
+        results = text_map(await self.redis.hgetall(keys.batch_part(bid, "results")))
         output: list[str] = []
         errors: list[str] = []
         for _, raw in sorted((int(i), r) for i, r in results.items()):

@@ -21,6 +21,7 @@ from inferq.api.batches.files import FileStore
 from inferq.api.batches.schemas import ENDED, Batch, BatchCreate, BatchList, BatchRecord
 from inferq.shared import keys
 from inferq.shared.errors import InvalidRequest, NotFound
+from inferq.shared.redis import text_map, texts
 
 COMPLETION_WINDOW_S = 24 * 3600
 _BATCH_ID = re.compile(keys.BATCH_ID_PATTERN)
@@ -72,7 +73,7 @@ class BatchService:
         return b
 
     async def _fields(self, batch_id: str, caller: Principal) -> dict[str, str]:
-        fields = await self.redis.hgetall(keys.batch(batch_id)) if _BATCH_ID.fullmatch(batch_id) else {}
+        fields = text_map(await self.redis.hgetall(keys.batch(batch_id))) if _BATCH_ID.fullmatch(batch_id) else {}
         if not fields or not caller.may_see(json.loads(fields["record"]).get("owner")):
             raise batch_not_found(batch_id)
         return fields
@@ -94,9 +95,10 @@ class BatchService:
         """The caller's batches, newest first; ``after``: continue after that batch id."""
         start = 0
         if after is not None:
-            rank = await self.redis.zrevrank(keys.batches(caller.key_id), after)
+            # redis-py types ZREVRANK for WITHSCORE too (a list); without it the reply is the rank or nil
+            rank: int | None = await self.redis.zrevrank(keys.batches(caller.key_id), after)  # type: ignore[assignment]
             start = rank + 1 if rank is not None else 0
-        ids = await self.redis.zrevrange(keys.batches(caller.key_id), start, start + limit)
+        ids = texts(await self.redis.zrevrange(keys.batches(caller.key_id), start, start + limit))
         async with self.redis.pipeline(transaction=False) as p:
             for i in ids[:limit]:
                 p.hgetall(keys.batch(i))

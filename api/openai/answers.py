@@ -48,7 +48,9 @@ def chat_logprobs(lps: list[TokenLogprob] | None, k: int) -> ChatLogprobs | None
     if lps is None:
         return None
     return ChatLogprobs(content=[
-        ChatTokenLogprob(token=lp.token, logprob=lp.logprob, bytes=list(lp.token.encode()),
+        # chat echoes no prompt, so every token has its log-prob (vLLM's floor stands in for none)
+        ChatTokenLogprob(token=lp.token, logprob=-9999.0 if lp.logprob is None else lp.logprob,
+                         bytes=list(lp.token.encode()),
                          top_logprobs=[TopLogprobOut(token=t.token, logprob=t.logprob, bytes=list(t.token.encode()))
                                        for t in lp.top_logprobs[:k]])
         for lp in lps

@@ -9,16 +9,27 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from functools import partial
+from typing import Literal
 
 from inferq.api.errors import error_body
 from inferq.api.openai import tools
 from inferq.api.openai.answers import Choice, add_usage, chat_logprobs, completion_logprobs
 from inferq.api.openai.chunk_template import TextTemplate
 from inferq.api.openai.messages import NamedToolChoice
-from inferq.api.openai.objects import ChatCompletionChunk, ChunkChoice, Delta, TextChoice, TextCompletion, ToolCallDelta
+from inferq.api.openai.objects import (
+    ChatCompletionChunk,
+    ChatLogprobs,
+    ChunkChoice,
+    Delta,
+    TextChoice,
+    TextCompletion,
+    ToolCallDelta,
+)
 from inferq.api.openai.params import ChatCompletionRequest, CompletionRequest
+from inferq.api.openai.sent_events import sent_batches
 from inferq.api.sse import Payload
-from inferq.api.streams import PlainToken, StreamHub, from_last_restart, merged
+from inferq.api.streams import PlainToken, StreamHub
 from inferq.shared.errors import InferqError, Unavailable, error_from
 from inferq.shared.schemas import DoneEvent, ErrorEvent, RestartEvent, TokenEvent, Usage
 
@@ -29,51 +40,65 @@ DONE = Payload("[DONE]", last=True)
 async def chat_chunks(hub: StreamHub, job_id: str, model: str,
                       req: ChatCompletionRequest) -> AsyncIterator[Payload]:
     """The SSE payloads of a streamed chat completion, ``[DONE]`` (or an error) last."""
-    created, k = int(time.time()), req.top_logprobs or 0
-    include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    started: set[int] = set()
-
-    def chunk_model(choices: list[ChunkChoice], usage: Usage | None = None) -> ChatCompletionChunk:
-        return ChatCompletionChunk(id=job_id, created=created, model=model, choices=choices, usage=usage)
-
-    def chunk(choices: list[ChunkChoice], usage: Usage | None = None) -> Payload:
-        return Payload(chunk_model(choices, usage).model_dump_json(exclude_none=True))
-
-    plain: dict[int, TextTemplate] = {}  # per completion: a plain text chunk's template
-
-    calls = _StreamedCalls(req)
-    async for batch in hub.batches(job_id, kind="sse"):  # not hub.events: one async hop less per token
-        for ev in merged(from_last_restart(batch)):
-            if ev.type == "restart" and not started:  # nothing sent yet: the next attempt just streams
-                continue
-            if ev.type == "token" and ev.prompt_logprobs is not None:  # never streamed
-                continue
+    stream = _ChatStream(job_id, model, req)
+    async for events in sent_batches(hub, job_id):
+        for ev in events:
             if ev.type == "token":
-                lps = chat_logprobs(ev.logprobs, k) if req.logprobs else None
-                if calls.forced or ev.tool_calls:
-                    if ev.index not in started:  # the role first, with empty content, as vLLM
-                        started.add(ev.index)
-                        yield chunk([ChunkChoice(index=ev.index, delta=Delta(role="assistant", content=""))])
-                    delta = calls.add(ev.index, ev.text) if calls.forced else _parsed_delta(ev)
-                    if delta is not None:
-                        yield chunk([ChunkChoice(index=ev.index, delta=delta, logprobs=lps)])
-                    continue
-                if ev.index in started and lps is None:  # the common chunk: its text in a template
-                    if (t := plain.get(ev.index)) is None:
-                        t = plain[ev.index] = TextTemplate(
-                            lambda text, i=ev.index: chunk_model([ChunkChoice(index=i, delta=Delta(content=text))]))
-                    yield Payload(t.fill_json(ev.text_json) if isinstance(ev, PlainToken) else t.fill(ev.text))
-                    continue
-                role = None if ev.index in started else "assistant"
-                started.add(ev.index)
-                yield chunk([ChunkChoice(index=ev.index, delta=Delta(role=role, content=ev.text), logprobs=lps)])
+                for payload in stream.token(ev):
+                    yield payload
             elif ev.type == "done":
-                for choices, usage in _last_chunks(req, calls, ev, include_usage):
-                    yield chunk(choices, usage)
+                for choices, usage in _last_chunks(req, stream.calls, ev, stream.include_usage):
+                    yield stream.chunk(choices, usage)
             else:
                 yield _stream_end_error(job_id, ev)
                 return
     yield DONE
+
+
+class _ChatStream:
+    """The chunks of one chat stream's tokens: the role first (per choice), then the text; a
+    plain text chunk is filled into its choice's template."""
+
+    def __init__(self, job_id: str, model: str, req: ChatCompletionRequest) -> None:
+        self.job_id, self.model, self.req = job_id, model, req
+        self.created, self.k = int(time.time()), req.top_logprobs or 0
+        self.include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        self.started: set[int] = set()  # choices whose role was sent
+        self.plain: dict[int, TextTemplate] = {}  # per choice: a plain text chunk's template
+        self.calls = _StreamedCalls(req)
+
+    def chunk_model(self, choices: list[ChunkChoice], usage: Usage | None = None) -> ChatCompletionChunk:
+        return ChatCompletionChunk(id=self.job_id, created=self.created, model=self.model, choices=choices,
+                                   usage=usage)
+
+    def chunk(self, choices: list[ChunkChoice], usage: Usage | None = None) -> Payload:
+        return Payload(self.chunk_model(choices, usage).model_dump_json(exclude_none=True))
+
+    def _text_chunk(self, index: int, text: str) -> ChatCompletionChunk:
+        return self.chunk_model([ChunkChoice(index=index, delta=Delta(content=text))])
+
+    def token(self, ev: TokenEvent | PlainToken) -> list[Payload]:
+        lps = chat_logprobs(ev.logprobs, self.k) if self.req.logprobs else None
+        if self.calls.forced or ev.tool_calls:
+            return self._calls(ev, lps)
+        if ev.index in self.started and lps is None:  # the common chunk: its text in a template
+            if (t := self.plain.get(ev.index)) is None:
+                t = self.plain[ev.index] = TextTemplate(partial(self._text_chunk, ev.index))
+            return [Payload(t.fill_json(ev.text_json) if isinstance(ev, PlainToken) else t.fill(ev.text))]
+        role: Literal["assistant"] | None = None if ev.index in self.started else "assistant"
+        self.started.add(ev.index)
+        return [self.chunk([ChunkChoice(index=ev.index, delta=Delta(role=role, content=ev.text), logprobs=lps)])]
+
+    def _calls(self, ev: TokenEvent | PlainToken, lps: ChatLogprobs | None) -> list[Payload]:
+        """A token of a forced tool call, or one where the worker's parser found calls."""
+        out = []
+        if ev.index not in self.started:  # the role first, with empty content, as vLLM
+            self.started.add(ev.index)
+            out.append(self.chunk([ChunkChoice(index=ev.index, delta=Delta(role="assistant", content=""))]))
+        delta = self.calls.add(ev.index, ev.text) if self.calls.forced else _parsed_delta(ev)
+        if delta is not None:
+            out.append(self.chunk([ChunkChoice(index=ev.index, delta=delta, logprobs=lps)]))
+        return out
 
 
 def _last_chunks(req: ChatCompletionRequest, calls: _StreamedCalls, ev: DoneEvent,
@@ -92,7 +117,7 @@ def _last_chunks(req: ChatCompletionRequest, calls: _StreamedCalls, ev: DoneEven
     return out
 
 
-def _parsed_delta(ev: TokenEvent) -> Delta:
+def _parsed_delta(ev: TokenEvent | PlainToken) -> Delta:
     """A chunk of what the worker's parser found: content not part of a call, and call pieces."""
     return Delta(content=ev.text or None, tool_calls=[
         ToolCallDelta(index=p.index, id=p.id, type="function" if p.id else None,
@@ -148,42 +173,53 @@ def _restarted(job_id: str) -> InferqError:
 async def completion_chunks(hub: StreamHub, job_ids: list[str], model: str,
                             req: CompletionRequest) -> AsyncIterator[Payload]:
     """SSE payloads of a streamed text completion; several prompts stream one after another."""
-    created, k = int(time.time()), req.logprobs or 0
-    include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    total = Usage()
-    plain: dict[int, TextTemplate] = {}  # per choice: a plain text chunk's template
+    stream = _CompletionStream(job_ids[0], model, req)
     for p, job_id in enumerate(job_ids):
-        sent = False  # any of this job's text: a restart after it cannot be taken back
-        async for ev in hub.events(job_id, merge=True, kind="sse", last_attempt=True):
-            if ev.type == "restart" and not sent:  # nothing of it sent yet: the next attempt just streams
-                continue
-            if ev.type == "token" and ev.prompt_logprobs is not None:  # never streamed
-                continue
-            if ev.type == "token":
-                sent = True
-                index = p * req.n + ev.index
-                if req.logprobs is None:  # the common chunk: its text in a template
-                    if (t := plain.get(index)) is None:
-                        t = plain[index] = TextTemplate(lambda text, i=index: TextCompletion(
-                            id=job_ids[0], created=created, model=model, choices=[TextChoice(index=i, text=text)]))
-                    yield Payload(t.fill_json(ev.text_json) if isinstance(ev, PlainToken) else t.fill(ev.text))
-                    continue
-                lp = completion_logprobs(Choice(logprobs=ev.logprobs or []), k)
-                choice = TextChoice(index=index, text=ev.text, logprobs=lp)
-            elif ev.type == "done":
-                total = add_usage(total, ev.usage)
-                for end in ev.choices:
-                    last = TextChoice(index=p * req.n + end.index, text="", finish_reason=end.finish_reason,
-                                      stop_reason=end.stop_reason)
-                    yield Payload(TextCompletion(id=job_ids[0], created=created, model=model,
-                                                 choices=[last]).model_dump_json(exclude_none=True))
-                continue
-            else:
-                yield _stream_end_error(job_id, ev)
-                return
-            yield Payload(TextCompletion(id=job_ids[0], created=created, model=model,
-                                         choices=[choice]).model_dump_json(exclude_none=True))
-    if include_usage:
-        yield Payload(TextCompletion(id=job_ids[0], created=created, model=model, choices=[],
-                                     usage=total).model_dump_json())
+        async for events in sent_batches(hub, job_id):
+            for ev in events:
+                if ev.type == "token":
+                    yield stream.token(p * req.n + ev.index, ev)
+                elif ev.type == "done":
+                    for payload in stream.done(p, ev):
+                        yield payload
+                else:
+                    yield _stream_end_error(job_id, ev)
+                    return
+    if stream.include_usage:
+        yield Payload(stream.chunk([], stream.total).model_dump_json())
     yield DONE
+
+
+class _CompletionStream:
+    """The chunks of a text completion's stream (its first job's id is the completion's)."""
+
+    def __init__(self, completion_id: str, model: str, req: CompletionRequest) -> None:
+        self.id, self.model, self.req = completion_id, model, req
+        self.created, self.k = int(time.time()), req.logprobs or 0
+        self.include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        self.total = Usage()
+        self.plain: dict[int, TextTemplate] = {}  # per choice: a plain text chunk's template
+
+    def chunk(self, choices: list[TextChoice], usage: Usage | None = None) -> TextCompletion:
+        return TextCompletion(id=self.id, created=self.created, model=self.model, choices=choices, usage=usage)
+
+    def _text_chunk(self, index: int, text: str) -> TextCompletion:
+        return self.chunk([TextChoice(index=index, text=text)])
+
+    def token(self, index: int, ev: TokenEvent | PlainToken) -> Payload:
+        """The chunk of a token of OpenAI's choice ``index``."""
+        if self.req.logprobs is None:  # the common chunk: its text in a template
+            if (t := self.plain.get(index)) is None:
+                t = self.plain[index] = TextTemplate(partial(self._text_chunk, index))
+            return Payload(t.fill_json(ev.text_json) if isinstance(ev, PlainToken) else t.fill(ev.text))
+        lp = completion_logprobs(Choice(logprobs=ev.logprobs or []), self.k)
+        choice = TextChoice(index=index, text=ev.text, logprobs=lp)
+        return Payload(self.chunk([choice]).model_dump_json(exclude_none=True))
+
+    def done(self, prompt: int, ev: DoneEvent) -> list[Payload]:
+        """The last chunk of each of prompt ``prompt``'s choices (its finish reason)."""
+        self.total = add_usage(self.total, ev.usage)
+        n = self.req.n
+        return [Payload(self.chunk([TextChoice(index=prompt * n + end.index, text="", finish_reason=end.finish_reason,
+                                               stop_reason=end.stop_reason)]).model_dump_json(exclude_none=True))
+                for end in ev.choices]

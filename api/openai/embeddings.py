@@ -10,7 +10,7 @@ openai SDK asks for by default); ``dimensions`` for a model with Matryoshka size
 from __future__ import annotations
 
 import time
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal, TypeGuard, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -20,6 +20,8 @@ from inferq.shared.keys import MODEL_NAME_PATTERN
 from inferq.shared.pooling import MAX_EMBED_INPUTS, EmbedInputs, unpack_vector
 from inferq.shared.schemas import NO_CONTROL_CHARS, JobRequest
 from inferq.shared.store import Event
+
+T = TypeVar("T")
 
 TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
 
@@ -40,15 +42,22 @@ class EmbeddingRequest(BaseModel):
     def inputs(self) -> EmbedInputs:
         """The job's inputs: texts, or lists of token ids."""
         x = self.input
-        spec = {"dimensions": self.dimensions, "truncate_prompt_tokens": self.truncate_prompt_tokens,
-                "add_special_tokens": self.add_special_tokens, "use_activation": self.use_activation}
         if isinstance(x, str):
-            return EmbedInputs(texts=[x], **spec)
-        if all(isinstance(v, int) for v in x):  # one input of token ids
-            return EmbedInputs(token_ids=[x], **spec)  # type: ignore[list-item]
-        if all(isinstance(v, str) for v in x):
-            return EmbedInputs(texts=x, **spec)  # type: ignore[arg-type]
-        return EmbedInputs(token_ids=x, **spec)  # type: ignore[arg-type]
+            return self._inputs(texts=[x])
+        if _all_of(x, int):  # one input of token ids
+            return self._inputs(token_ids=[x])
+        if _all_of(x, str):
+            return self._inputs(texts=x)
+        return self._inputs(token_ids=cast(list[list[int]], x))
+
+    def _inputs(self, texts: list[str] | None = None, token_ids: list[list[int]] | None = None) -> EmbedInputs:
+        return EmbedInputs(texts=texts, token_ids=token_ids, dimensions=self.dimensions,
+                           truncate_prompt_tokens=self.truncate_prompt_tokens,
+                           add_special_tokens=self.add_special_tokens, use_activation=self.use_activation)
+
+
+def _all_of(items: list[Any], kind: type[T]) -> TypeGuard[list[T]]:
+    return all(isinstance(v, kind) for v in items)
 
 
 def embedding_job(req: EmbeddingRequest) -> JobRequest:

@@ -73,4 +73,4 @@ def job_fields(req: BaseModel) -> dict[str, Any]:
     """A request as its ``Idempotency-Key`` fingerprint takes it: everything but how the answer is
     delivered, so that the same request, streamed or not, answers from the same job (a streamed
     request retried without streaming collects the job's answer)."""
-    return req.model_dump(mode="json", exclude=DELIVERY_FIELDS)
+    return req.model_dump(mode="json", exclude=set(DELIVERY_FIELDS))

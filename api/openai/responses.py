@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from inferq.api.openai.sent_events import sent_batches
 from inferq.api.sse import Payload
 from inferq.api.streams import StreamHub
 from inferq.shared.errors import InvalidRequest, NotFound, error_from
@@ -198,22 +199,20 @@ async def stream_events(hub: StreamHub, rec: JobRecord, after: int = -1,
     for p in pending:
         if p is not None:
             yield p
-    async for ev in hub.events(rec.id, merge=False, kind="sse", last_attempt=True):
-        if ev.type == "token":
-            text += ev.text
-            if (p := nxt("response.output_text.delta", item_id=item, output_index=0, content_index=0,
-                         delta=ev.text, logprobs=[])) is not None:
-                yield p
-        elif ev.type == "restart" and not text:  # nothing sent yet: the next attempt just streams
-            continue
-        elif ev.type == "done":
-            for p in _done_events(nxt, item, text, await finished()):
+    # one event per token, never merged: a resumed stream counts the same sequence numbers
+    async for events in sent_batches(hub, rec.id, merge=False):
+        for ev in events:
+            if ev.type == "token":
+                text += ev.text
+                if (p := nxt("response.output_text.delta", item_id=item, output_index=0, content_index=0,
+                             delta=ev.text, logprobs=[])) is not None:
+                    yield p
+                continue
+            ends = (_done_events(nxt, item, text, await finished()) if ev.type == "done"
+                    else [_failed_event(nxt, ev, await finished())])  # failed, or restarted after text went out
+            for p in ends:
                 if p is not None:
                     yield p
-            return
-        else:  # failed, or restarted after text went out (a stream cannot take text back)
-            if (p := _failed_event(nxt, ev, await finished())) is not None:
-                yield p
             return
 
 

@@ -43,11 +43,11 @@ def tool_schema(req: ChatCompletionRequest) -> dict[str, Any] | None:
         raise InvalidRequest("response_format cannot be combined with a forced tool_choice",
                              param="response_format")
     if isinstance(req.tool_choice, NamedToolChoice):
-        fn = next(t.function for t in req.tools if t.function.name == req.tool_choice.function.name)
+        fn = next(t.function for t in req.tools or () if t.function.name == req.tool_choice.function.name)
         return fn.parameters or EMPTY_PARAMETERS
     items = [{"properties": {"name": {"type": "string", "enum": [t.function.name]},
                              "parameters": t.function.parameters or EMPTY_PARAMETERS},
-              "required": ["name", "parameters"]} for t in req.tools]
+              "required": ["name", "parameters"]} for t in req.tools or ()]
     schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"type": "object", "anyOf": items}}
     if req.parallel_tool_calls is False:
         schema["maxItems"] = 1

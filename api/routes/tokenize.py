@@ -100,7 +100,7 @@ async def tokenize(req: TokenizeRequest | TokenizeChatRequest, service: Service,
     else:
         text = req.prompt
     ids = tok.tokenizer.encode(text, add_special_tokens=req.add_special_tokens).ids
-    strs = [tok.tokenizer.id_to_token(i) for i in ids] if req.return_token_strs else None
+    strs = [tok.tokenizer.id_to_token(i) or "" for i in ids] if req.return_token_strs else None
     return TokenizeResponse(count=len(ids), max_model_len=max((w.max_model_len for w in workers), default=None),
                             tokens=ids, token_strs=strs)
 

@@ -201,7 +201,7 @@ class ScriptedHub:
             yield [f]
 
     async def events(self, job_id: str, after: int = 0, merge: bool = False,
-                     kind: str | None = None, last_attempt: bool = False) -> AsyncIterator[object]:
+                     kind: str | None = None) -> AsyncIterator[object]:
         async for f in self.frames(job_id, after):
             yield f.event()
 

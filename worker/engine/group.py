@@ -112,7 +112,7 @@ def run_group(settings: Settings, loglevel: str, frontend_main: FrontendMain) ->
         args._api_process_count, args._api_process_rank = n, -1  # as vLLM's multi-API-server launcher
         config = args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
         with _core_engine(config, n) as core:  # the engine's start-up handshake runs as the block ends
-            engine_pids = [p.pid for p in core.processes]
+            engine_pids = [pid for p in core.processes if (pid := p.pid) is not None]  # all started
             for i in range(n):
                 fe = Frontend(i, n, model_path, config, core.addresses(i), engine_pids, os.getpid())
                 proc = spawn.Process(target=frontend_main, args=(fe, loglevel), name=f"inferq-frontend-{i}")

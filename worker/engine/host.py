@@ -36,7 +36,7 @@ def _stats_logger_class(stats: EngineStats) -> type:
     """A vLLM stat logger that copies each step's scheduler stats into ``stats``."""
     from vllm.v1.metrics.loggers import StatLoggerBase
 
-    class InferqStatLogger(StatLoggerBase):
+    class InferqStatLogger(StatLoggerBase):  # type: ignore[misc]  # vLLM is not analysed: its classes are Any
         def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
             self.stats = stats
 

@@ -19,6 +19,7 @@ from typing import Any
 from redis.asyncio import Redis
 
 from inferq.shared import keys
+from inferq.shared.redis import hash_fields
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ async def publish(redis: Redis, files: dict[str, str]) -> str:
     """Store the files (the same key for the same files); returns their key."""
     key = key_of(files)
     async with redis.pipeline(transaction=True) as p:
-        p.hset(key, mapping=files)
+        p.hset(key, mapping=hash_fields(files))
         p.expire(key, TTL_S)
         await p.execute()
     log.info("published the model's tokenizer for gateways as %s", key)

@@ -83,8 +83,8 @@ class AttemptTable:
         """Cancel whatever attempt of the job this worker runs. A run still waiting for its claim
         is only flagged (its claim may already have taken the job in Redis: it must write the end)."""
         pending = self._claiming.get(job_id, [])
-        for run in pending:
-            run.cancel_requested = True
+        for waiting in pending:
+            waiting.cancel_requested = True
         run = self.active.get(job_id)
         if run is None:
             return bool(pending)

@@ -11,7 +11,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
 
@@ -138,7 +138,7 @@ class Ending:
         fields, event = p.end(status, error)
         # the end check (in Redis): a `succeeded` or `cancelled` end must directly follow every event
         # this attempt wrote; a failure's end goes after whatever its log holds
-        write: Callable[[], Awaitable[Any]] = lambda: self.store.finish(  # noqa: E731
+        write: Callable[[], Awaitable[JobStatus | None]] = lambda: self.store.finish(  # noqa: E731
             job_id, self.worker_id, attempt, event, check_log=status is not JobStatus.failed, **fields)
         try:
             written = await persist(write, f"record the end of job {job_id} ({status.value})", self.writer.budget_s)

@@ -70,6 +70,8 @@ class Progress:
         if error is not None:
             fields["error"] = error
             return fields, ErrorEvent(seq=self.seq + 1, error=error)
+        if status is not JobStatus.succeeded and status is not JobStatus.cancelled:
+            raise ValueError(f"a job ends {status.value} only with an error")
         return fields, DoneEvent(seq=self.seq + 1, status=status, finish_reason=ends[0].finish_reason,
                                  choices=ends, usage=usage,
                                  embeddings=self.embeddings if status is JobStatus.succeeded else None)

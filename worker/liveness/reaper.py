@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from redis.asyncio import Redis
 
 from inferq.shared import keys, lua
-from inferq.shared.redis import make_redis
+from inferq.shared.redis import make_redis, text_set, texts
 from inferq.shared.settings import Settings
 from inferq.shared.store import JobStore
 from inferq.worker.liveness.handback import SEND_BUDGET_S, hand_back
@@ -118,16 +118,16 @@ class Reaper:
     async def silent(self) -> list[Silent]:
         """Every other worker whose last heartbeat is older than the TTL, with its running jobs."""
         assert self.redis is not None
-        out = []
-        for model in await self.redis.zrange(keys.MODELS, 0, -1):
+        out: list[Silent] = []
+        for model in texts(await self.redis.zrange(keys.MODELS, 0, -1)):
             before = time.time() - self.settings.worker_ttl_s
             if not self.trusted():  # this pass waited out an outage (a failover): others only look late
                 return out
-            for wid in await self.redis.zrangebyscore(keys.workers(model), 0, before):
+            for wid in texts(await self.redis.zrangebyscore(keys.workers(model), 0, before)):
                 if wid == self.worker_id:  # alive by definition; a stale score is from a beat that waited out an outage
                     continue
                 seen_at = time.time()
-                jobs = sorted(await self.redis.smembers(keys.worker_jobs(wid)))
+                jobs = sorted(text_set(await self.redis.smembers(keys.worker_jobs(wid))))
                 out.append(Silent(model, wid, jobs, seen_at, before))
         return out
 

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from redis.asyncio import Redis
 
 from inferq.shared import keys
+from inferq.shared.redis import text_or_none, texts
 from inferq.shared.schemas import JobMessage, JobStatus
 from inferq.shared.store import JobStore
 
@@ -47,17 +48,17 @@ class UnackedEntries:
         missing = [t for t in tags if t not in self._ids]
         if missing:
             for tag, raw in zip(missing, await self.redis.hmget(keys.KOMBU_UNACKED, missing), strict=True):
-                self._ids[tag] = job_id_of(raw)
+                self._ids[tag] = job_id_of(text_or_none(raw))
 
     async def delivered_before(self, when: float) -> dict[str, str | None]:
         """Delivery tag -> job id of the messages delivered before ``when`` (unix s)."""
-        tags = list(await self.redis.zrangebyscore(keys.KOMBU_UNACKED_INDEX, 0, when))
+        tags = texts(await self.redis.zrangebyscore(keys.KOMBU_UNACKED_INDEX, 0, when))
         await self._parse(tags)
         return {t: self._ids[t] for t in tags}
 
     async def held(self) -> set[str]:
         """Ids of the jobs whose message some worker holds right now."""
-        tags = list(await self.redis.hkeys(keys.KOMBU_UNACKED))
+        tags = texts(await self.redis.hkeys(keys.KOMBU_UNACKED))
         await self._parse(tags)
         return {j for t in tags if (j := self._ids.get(t))}
 
@@ -99,7 +100,7 @@ async def sweep_queued(store: JobStore, send: Send, entries: UnackedEntries, que
     no worker holds their message: the message was lost (Redis died between handing it to a worker
     and that worker recording it). Jobs no longer queued leave the set. Returns the jobs re-sent."""
     redis = store.redis
-    stale = await redis.zrangebyscore(keys.QUEUED, 0, queued_before)
+    stale = texts(await redis.zrangebyscore(keys.QUEUED, 0, queued_before))
     if not stale:
         return 0
     held = await entries.held()
@@ -111,7 +112,7 @@ async def sweep_queued(store: JobStore, send: Send, entries: UnackedEntries, que
         if rec is None or rec.status is not JobStatus.queued:
             await redis.zrem(keys.QUEUED, job_id)
             continue
-        lanes = [keys.lane(rec.model, w) for w in await redis.zrange(keys.workers(rec.model), 0, -1)]
+        lanes = [keys.lane(rec.model, w) for w in texts(await redis.zrange(keys.workers(rec.model), 0, -1))]
         async with redis.pipeline(transaction=False) as p:
             for q in [*keys.queue_lists(rec.model), *(x for lane in lanes for x in keys.priority_lists(lane))]:
                 p.llen(q)
@@ -132,7 +133,7 @@ async def sweep_unsent(store: JobStore, send: Send, marked_before: float, now: f
     job is still queued; every id looked at leaves the set. Returns the jobs sent."""
     redis = store.redis
     resent = 0
-    for job_id in await redis.zrangebyscore(keys.UNSENT, 0, marked_before):
+    for job_id in texts(await redis.zrangebyscore(keys.UNSENT, 0, marked_before)):
         if out_of_time():
             break
         rec = await store.get(job_id)
