@@ -71,7 +71,7 @@ class Admission:
         self.settings = settings
         self.redis = redis
         self.service = service
-        self.shares = shares or (lambda owner: Share())  # an owner's fair share (KeyRing.share)
+        self.shares = shares or (lambda _owner: Share())  # an owner's fair share (KeyRing.share)
         self.replay_wait_s = replay_wait_s
         self._rate = lua.register(redis, "rate")
         self._reserve = lua.register(redis, "reserve")

@@ -25,6 +25,7 @@ from typing import NamedTuple, TypeVar
 from fastapi import Request
 from fastapi.responses import Response
 from starlette.types import Receive, Scope, Send
+from typing_extensions import override
 
 from inferq.api.errors import error_body, typed
 from inferq.shared.errors import InferqError
@@ -103,6 +104,7 @@ class EventStream(Response):
         self.payloads, self.first, self.on_disconnect, self.ping_s = payloads, first, on_disconnect, ping_s
         self.ended = False  # the last message was sent: no ping after it
 
+    @override
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         tasks = [asyncio.ensure_future(self._write(send)), asyncio.ensure_future(disconnected(receive))]

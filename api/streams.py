@@ -292,30 +292,38 @@ class StreamHub:
                 elif job.status in TERMINAL_STATUSES:  # `after` is past its last event
                     return
                 # Live: forward until a gap or a quiet spell sends us back to the log.
-                gap = False
-                while not gap:
+                while True:
                     if not await q.wait():
                         why = "idle"
                         break
-                    raws = q.take(MAX_BATCH)  # behind: everything already here at once
-                    batch: list[Frame] = []
-                    for raw in raws:
-                        f = frame(raw)
-                        if f.seq <= last:
-                            continue
-                        if f.seq > last + 1:  # what follows the gap is in the log too
-                            self.gaps += 1
-                            gap, why = True, "gap"
-                            break
-                        batch.append(f)
-                        last = f.seq
-                        if f.terminal:
-                            break
+                    batch, gap = _following(q.take(MAX_BATCH), last)  # behind: everything already here at once
                     if batch:
+                        last = batch[-1].seq
                         meter.sent(batch, job.model, job.created_at, live=True)
                         yield batch
                         if batch[-1].terminal:
                             return
+                    if gap:  # what follows the gap is in the log too
+                        self.gaps += 1
+                        why = "gap"
+                        break
+
+
+def _following(raws: list[str], last: int) -> tuple[list[Frame], bool]:
+    """The live messages' frames that follow ``seq`` ``last`` in order (seen ones dropped), up to a
+    terminal one; and True when a gap in ``seq`` cut them short."""
+    batch: list[Frame] = []
+    for raw in raws:
+        f = frame(raw)
+        if f.seq <= last:
+            continue
+        if f.seq > last + 1:
+            return batch, True
+        batch.append(f)
+        last = f.seq
+        if f.terminal:
+            break
+    return batch, False
 
 
 def from_last_restart(frames: list[Frame]) -> list[Frame]:

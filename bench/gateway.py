@@ -42,60 +42,73 @@ STAMP_LEN = 17  # an event's text: its publish time, f"{t:017.6f}"
 PUBLISHER = "bench-publisher"
 
 
-def _client(kind: str, base: str, jobs: list[str] | int, k: int, ready: Any, out: Any) -> None:
-    """Follow every job (WebSocket: the given job ids; SSE: ``jobs`` new chat completions that the
-    publisher then claims); report tokens, timing and latency percentiles."""
-    from websockets.asyncio.client import connect
+class _Tally:
+    """What a client process saw: tokens, messages, the first and last arrival, and each event's
+    latency (its publish time is its text); ``ready`` is set once all ``n`` streams are open."""
 
-    lat: list[float] = []
-    stats = {"tokens": 0, "messages": 0, "first": float("inf"), "last": 0.0}
-    started = [0]
-    n = jobs if isinstance(jobs, int) else len(jobs)
+    def __init__(self, k: int, n: int, ready: Any) -> None:
+        self.k, self.n, self.ready = k, n, ready
+        self.lat: list[float] = []
+        self.stats: dict[str, Any] = {"tokens": 0, "messages": 0, "first": float("inf"), "last": 0.0}
+        self.started = 0
 
-    def got(text: str) -> None:
+    def got(self, text: str) -> None:
         """One message: one publish time per event in it (a stream may merge events)."""
         now = time.time()
         stamps = [text[i:i + STAMP_LEN] for i in range(0, len(text), STAMP_LEN)]
-        lat.extend(now - float(t) for t in stamps)
-        stats["tokens"] += k * len(stamps)
-        stats["messages"] += 1
-        stats["first"] = min(stats["first"], now)
-        stats["last"] = now
+        self.lat.extend(now - float(t) for t in stamps)
+        self.stats["tokens"] += self.k * len(stamps)
+        self.stats["messages"] += 1
+        self.stats["first"] = min(self.stats["first"], now)
+        self.stats["last"] = now
 
-    def opened() -> None:
-        started[0] += 1
-        if started[0] == n:
-            ready.set()
+    def opened(self) -> None:
+        self.started += 1
+        if self.started == self.n:
+            self.ready.set()
 
-    async def ws_follow(job_id: str) -> None:
-        async with connect(f"{base.replace('http', 'ws')}/v1/jobs/{job_id}/stream", max_queue=None) as c:
-            opened()  # the client offers permessage-deflate, as browsers do
-            async for raw in c:
-                ev = json.loads(raw)
-                if ev["type"] != "token":
-                    return
-                got(ev["text"])
+    def report(self) -> dict[str, Any]:
+        a = np.array(self.lat) * 1000
+        return {**self.stats, "latency_ms": {p: float(np.percentile(a, q)) for p, q in
+                                             (("p50", 50), ("p99", 99), ("max", 100))} if a.size else {}}
 
-    async def sse_follow(http: HttpClients) -> None:
-        body = {"model": "inferq-tiny", "messages": [{"role": "user", "content": "x"}], "stream": True}
-        opened()  # the gateway answers once the first token is there: the publisher waits for the jobs
-        async with http.stream("POST", "/v1/chat/completions", json=body) as r:
-            async for line in r.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                choices = json.loads(line[6:])["choices"]
-                if choices and (text := choices[0]["delta"].get("content")):
-                    got(text)
+
+async def _ws_follow(base: str, job_id: str, tally: _Tally) -> None:
+    from websockets.asyncio.client import connect
+
+    async with connect(f"{base.replace('http', 'ws')}/v1/jobs/{job_id}/stream", max_queue=None) as c:
+        tally.opened()  # the client offers permessage-deflate, as browsers do
+        async for raw in c:
+            ev = json.loads(raw)
+            if ev["type"] != "token":
+                return
+            tally.got(ev["text"])
+
+
+async def _sse_follow(http: HttpClients, tally: _Tally) -> None:
+    body = {"model": "inferq-tiny", "messages": [{"role": "user", "content": "x"}], "stream": True}
+    tally.opened()  # the gateway answers once the first token is there: the publisher waits for the jobs
+    async with http.stream("POST", "/v1/chat/completions", json=body) as r:
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            choices = json.loads(line[6:])["choices"]
+            if choices and (text := choices[0]["delta"].get("content")):
+                tally.got(text)
+
+
+def _client(base: str, jobs: list[str] | int, k: int, ready: Any, out: Any) -> None:
+    """Follow every job (WebSocket: the given job ids; SSE: ``jobs`` new chat completions that the
+    publisher then claims); report tokens, timing and latency percentiles."""
+    tally = _Tally(k, jobs if isinstance(jobs, int) else len(jobs), ready)
 
     async def main() -> None:
         if isinstance(jobs, int):
             async with HttpClients(base) as http:
-                await asyncio.gather(*(sse_follow(http) for _ in range(jobs)))
+                await asyncio.gather(*(_sse_follow(http, tally) for _ in range(jobs)))
         else:
-            await asyncio.gather(*(ws_follow(j) for j in jobs))
-        a = np.array(lat) * 1000
-        out.put({**stats, "latency_ms": {p: float(np.percentile(a, q)) for p, q in
-                                         (("p50", 50), ("p99", 99), ("max", 100))} if a.size else {}})
+            await asyncio.gather(*(_ws_follow(base, j, tally) for j in jobs))
+        out.put(tally.report())
 
     asyncio.run(main())
 
@@ -135,7 +148,7 @@ async def _publish(store: JobStore, job_ids: list[str], rate: float, per_job: in
     return wall
 
 
-async def _jobs(store: JobStore, n: int, tag: str) -> list[str]:
+async def _jobs(store: JobStore, n: int) -> list[str]:
     """``n`` jobs, each claimed by the publisher (running, attempt 1), as a worker would."""
     ids = []
     for _ in range(n):
@@ -165,21 +178,21 @@ async def _claim(store: JobStore, job_ids: list[str] | None, n: int, timeout: fl
 
 
 def run_rate(redis_url: str, base: str, gw: psutil.Process, kind: str, rate: float, jobs: int,
-             seconds: float, k: int, tag: str, profile: Path | None = None) -> dict[str, object]:
+             seconds: float, k: int, profile: Path | None = None) -> dict[str, object]:
     """One offered rate; with ``profile``, py-spy records the gateway while tokens flow."""
     per_job = max(1, round(rate * seconds / k / jobs))
 
     async def create() -> list[str]:
         r = make_redis(redis_url)
         try:
-            return await _jobs(JobStore(r, ttl_s=600), jobs, tag)
+            return await _jobs(JobStore(r, ttl_s=600), jobs)
         finally:
             await r.aclose()
 
     job_ids = asyncio.run(create()) if kind == "ws" else None
     ctx = mp.get_context("spawn")
     ready, out = ctx.Event(), ctx.Queue()
-    client = ctx.Process(target=_client, args=(kind, base, job_ids if job_ids is not None else jobs, k, ready, out))
+    client = ctx.Process(target=_client, args=(base, job_ids if job_ids is not None else jobs, k, ready, out))
     client.start()
     if not ready.wait(60):
         client.kill()
@@ -272,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         results = []
         for i, rate in enumerate(rates):
             prof = Path(a.profile) if a.profile and i == len(rates) - 1 else None
-            r = run_rate(redis_url, base, gwp, a.client, rate, a.jobs, a.seconds, a.tokens_per_event, str(i), prof)
+            r = run_rate(redis_url, base, gwp, a.client, rate, a.jobs, a.seconds, a.tokens_per_event, prof)
             results.append(r)
             print(json.dumps(r), flush=True)
             if prof is not None and prof.exists():

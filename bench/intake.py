@@ -54,7 +54,7 @@ def serve() -> None:
             super().start()
             self.submit(self.engine.clock())  # the engine steps on the engine loop, as vLLM's output handler runs
 
-    def host(settings: Any, frontend: Any) -> Host:
+    def host(*_settings_and_frontend: Any) -> Host:
         h = Host(PacedEngine(float(os.environ["BENCH_STEP_S"])), max_model_len=1 << 20, thread_name="engine-loop")
         h.tokenizer = tokenizer
         return h

@@ -84,8 +84,8 @@ class Generator:
         enc = self.tok([j.prompt for j in jobs], return_tensors="pt", padding=True).to(self.device)
         new = max(j.max_tokens for j in jobs)
         temp = jobs[0].temperature
-        kwargs: dict[str, Any] = dict(max_new_tokens=new, pad_token_id=self.tok.pad_token_id,
-                                      do_sample=temp > 0)
+        kwargs: dict[str, Any] = {"max_new_tokens": new, "pad_token_id": self.tok.pad_token_id,
+                                      "do_sample": temp > 0}
         if temp > 0:
             kwargs.update(temperature=temp, top_p=1.0, top_k=0)
         if all(j.ignore_eos for j in jobs):
@@ -104,6 +104,29 @@ class Generator:
         return results
 
 
+async def _batcher(gen: Generator, pending: asyncio.Queue[Job], state: dict[str, Any], batch_size: int,
+                   window_s: float) -> None:
+    """Static batching: up to ``batch_size`` requests that arrive within ``window_s`` of the first
+    go to the model in one call."""
+    while True:
+        batch = [await pending.get()]
+        deadline = time.perf_counter() + window_s
+        while len(batch) < batch_size and (left := deadline - time.perf_counter()) > 0:
+            try:
+                batch.append(await asyncio.wait_for(pending.get(), left))
+            except TimeoutError:
+                break
+        state["batches"] += 1
+        state["batched_requests"] += len(batch)
+        try:
+            results = await asyncio.to_thread(gen.generate, batch)
+            for j, res in zip(batch, results, strict=True):
+                j.future.set_result(res)
+        except Exception as e:
+            for j in batch:
+                j.future.set_exception(e)
+
+
 def create_app(gen: Generator, mode: str, batch_size: int, window_s: float) -> Any:
     from fastapi import FastAPI
 
@@ -111,28 +134,10 @@ def create_app(gen: Generator, mode: str, batch_size: int, window_s: float) -> A
     pending: asyncio.Queue[Job] = asyncio.Queue()
     state: dict[str, Any] = {"batches": 0, "batched_requests": 0}
 
-    async def batcher() -> None:
-        while True:
-            batch = [await pending.get()]
-            deadline = time.perf_counter() + window_s
-            while len(batch) < batch_size and (left := deadline - time.perf_counter()) > 0:
-                try:
-                    batch.append(await asyncio.wait_for(pending.get(), left))
-                except TimeoutError:
-                    break
-            state["batches"] += 1
-            state["batched_requests"] += len(batch)
-            try:
-                results = await asyncio.to_thread(gen.generate, batch)
-                for j, res in zip(batch, results, strict=True):
-                    j.future.set_result(res)
-            except Exception as e:
-                for j in batch:
-                    j.future.set_exception(e)
-
     @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        task = asyncio.get_running_loop().create_task(batcher()) if mode == "static" else None
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        task = (asyncio.get_running_loop().create_task(_batcher(gen, pending, state, batch_size, window_s))
+                if mode == "static" else None)
         yield
         if task is not None:
             task.cancel()

@@ -88,7 +88,7 @@ def _levels_json(levels: dict[str, dict[str, Any]], streaming: bool) -> dict[str
 def run_inprocess(w: Workload, t: Target, prompts: Prompts, salt: int, model_path: str, out: Path) -> dict:
     spec_stack = w.stack_for(t)
     settings = settings_for(w, spec_stack)
-    warm, plan = prompts.payloads(t, salt, lambda i, text: prompts.b.ids(text))
+    warm, plan = prompts.payloads(t, salt, lambda _i, text: prompts.b.ids(text))
     spec = {"model_path": model_path, "settings": settings, "output_len": w.output_len,
             "temperature": w.temperature, "timeout_s": w.request_timeout_s, "seed": w.seed, "warmup": warm,
             "plan": [{"mode": lv.mode, "value": lv.value, "repeats": reps} for lv, reps in plan]}
@@ -163,11 +163,11 @@ async def run_http_target(w: Workload, t: Target, prompts: Prompts, salt: int, b
             path = "/v1/chat/completions" if t.endpoint == "chat" else "/v1/completions"
             extra = {"model": model, "stream": True, "stream_options": {"include_usage": True}, **common}
             if t.endpoint == "chat":
-                make = lambda i, text: {"messages": [{"role": "user", "content": text}], **extra}  # noqa: E731
+                make = lambda _i, text: {"messages": [{"role": "user", "content": text}], **extra}  # noqa: E731
             else:
-                make = lambda i, text: {"prompt": text, **extra}  # noqa: E731
+                make = lambda _i, text: {"prompt": text, **extra}  # noqa: E731
         else:
-            make = lambda i, text: {"prompt": text, **common}  # noqa: E731
+            make = lambda _i, text: {"prompt": text, **common}  # noqa: E731
         warm, plan = prompts.payloads(t, salt, make)
         spec = clients.SendSpec(t.kind, base, path, w.output_len, headers, t.poll_interval_ms / 1000)
         send = clients.sender(spec, http)
@@ -193,6 +193,40 @@ def _same_server(a: Target, b: Target) -> bool:
     if a.kind in INFERQ_KINDS and b.kind in INFERQ_KINDS:
         return a.stack == b.stack
     return a.kind == b.kind == "vllm-serve" and (a.stack, a.api_servers, a.env) == (b.stack, b.api_servers, b.env)
+
+
+def _start_server(procs: Procs, w: Workload, t: Target, base_url: str | None, model_path: str) -> str:
+    """Start the stack or server ``t`` is measured on (or take ``base_url``'s); its base URL."""
+    if t.kind in INFERQ_KINDS:
+        spec = w.stack_for(t)
+        _log(f"[stack {t.stack}] starting redis + {spec.workers} worker(s) + gateway"
+             if base_url is None else f"[stack] using {base_url}")
+        return base_url or start_inferq(procs, w, spec, t.stack)
+    if t.kind == "vllm-serve":
+        _log(f"[{t.name}] starting vLLM's OpenAI server"
+             + (f" ({t.api_servers} API servers)" if t.api_servers > 1 else ""))
+        return start_vllm_serve(procs, w, w.stack_for(t), model_path, t.name, t.env, t.api_servers)
+    mode = "static" if t.kind == "naive-hf-static" else "serial"
+    _log(f"[{t.name}] starting the naive HF server ({mode})")
+    return start_naive(procs, w, model_path, mode, t.batch_size or w.naive_batch_size, t.env, t.name)
+
+
+def _measure(w: Workload, g: Target, prompts: Prompts, salt: int, base: str, model_path: str, out: Path,
+             api_key: str | None, result: dict[str, Any]) -> None:
+    """Drive target ``g`` against ``base``; its levels (or its error) go into ``result``."""
+    client = w.client_for(g)
+    _log(f"[{g.name}]" + (f" driven by {vllm_bench.LABEL}" if client == "vllm-bench" else ""))
+    try:
+        if client == "vllm-bench":
+            about: dict[str, Any] = {}
+            result["vllm_bench"] = about
+            result["levels"] = asyncio.run(run_vllm_bench(w, g, prompts, salt, base, model_path, out, about,
+                                                          api_key))
+            return
+        result["levels"] = asyncio.run(run_http_target(w, g, prompts, salt, base, api_key))
+    except Exception as e:
+        result["error"] = f"{type(e).__name__}: {e}"
+        _log(f"[{g.name}] FAILED: {result['error']}")
 
 
 def run(w: Workload, out: Path, base_url: str | None = None, api_key: str | None = None,
@@ -246,35 +280,9 @@ def run(w: Workload, out: Path, base_url: str | None = None, api_key: str | None
                     _log(f"[{t.name}] vLLM AsyncLLM in-process")
                     results[t.name]["levels"] = run_inprocess(w, t, prompts, salts[t.name], model_path, out)
                     continue
-                if t.kind in INFERQ_KINDS:
-                    spec = w.stack_for(t)
-                    _log(f"[stack {t.stack}] starting redis + {spec.workers} worker(s) + gateway"
-                         if base_url is None else f"[stack] using {base_url}")
-                    base = base_url or start_inferq(procs, w, spec, t.stack)
-                elif t.kind == "vllm-serve":
-                    _log(f"[{t.name}] starting vLLM's OpenAI server"
-                         + (f" ({t.api_servers} API servers)" if t.api_servers > 1 else ""))
-                    base = start_vllm_serve(procs, w, w.stack_for(t), model_path, t.name, t.env, t.api_servers)
-                else:
-                    mode = "static" if t.kind == "naive-hf-static" else "serial"
-                    _log(f"[{t.name}] starting the naive HF server ({mode})")
-                    base = start_naive(procs, w, model_path, mode, t.batch_size or w.naive_batch_size,
-                                       t.env, t.name)
+                base = _start_server(procs, w, t, base_url, model_path)
                 for g in group:
-                    client = w.client_for(g)
-                    _log(f"[{g.name}]" + (f" driven by {vllm_bench.LABEL}" if client == "vllm-bench" else ""))
-                    try:
-                        if client == "vllm-bench":
-                            about: dict[str, Any] = {}
-                            results[g.name]["vllm_bench"] = about
-                            results[g.name]["levels"] = asyncio.run(run_vllm_bench(
-                                w, g, prompts, salts[g.name], base, model_path, out, about, api_key))
-                            continue
-                        results[g.name]["levels"] = asyncio.run(
-                            run_http_target(w, g, prompts, salts[g.name], base, api_key))
-                    except Exception as e:
-                        results[g.name]["error"] = f"{type(e).__name__}: {e}"
-                        _log(f"[{g.name}] FAILED: {results[g.name]['error']}")
+                    _measure(w, g, prompts, salts[g.name], base, model_path, out, api_key, results[g.name])
         except Exception as e:  # the stack or server did not start: every target in the group failed
             for g in group:
                 results[g.name]["error"] = results[g.name]["error"] or f"{type(e).__name__}: {e}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import shutil
@@ -50,10 +51,8 @@ def environment() -> dict[str, Any]:
     """Hardware and software versions, for the results file and the report."""
     versions = {}
     for p in PACKAGES:
-        try:
+        with contextlib.suppress(metadata.PackageNotFoundError):
             versions[p] = metadata.version(p)
-        except metadata.PackageNotFoundError:
-            pass
     gpus = None
     if shutil.which("nvidia-smi"):
         out = _run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"])

@@ -328,7 +328,7 @@ class VllmBench:
         return results, wall
 
 
-async def _unused_send(index: int, request: Any) -> RequestResult:
+async def _unused_send(*_index_and_request: Any) -> RequestResult:
     raise RuntimeError("the vllm bench client sends its own requests")
 
 

@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         engine = PacedEngine(a.step_ms / 1000)
         host = LoopHost(engine, max_model_len=1 << 20, thread_name="engine-loop")
         runtime = WorkerRuntime(settings, make_celery(settings), host=host)  # type: ignore[arg-type]
-        runtime.send = lambda msg: None  # no hand-back happens here; none must reach a queue
+        runtime.send = lambda _msg: None  # no hand-back happens here; none must reach a queue
         runtime.start()
         host.submit(engine.clock())  # the engine steps on the engine loop, as vLLM's output handler runs
         loop = LoopThread("bench-client")

@@ -44,7 +44,7 @@ def cmd_api(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_worker(args: argparse.Namespace) -> int:
+def cmd_worker(_args: argparse.Namespace) -> int:
     from inferq.worker.main import run_worker
 
     return run_worker(get_settings().log_level)

@@ -87,28 +87,33 @@ async def _print_events(base: str, path: str, first: dict[str, Any] | None, raw:
         try:
             async for msg in ws:
                 ev = json.loads(msg)
-                if raw:
-                    print(msg, flush=True)
-                elif ev["type"] == "accepted":
-                    print(f"[job {ev['id']}]", file=sys.stderr, flush=True)
-                elif ev["type"] == "token":
-                    print(ev["text"], end="", flush=True)
-                elif ev["type"] == "done":
-                    print(f"\n[{ev.get('status', 'succeeded')}: {ev['finish_reason']}, {ev['usage']}]",
-                          file=sys.stderr)
-                if ev["type"] == "error":
-                    print(f"\n[{error_line(ErrorEvent.model_validate(ev))}]", file=sys.stderr)
-                elif ev["type"] == "accepted":
+                _show(msg, ev, raw)
+                if ev["type"] == "accepted":
                     job_id = ev["id"]
                 elif ev["type"] == "done":
                     code = OK if ev.get("status", "succeeded") == "succeeded" else JOB_DID_NOT_SUCCEED
-                if ev["type"] == "error":
+                elif ev["type"] == "error":
                     code = JOB_DID_NOT_SUCCEED
         except ConnectionClosed:
             pass
     if code is None and ws.close_code != 1000:  # no close frame, or not a normal end: the gateway went away
         raise Unreachable(f"the connection to the gateway at {label} was lost before the job ended")
     return code, job_id
+
+
+def _show(msg: str | bytes, ev: dict[str, Any], raw: bool) -> None:
+    """Print one event: as it came (``raw``), or its text on stdout and a line about the job on
+    stderr; an error's line either way."""
+    if raw:
+        print(msg, flush=True)
+    elif ev["type"] == "accepted":
+        print(f"[job {ev['id']}]", file=sys.stderr, flush=True)
+    elif ev["type"] == "token":
+        print(ev["text"], end="", flush=True)
+    elif ev["type"] == "done":
+        print(f"\n[{ev.get('status', 'succeeded')}: {ev['finish_reason']}, {ev['usage']}]", file=sys.stderr)
+    if ev["type"] == "error":
+        print(f"\n[{error_line(ErrorEvent.model_validate(ev))}]", file=sys.stderr)
 
 
 def _http_base(base: str) -> str:

@@ -147,13 +147,13 @@ def make_redis(where: Where, *, max_connections: int = 64, health_check_interval
     asks the Sentinels, if any, for the master), and waits for a free connection instead of
     failing when all ``max_connections`` are busy."""
     t = RedisTarget.of(where)
-    options: dict[str, Any] = dict(
-        decode_responses=True, max_connections=max_connections, timeout=30,
-        health_check_interval=health_check_interval, socket_keepalive=True,
-        retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=5),
+    options: dict[str, Any] = {
+        "decode_responses": True, "max_connections": max_connections, "timeout": 30,
+        "health_check_interval": health_check_interval, "socket_keepalive": True,
+        "retry": Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=5),
         # READONLY: a master demoted under a kept connection; the connection is dropped and made anew
-        retry_on_error=[ConnectionError, TimeoutError, ReadOnlyError],
-    )
+        "retry_on_error": [ConnectionError, TimeoutError, ReadOnlyError],
+    }
     if t.sentinels:
         # redis-py leaves SentinelConnectionPool.__init__ unannotated
         pool: BlockingConnectionPool = _BlockingSentinelPool(  # type: ignore[no-untyped-call]

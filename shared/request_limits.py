@@ -17,6 +17,20 @@ from inferq.shared.settings import Settings
 def check_limits(req: JobRequest, settings: Settings) -> None:
     """Raise :class:`InvalidRequest` (400) naming the first field over its configured limit."""
     s = settings
+    _check_sampling(req, s)
+    _check_prompt_size(req, s)
+    if req.timeout is not None and req.timeout > s.max_timeout_s:
+        _refuse("timeout", f"must be <= {s.max_timeout_s:g} seconds")
+    for param, text in _texts(req):
+        if not _encodable(text):
+            _refuse(param, "is not valid Unicode (it holds a lone surrogate)")
+    if req.tools is not None:  # first: a forced tool call's json_schema is built from them
+        check_json(req.tools, "tools", s)
+    if req.json_schema is not None:
+        check_json(req.json_schema, "json_schema", s)
+
+
+def _check_sampling(req: JobRequest, s: Settings) -> None:
     if req.max_tokens is not None and req.max_tokens > s.max_tokens_limit:
         _refuse("max_tokens", f"must be <= {s.max_tokens_limit}")
     if len(req.stop) > s.max_stop_sequences:
@@ -25,6 +39,11 @@ def check_limits(req: JobRequest, settings: Settings) -> None:
         _refuse("stop", f"each stop sequence must be 1 to {s.max_stop_chars} characters")
     if req.n > s.max_n:
         _refuse("n", f"must be <= {s.max_n}")
+
+
+def _check_prompt_size(req: JobRequest, s: Settings) -> None:
+    """The prompt in whatever form (text, token ids, messages, embedding inputs) against
+    ``max_prompt_chars``."""
     if req.prompt is not None and len(req.prompt) > s.max_prompt_chars:
         _refuse("prompt", f"is {len(req.prompt)} characters; the limit is {s.max_prompt_chars}")
     if req.prompt_token_ids is not None and len(req.prompt_token_ids) > s.max_prompt_chars:
@@ -36,15 +55,6 @@ def check_limits(req: JobRequest, settings: Settings) -> None:
         if len(x) > s.max_prompt_chars:
             what = "characters" if isinstance(x, str) else "token ids"
             _refuse("input", f"input {i} is {len(x)} {what}; the limit is {s.max_prompt_chars}")
-    if req.timeout is not None and req.timeout > s.max_timeout_s:
-        _refuse("timeout", f"must be <= {s.max_timeout_s:g} seconds")
-    for param, text in _texts(req):
-        if not _encodable(text):
-            _refuse(param, "is not valid Unicode (it holds a lone surrogate)")
-    if req.tools is not None:  # first: a forced tool call's json_schema is built from them
-        check_json(req.tools, "tools", s)
-    if req.json_schema is not None:
-        check_json(req.json_schema, "json_schema", s)
 
 
 def check_token_ids(ids: list[int], vocab_size: int, param: str = "prompt") -> None:

@@ -16,14 +16,14 @@ from tests.conftest import Service, free_port, inferq_env, spawn
 from tests.wait import eventually
 
 PY = [sys.executable, "-m", "inferq.cli"]
-FLEET_ENV = dict(
-    INFERQ_MAX_NUM_SEQS="32",
-    INFERQ_CPU_KV_CACHE_GIB="0.25",
-    INFERQ_HEARTBEAT_S="0.5",
-    INFERQ_WORKER_TTL_S="6",  # on 2 shared cores a busy engine loop can miss a few beats
-    INFERQ_DRAIN_TIMEOUT_S="1",
-    INFERQ_MAX_ATTEMPTS="4",
-)
+FLEET_ENV = {
+    "INFERQ_MAX_NUM_SEQS": "32",
+    "INFERQ_CPU_KV_CACHE_GIB": "0.25",
+    "INFERQ_HEARTBEAT_S": "0.5",
+    "INFERQ_WORKER_TTL_S": "6",  # on 2 shared cores a busy engine loop can miss a few beats
+    "INFERQ_DRAIN_TIMEOUT_S": "1",
+    "INFERQ_MAX_ATTEMPTS": "4",
+}
 
 
 @dataclass

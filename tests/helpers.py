@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -51,9 +52,9 @@ def ran_out_first(view: dict, let_go_at: float) -> bool:
 
 
 async def ws_events(url: str, send: dict | None = None, timeout: float = 120) -> list[dict]:
-    """Every message a WebSocket sends until the server closes it."""
+    """Every message a WebSocket sends until the server closes it (within ``timeout`` seconds)."""
     out = []
-    async with connect(url, open_timeout=10, close_timeout=5) as ws:
+    async with asyncio.timeout(timeout), connect(url, open_timeout=10, close_timeout=5) as ws:
         if send is not None:
             await ws.send(json.dumps(send))
         try:

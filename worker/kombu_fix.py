@@ -52,8 +52,12 @@ def _guard(name: str, when_gone: Callable[..., Any]) -> None:
     setattr(kombu_redis.QoS, name, guarded)
 
 
+def _skipped(*_args: Any, **_kwargs: Any) -> None:
+    """What a guarded method that only restores messages does on a connection that is gone."""
+
+
 def install() -> None:
-    _guard("restore_unacked", lambda self, client=None: None)
-    _guard("restore_by_tag", lambda self, tag, client=None, leftmost=False: None)
+    _guard("restore_unacked", _skipped)
+    _guard("restore_by_tag", _skipped)
     # forget the delivery locally, as a successful ack would
     _guard("ack", lambda self, delivery_tag: kombu_virtual.QoS.ack(self, delivery_tag))

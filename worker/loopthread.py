@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
@@ -41,10 +42,8 @@ class LoopThread:
         client of this loop), stop the loop and wait for the thread."""
         if not self._thread.is_alive():
             return
-        try:
+        with contextlib.suppress(concurrent.futures.TimeoutError, RuntimeError):
             self.run(_cancel_others(close), timeout)
-        except (concurrent.futures.TimeoutError, RuntimeError):
-            pass
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout)
         if not self._thread.is_alive():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from functools import partial
 from typing import Any
 
@@ -103,9 +104,7 @@ async def cancel_response(response_id: str, service: Service, hub: Hub, caller: 
         raise InvalidRequest(f"response {response_id!r} has already ended ({rs.status_of(prev)}): it cannot be "
                              "cancelled", param="response_id")
     if prev is JobStatus.running:
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(_ended(hub, rec.id), CANCEL_WAIT_S)
-        except TimeoutError:
-            pass
     rec = await service.record(rec.id, caller)
     return JSONResponse(rs.response(rec, status=None if rec.status.terminal else "cancelled"))

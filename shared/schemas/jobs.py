@@ -3,6 +3,7 @@ translate to), its messages and sampling options, and the job statuses."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from enum import Enum
 from typing import Annotated, Any, Literal
@@ -68,10 +69,8 @@ class ChatMessage(BaseModel):
         passes them)."""
         d = self.model_dump(exclude_none=True)
         for call in d.get("tool_calls", ()):
-            try:
+            with contextlib.suppress(ValueError):
                 call["function"]["arguments"] = json.loads(call["function"]["arguments"])
-            except ValueError:
-                pass
         return d
 
 

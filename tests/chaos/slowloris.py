@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import httpx
@@ -53,10 +54,8 @@ async def _new_clients(fleet: Fleet, key: str | None, n: int) -> int:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     for _ in range(n):
         async with httpx.AsyncClient(base_url=fleet.base, timeout=60, headers=headers) as http:
-            try:
+            with contextlib.suppress(httpx.HTTPError):
                 served += (await http.get("/v1/queue")).status_code == 200
-            except httpx.HTTPError:
-                pass
     return served
 
 

@@ -95,5 +95,5 @@ def test_console_tables_fit_their_cards_at_1280(stack: Stack, browser: WebDriver
     assert layout["page"] <= layout["inner"], f"the page scrolls sideways: {layout}"
     for table, box in layout["tables"].items():
         assert box["rows"] > 0, (table, layout)
-        assert 0 <= box["left"] and box["right"] <= layout["inner"], f"the {table} card leaves the page: {layout}"
+        assert box["left"] >= 0 and box["right"] <= layout["inner"], f"the {table} card leaves the page: {layout}"
         assert box["scroll"] <= box["client"], f"the {table} table spills out of its card: {layout}"

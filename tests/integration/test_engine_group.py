@@ -28,8 +28,8 @@ SEQS = 8  # 4 job slots per frontend
 @ahead("group")
 def start_group(request: pytest.FixtureRequest) -> Fleet:
     """Redis, a gateway and one worker that is an engine group of 2 (not waited for)."""
-    f = Fleet(request.getfixturevalue("logdir"), extra_env=dict(
-        INFERQ_FRONTENDS="2", INFERQ_MAX_NUM_SEQS=str(SEQS), INFERQ_DRAIN_TIMEOUT_S="60"))
+    f = Fleet(request.getfixturevalue("logdir"), extra_env={
+        "INFERQ_FRONTENDS": "2", "INFERQ_MAX_NUM_SEQS": str(SEQS), "INFERQ_DRAIN_TIMEOUT_S": "60"})
     try:
         f.start_redis()
         f.start_gateway()

@@ -47,8 +47,8 @@ def test_langchain_bound_tool_returns_its_call(chat) -> None:
 
 
 def test_litellm_completion_and_stream(stack) -> None:
-    kw = dict(model=f"openai/{MODEL}", api_base=f"{stack.base}/v1", api_key="unused",
-              messages=[{"role": "user", "content": "Say hi"}], max_tokens=8, temperature=0)
+    kw = {"model": f"openai/{MODEL}", "api_base": f"{stack.base}/v1", "api_key": "unused",
+              "messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 8, "temperature": 0}
     r = litellm.completion(**kw)
     text = r.choices[0].message.content
     assert text and r.usage.completion_tokens == 8 and r.choices[0].finish_reason == "length"

@@ -49,7 +49,7 @@ def test_chat_completion(client, stack) -> None:
 
 
 def test_chat_stream_matches_non_stream(client) -> None:
-    kw = dict(model=MODEL, messages=CHAT, max_completion_tokens=16, temperature=0, seed=1)
+    kw = {"model": MODEL, "messages": CHAT, "max_completion_tokens": 16, "temperature": 0, "seed": 1}
     whole = client.chat.completions.create(**kw).choices[0].message.content
     chunks = list(client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -68,7 +68,7 @@ def test_completions_with_prompt_list_and_n(client) -> None:
 
 
 def test_stop_sequence(client) -> None:
-    kw = dict(model=MODEL, prompt="class A:", max_tokens=20, temperature=0, extra_body={"ignore_eos": True})
+    kw = {"model": MODEL, "prompt": "class A:", "max_tokens": 20, "temperature": 0, "extra_body": {"ignore_eos": True}}
     text = client.completions.create(**kw).choices[0].text
     stop = text[4:7]
     r = client.completions.create(stop=[stop], **kw).choices[0]
@@ -162,7 +162,7 @@ def test_completion_prompts_of_token_ids(client, stack) -> None:
     """Token ids are the prompt as the engine sees it: the same greedy text as the string they
     encode, one job per list, and as many prompt tokens as ids."""
     ids = tokenized(stack, prompt="def f(x):")["tokens"]
-    kw = dict(model=MODEL, max_tokens=6, temperature=0, extra_body={"ignore_eos": True})
+    kw = {"model": MODEL, "max_tokens": 6, "temperature": 0, "extra_body": {"ignore_eos": True}}
     text = client.completions.create(prompt="def f(x):", **kw).choices[0].text
     one = client.completions.create(prompt=ids, **kw)
     assert one.choices[0].text == text and one.usage.prompt_tokens == len(ids)
@@ -182,7 +182,7 @@ def test_a_bad_token_id_is_a_400_naming_prompt(client, prompt, stream) -> None:
 
 
 def test_echo_puts_the_prompt_and_its_logprobs_first(client, stack) -> None:
-    kw = dict(model=MODEL, prompt="def f(x):", max_tokens=4, temperature=0, extra_body={"ignore_eos": True})
+    kw = {"model": MODEL, "prompt": "def f(x):", "max_tokens": 4, "temperature": 0, "extra_body": {"ignore_eos": True}}
     plain = client.completions.create(**kw).choices[0].text
     r = client.completions.create(echo=True, logprobs=1, **kw)
     c, n = r.choices[0], len(tokenized(stack, prompt="def f(x):")["tokens"])

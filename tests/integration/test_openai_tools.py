@@ -49,8 +49,8 @@ def test_required_returns_calls_of_the_given_tools(client) -> None:
 
 @pytest.mark.parametrize("choice", [NAMED, "required"])
 def test_streamed_calls_add_up_to_the_same_call(client, choice) -> None:
-    body = dict(model=MODEL, messages=CHAT, tools=[WEATHER], tool_choice=choice, parallel_tool_calls=False,
-                max_tokens=40, temperature=0)
+    body = {"model": MODEL, "messages": CHAT, "tools": [WEATHER], "tool_choice": choice, "parallel_tool_calls": False,
+                "max_tokens": 40, "temperature": 0}
     whole = client.chat.completions.create(**body).choices[0].message.tool_calls[0]
     calls: dict[int, dict[str, str]] = {}
     finish = None

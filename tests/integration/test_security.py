@@ -262,8 +262,8 @@ async def test_concurrent_repeats_create_one_job(secure) -> None:
 
 def test_openai_repeat_returns_the_same_completion(secure) -> None:
     client = openai.OpenAI(base_url=f"{secure.base}/v1", api_key="sk-idem", max_retries=0)
-    kw = dict(model="inferq-tiny", messages=[{"role": "user", "content": "tell me"}], max_tokens=12,
-              temperature=1.0, extra_body={"ignore_eos": True})
+    kw = {"model": "inferq-tiny", "messages": [{"role": "user", "content": "tell me"}], "max_tokens": 12,
+              "temperature": 1.0, "extra_body": {"ignore_eos": True}}
     a = client.chat.completions.create(**kw, extra_headers={"Idempotency-Key": "chat-1"})
     b = client.chat.completions.create(**kw, extra_headers={"Idempotency-Key": "chat-1"})
     assert a.id == b.id and a.choices[0].message.content == b.choices[0].message.content

@@ -27,4 +27,4 @@ def test_a_job_is_one_trace_from_gateway_to_worker(stack: Stack, otlp: Receiver)
     assert job_span.trace_id == submit_span.trace_id
     assert job_span.parent_span_id == submit_span.span_id
     assert job_span.attributes["inferq.status"] == "succeeded" and job_span.attributes["inferq.attempt"] == 1
-    assert ["claimed", "first_token"] == job_span.events[:2]
+    assert job_span.events[:2] == ["claimed", "first_token"]

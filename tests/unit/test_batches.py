@@ -34,10 +34,7 @@ BOB = Principal(key_id="bob", name=None, ip="1.2.3.5")
 
 
 def line(i: int, url: str = CHAT, **body: object) -> str:
-    if url == CHAT:
-        body = {"messages": [{"role": "user", "content": f"q{i}"}], **body}
-    else:
-        body = {"prompt": f"q{i}", **body}
+    body = {"messages": [{"role": "user", "content": f"q{i}"}], **body} if url == CHAT else {"prompt": f"q{i}", **body}
     return json.dumps({"custom_id": f"c{i}", "method": "POST", "url": url, "body": body})
 
 

@@ -126,7 +126,7 @@ def test_keda_scales_workers_on_the_models_own_queue() -> None:
         assert metric in _metric_names(), metric
 
 
-def test_prometheus_config_and_alert_rules_pass_promtool(tmp_path: Path) -> None:
+def test_prometheus_config_and_alert_rules_pass_promtool() -> None:
     promtool = shutil.which("promtool")
     assert promtool, "promtool comes with the prometheus package (make setup installs it)"
     base = ROOT / "deploy" / "prometheus"

@@ -113,7 +113,7 @@ def test_a_job_queued_with_zero_workers_activates_the_scaler(gateway: str, own_r
                       json={"prompt": "wake up", "max_tokens": 1, "priority": priority})
     assert sent.status_code == 202, sent.text
     active = [t["listName"] for t in lists if r.llen(t["listName"]) > int(t.get("activationListLength", 0))]
-    assert active, f"no redis trigger sees the job; it sits in {[k for k in r.keys('inferq.q.*')]}"
+    assert active, f"no redis trigger sees the job; it sits in {list(r.keys('inferq.q.*'))}"
     scraped = httpx.get(f"{gateway}/metrics", timeout=30).text
     assert _prometheus_value(prom["query"], scraped) > float(prom.get("activationThreshold", 0))
     httpx.delete(f"{gateway}/v1/jobs/{sent.json()['id']}", headers=auth, timeout=30)

@@ -27,12 +27,11 @@ VARYING_PROPERTIES = {"delivery_tag", "reply_to",
 def consume(settings: Settings, model: str) -> dict[str, Any]:
     """The next message of the model's queue, as a worker's kombu reads it."""
     app = make_celery(settings)
-    with app.connection_for_read() as conn:
-        with conn.SimpleQueue(keys.queue(model)) as q:
-            m = q.get(block=False)
-            m.ack()
-            return {"body": m.decode(), "headers": m.headers, "properties": m.properties,
-                    "list": m.delivery_info.get("routing_key")}
+    with app.connection_for_read() as conn, conn.SimpleQueue(keys.queue(model)) as q:
+        m = q.get(block=False)
+        m.ack()
+        return {"body": m.decode(), "headers": m.headers, "properties": m.properties,
+                "list": m.delivery_info.get("routing_key")}
 
 
 def job(priority: int, trace: str | None = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01") -> JobMessage:

@@ -67,21 +67,28 @@ def imported_names(path: Path) -> Iterator[tuple[int, str]]:
             module = _resolve(node, package)
             for alias in node.names:
                 yield node.lineno, module if alias.name == "*" else f"{module}.{alias.name}".lstrip(".")
-        elif isinstance(node, ast.Call):
-            fn = node.func
-            name = fn.attr if isinstance(fn, ast.Attribute) else fn.id if isinstance(fn, ast.Name) else ""
-            if name in ("import_module", "__import__") and node.args and isinstance(node.args[0], ast.Constant) \
-                    and isinstance(node.args[0].value, str):
-                yield node.lineno, node.args[0].value
-        elif isinstance(node, ast.List | ast.Tuple):
-            items = node.elts
-            for a, b in zip(items, items[1:], strict=False):
-                if isinstance(a, ast.Constant) and a.value == "-m" and isinstance(b, ast.Constant) \
-                        and isinstance(b.value, str):
-                    yield node.lineno, b.value
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-            if (m := _IMPORT_STRING.match(node.value)) and m.group(1).split(".")[0] in OURS:
-                yield node.lineno, m.group(1)
+        else:
+            yield from ((node.lineno, name) for name in _named_modules(node))
+
+
+def _named_modules(node: ast.AST) -> Iterator[str]:
+    """Modules a node names without importing them: an ``import_module``/``__import__`` call's
+    constant, what follows ``-m`` in a command list, a ``module:attr`` application string."""
+    if isinstance(node, ast.Call):
+        fn = node.func
+        name = fn.attr if isinstance(fn, ast.Attribute) else fn.id if isinstance(fn, ast.Name) else ""
+        if name in ("import_module", "__import__") and node.args and isinstance(node.args[0], ast.Constant) \
+                and isinstance(node.args[0].value, str):
+            yield node.args[0].value
+    elif isinstance(node, ast.List | ast.Tuple):
+        items = node.elts
+        for a, b in zip(items, items[1:], strict=False):
+            if isinstance(a, ast.Constant) and a.value == "-m" and isinstance(b, ast.Constant) \
+                    and isinstance(b.value, str):
+                yield b.value
+    elif isinstance(node, ast.Constant) and isinstance(node.value, str) \
+            and (m := _IMPORT_STRING.match(node.value)) and m.group(1).split(".")[0] in OURS:
+        yield m.group(1)
 
 
 def source_files(*folders: str) -> list[Path]:

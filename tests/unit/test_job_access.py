@@ -46,10 +46,9 @@ def submit(app: TestClient, key: str) -> str:
 def ws(app: TestClient, path: str, key: str) -> tuple[list[dict], int]:
     """Every event of a socket the server closes, and its close code."""
     events: list[dict] = []
-    with app.websocket_connect(path, headers=auth(key)) as sock:
-        with pytest.raises(WebSocketDisconnect) as closed:
-            while True:
-                events.append(sock.receive_json())
+    with app.websocket_connect(path, headers=auth(key)) as sock, pytest.raises(WebSocketDisconnect) as closed:
+        while True:
+            events.append(sock.receive_json())
     return events, closed.value.code
 
 

@@ -32,7 +32,7 @@ async def running_job(store: JobStore, model: str, worker_id: str) -> str:
 async def fall_silent(r: redis.asyncio.Redis, model: str, *worker_ids: str) -> None:
     stale = time.time() - 60
     await r.zadd(keys.MODELS, {model: time.time()})
-    await r.zadd(keys.workers(model), {wid: stale for wid in worker_ids})
+    await r.zadd(keys.workers(model), dict.fromkeys(worker_ids, stale))
 
 
 async def test_reaper_requeues_a_silent_worker_but_never_itself(r, own_redis) -> None:

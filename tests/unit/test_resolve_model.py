@@ -55,7 +55,7 @@ async def test_a_model_whose_workers_left_is_refused_once_the_refresh_saw_it(r, 
     assert e.value.param == "model"
 
 
-async def test_a_view_older_than_a_worker_ttl_is_not_used(r, monkeypatch) -> None:
+async def test_a_view_older_than_a_worker_ttl_is_not_used(r) -> None:
     svc = JobService(Settings(worker_ttl_s=0.05), r, None, None)  # type: ignore[arg-type]
     await _register(r, "m3", "w4", 64)
     await svc.resolve_model("m3")

@@ -77,7 +77,7 @@ def test_event_union_parses_each_kind() -> None:
 
 def test_status_terminality() -> None:
     assert {s for s in JobStatus if s.terminal} == {JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled}
-    assert TERMINAL_STATUSES == {"succeeded", "failed", "cancelled"}
+    assert {"succeeded", "failed", "cancelled"} == TERMINAL_STATUSES
 
 
 def test_key_layout() -> None:

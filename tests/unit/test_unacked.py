@@ -71,7 +71,7 @@ async def test_a_queued_job_with_no_message_anywhere_is_resent(store) -> None:
     sent, now = [], time.time()
     lost, held = await job(store, "m"), await job(store, "m")
     started = await job(store, "m", JobStatus.running)
-    await store.redis.zadd(keys.QUEUED, {j: now - 60 for j in (lost, held, started)})
+    await store.redis.zadd(keys.QUEUED, dict.fromkeys((lost, held, started), now - 60))
     await delivered(store, held, now)  # a worker holds its message
     await store.redis.rpush(keys.queue_lists("m")[5], "a message")  # the model's queue is not empty...
     assert await sweep_queued(store, sent.append, UnackedEntries(store.redis), now - 10, now) == 0

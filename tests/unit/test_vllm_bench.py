@@ -139,8 +139,8 @@ def test_the_table_names_each_rows_client() -> None:
                "inferq-ws": {**_target("inferq-ws", "harness", 100.0)}, "old": {"kind": "inferq-sse", "levels": {}}}
     for t in targets.values():
         for lv in t["levels"].values():
-            lv["summary"].update({k: None for k in ("failed", "req_s", "ttft_p99", "itl_p50", "itl_p99", "e2e_p50",
-                                                    "e2e_p99", "queued_p50")})
+            lv["summary"].update(dict.fromkeys(("failed", "req_s", "ttft_p99", "itl_p50", "itl_p99", "e2e_p50",
+                                                "e2e_p99", "queued_p50")))
     rows = summary_rows(targets)
     assert [(r["target"], r["client"], r.get("api_servers")) for r in rows] == [
         ("vllm-serve-4", "vllm-bench", 4), ("inferq-ws", "harness", None)]

@@ -220,10 +220,8 @@ class _Stopping:
         log.info("engine group stopping (%s): draining %d frontends", reason, len(self.frontends))
         for p in self.frontends:
             if p.is_alive() and p.pid is not None:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(p.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
 
 
 def _supervise(frontends: list[BaseProcess], engines: list[BaseProcess], stopping: _Stopping,

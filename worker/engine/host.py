@@ -19,6 +19,8 @@ from collections.abc import Coroutine
 from functools import partial
 from typing import Any, TypeVar
 
+from typing_extensions import override
+
 from inferq.shared import prompt_probe
 from inferq.shared.schemas import EngineStats
 from inferq.shared.settings import Settings
@@ -37,9 +39,10 @@ def _stats_logger_class(stats: EngineStats) -> type:
     from vllm.v1.metrics.loggers import StatLoggerBase
 
     class InferqStatLogger(StatLoggerBase):  # type: ignore[misc]  # vLLM is not analysed: its classes are Any
-        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+        def __init__(self, *_vllm_config_and_index: Any) -> None:
             self.stats = stats
 
+        @override
         def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
                    engine_idx: int = 0) -> None:
             if scheduler_stats is None:

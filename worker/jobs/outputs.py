@@ -65,8 +65,8 @@ class Progress:
             ends = [e.model_copy(update={"finish_reason": e.finish_reason or "cancelled"}) for e in ends]
         choices = [ChoiceView(**ends[i].model_dump(), text="".join(self.texts.get(i, ()))) for i in range(n)]
         usage = self.usage()
-        fields: dict[str, Any] = dict(status=status, finished_at=time.time(), usage=usage,
-                                      choices=[c.model_dump() for c in choices], finish_reason=ends[0].finish_reason)
+        fields: dict[str, Any] = {"status": status, "finished_at": time.time(), "usage": usage,
+                                  "choices": [c.model_dump() for c in choices], "finish_reason": ends[0].finish_reason}
         if error is not None:
             fields["error"] = error
             return fields, ErrorEvent(seq=self.seq + 1, error=error)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import os
 import threading
@@ -24,10 +25,8 @@ def kill_children() -> None:
     import psutil
 
     for child in psutil.Process().children(recursive=True):
-        try:
+        with contextlib.suppress(psutil.Error):
             child.kill()
-        except psutil.Error:
-            pass
 
 
 def hard_exit(code: int) -> None:

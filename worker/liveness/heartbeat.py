@@ -20,6 +20,7 @@ fenced anyway, and they end without writing an end.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -160,10 +161,8 @@ class Heartbeat:
         due = last_ok = time.monotonic()
         while True:
             due = max(due + s.heartbeat_s, time.monotonic())  # a late beat does not push the next one
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), due - time.monotonic())  # the period, or a poke
-            except TimeoutError:
-                pass
             self._wake.clear()
             started = time.monotonic()
             try:
