@@ -142,7 +142,7 @@ async def test_a_worker_answers_only_loads_for_its_model(r) -> None:
     assert await r.llen("inferq:t:z") == 0
     await fleet_adapters.handle(r, engine_adapters, "other", "w1", cmd)
     assert AdapterReply.model_validate_json(await r.lpop("inferq:t:z")) == AdapterReply(worker="w1")
-    assert 0 < await r.ttl("inferq:t:z") or await r.exists("inferq:t:z") == 0
+    assert await r.ttl("inferq:t:z") > 0 or await r.exists("inferq:t:z") == 0
 
 
 async def test_a_submission_resolves_an_adapter_to_its_base_models_queue(r) -> None:
