@@ -9,6 +9,9 @@ A run-time load (``POST /v1/load_lora_adapter``, vLLM's shape) is checked the wa
 the live workers of the base model load the adapter into their engines and answer; the first
 answer decides (an engine that refused it: 400 with its reason, and the adapter is removed again).
 With no live worker the adapter is registered unchecked and loaded on first use.
+
+An adapter loaded at run time is its loader's: only that key (or an operator key) may replace or
+unload it (403 otherwise); every registration has an id of its own (shared/adapters.py).
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from pydantic import BaseModel, Field
 from redis.asyncio import Redis
 
 from inferq.shared import keys
-from inferq.shared.errors import InvalidRequest, NotFound
+from inferq.shared.adapters import AdapterRegistry
+from inferq.shared.errors import Forbidden, InvalidRequest, NotFound
 from inferq.shared.schemas import AdapterCommand, AdapterInfo, AdapterReply
 from inferq.shared.settings import Settings
 
@@ -49,11 +53,14 @@ class UnloadAdapterRequest(BaseModel):
 
 
 class Adapters:
-    """Reads (cached for :data:`ADAPTERS_CACHE_S`) and changes the fleet's adapter registry."""
+    """Reads (cached for :data:`ADAPTERS_CACHE_S`) and changes the fleet's adapter registry
+    (shared/adapters.py). A change names its caller: ``owner`` (the key's id; None without auth)
+    and whether it is an ``operator`` (may change any adapter)."""
 
     def __init__(self, settings: Settings, redis: Redis) -> None:
         self.settings = settings
         self.redis = redis
+        self.registry = AdapterRegistry(redis)
         self._seen: dict[str, tuple[float, AdapterInfo]] = {}
 
     async def get(self, name: str) -> AdapterInfo | None:
@@ -61,43 +68,45 @@ class Adapters:
         seen = self._seen.get(name)
         if seen is not None and time.monotonic() - seen[0] < ADAPTERS_CACHE_S:
             return seen[1]
-        raw = await self.redis.hget(keys.ADAPTERS, name)
-        if raw is None:
+        info = await self.registry.get(name)
+        if info is None:
             self._seen.pop(name, None)
             return None
         if len(self._seen) > 4096:
             self._seen.clear()
-        info = AdapterInfo.model_validate_json(raw)
         self._seen[name] = (time.monotonic(), info)
         return info
 
     async def all(self) -> list[AdapterInfo]:
         """Every registered adapter, by name."""
-        raw = await self.redis.hgetall(keys.ADAPTERS)
-        return sorted((AdapterInfo.model_validate_json(v) for v in raw.values()), key=lambda a: a.name)
+        return await self.registry.all()
 
-    async def load(self, req: LoadAdapterRequest, parent: str, live_workers: int) -> str:
+    async def load(self, req: LoadAdapterRequest, parent: str, live_workers: int, owner: str | None = None,
+                   operator: bool = True) -> str:
         """Register the adapter and have the base model's live workers load it; returns vLLM's
-        success text. Raises 400 for a taken name (without ``load_inplace``) or a refused adapter."""
-        info = AdapterInfo(name=req.lora_name, parent=parent, path=req.lora_path, source="runtime")
+        success text. Raises 400 for a taken name (without ``load_inplace``) or a refused adapter,
+        403 for replacing another key's adapter."""
         if req.lora_name == parent:
             raise InvalidRequest(f"{req.lora_name!r} is the base model's own name", param="lora_name")
-        added = await self.redis.hsetnx(keys.ADAPTERS, info.name, info.model_dump_json())
-        if not added:
-            if not req.load_inplace:
-                raise InvalidRequest(f"The lora adapter '{info.name}' has already been loaded.", param="lora_name",
-                                     code="adapter_exists")
-            old = await self.get(info.name)
-            await self.redis.hset(keys.ADAPTERS, info.name, info.model_dump_json())
-            if old is not None:
-                await self._publish(AdapterCommand(op="unload", adapter=old))
+        info = AdapterInfo(name=req.lora_name, parent=parent, path=req.lora_path, source="runtime", owner=owner)
+        change = await self.registry.put(info, "replace" if req.load_inplace else "new", owner, operator)
+        if change.outcome == "exists":
+            raise InvalidRequest(f"The lora adapter '{info.name}' has already been loaded.", param="lora_name",
+                                 code="adapter_exists")
+        if change.outcome == "owned":
+            raise Forbidden(f"The lora adapter '{info.name}' was loaded by another key; only that key or an "
+                            "operator key may replace it.", param="lora_name", code="adapter_not_owned")
+        assert change.info is not None
+        info = change.info
         self._seen.pop(info.name, None)
+        if change.replaced is not None:
+            await self._publish(AdapterCommand(op="unload", adapter=change.replaced))
         if live_workers == 0:
             log.info("adapter %s registered for %s (no live worker: loaded on first use)", info.name, parent)
             return f"Success: LoRA adapter '{info.name}' added successfully."
         reply = await self._ask_load(info)
         if reply is not None and reply.error is not None:
-            await self.redis.hdel(keys.ADAPTERS, info.name)
+            await self.registry.remove(info.name, only_id=info.id)
             raise InvalidRequest(reply.error, param="lora_path", code="adapter_load_failed")
         log.info("adapter %s loaded for %s (%s)", info.name, parent,
                  f"first by {reply.worker}" if reply else "no worker answered in time")
@@ -111,14 +120,18 @@ class Adapters:
         got = await self.redis.blpop([reply_to], timeout=self.settings.lora_load_timeout_s)
         return AdapterReply.model_validate_json(got[1]) if got else None
 
-    async def unload(self, req: UnloadAdapterRequest) -> str:
-        """Remove the adapter from the registry and the workers' engines; vLLM's success text."""
-        info = await self.get(req.lora_name)
-        if info is None or not await self.redis.hdel(keys.ADAPTERS, req.lora_name):
+    async def unload(self, req: UnloadAdapterRequest, owner: str | None = None, operator: bool = True) -> str:
+        """Remove the adapter from the registry and the workers' engines; vLLM's success text. 404
+        for an unknown name, 403 for another key's adapter."""
+        change = await self.registry.remove(req.lora_name, owner, operator)
+        if change.outcome == "owned":
+            raise Forbidden(f"The lora adapter '{req.lora_name}' was loaded by another key; only that key or an "
+                            "operator key may unload it.", param="lora_name", code="adapter_not_owned")
+        if change.outcome != "removed" or change.info is None:
             raise NotFound(f"The lora adapter '{req.lora_name}' cannot be found.", param="lora_name",
                            code="adapter_not_found")
         self._seen.pop(req.lora_name, None)
-        await self._publish(AdapterCommand(op="unload", adapter=info))
+        await self._publish(AdapterCommand(op="unload", adapter=change.info))
         return f"Success: LoRA adapter '{req.lora_name}' removed successfully."
 
     async def _publish(self, cmd: AdapterCommand) -> None:

@@ -113,7 +113,7 @@ class JobService:
             if adapter is None:
                 raise
         model, info = await self.resolve_model(adapter.parent)
-        return model, info, AdapterRef(name=adapter.name, path=adapter.path)
+        return model, info, AdapterRef(name=adapter.name, path=adapter.path, id=adapter.id)
 
     async def _look_up(self, model: str, background: bool = False) -> WorkerInfo | None:
         """Read the model's live workers; remember one (or forget the model) and return it."""

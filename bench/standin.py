@@ -60,6 +60,7 @@ class LoopHost:
         self.stats = EngineStats()
         self.adapters = EngineAdapters(enabled=False)  # no LoRA on a scripted engine
         self.tasks = ["generate"]  # a scripted engine generates text
+        self.kv_events: str | None = None  # it publishes no KV-cache events
         self._thread = LoopThread(thread_name)
         self.loop = self._thread.loop
 

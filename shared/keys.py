@@ -24,14 +24,16 @@ inferq:stats                    hash      cluster-wide counters (jobs ended by m
 inferq:models                   zset      served model name -> last heartbeat (unix s); never pruned:
                                           readers keep only models seen within worker_ttl_s
 inferq:adapters                 hash      LoRA adapter name -> its :class:`shared.schemas.AdapterInfo` (JSON)
+inferq:adapter-ids              string    counter: the last adapter id given out (ids are unique in the fleet)
 inferq:control:adapters         pub/sub   adapter loads and unloads for a model's workers
 inferq:adapter-reply:{nonce}    list      workers' answers to one run-time load (TTL)
 inferq.q.{model}[:{p}]          list      the model's Celery queue, one list per priority p (kombu)
 inferq.q.{model}.w.{wid}[:{p}]  list      the worker's lane: jobs other workers of the model passed to it because it
                                           holds their prompt's prefix or adapter (only it consumes it)
 inferq:load:{model}             hash      worker id -> the jobs it runs right now (cache-affine pull's loads)
-inferq:px:{model}:{hash}        string    the worker that last ran a prompt whose prefix block hashes to {hash}
-                                          (or ``a:{adapter}``: that last ran the adapter) (TTL)
+inferq:kv:{model}:{hash}        zset      engines holding the prompt prefix whose last block hashes to {hash}
+                                          -> the time the entry lapses (cache-affine pull's index; TTL)
+inferq:lora-demand:{model}:{w}  hash      adapter -> jobs taken for it in demand window {w} (adapter homes; TTL)
 inferq:cancelled:{list}         zset      job ids cancelled while queued whose message is still in the
                                           list -> cancel time: not counted in the queue's depth (TTL)
 inferq:fair:{list}              zset      job ids whose message waits in the list -> virtual finish tag
@@ -73,6 +75,8 @@ MODEL_NAME_PATTERN = r"^[A-Za-z0-9._/@+-]+$"
 MODEL_NAME_MAX_LEN = 256
 CONTROL_CHANNEL = f"{PREFIX}:control"
 ADAPTERS = f"{PREFIX}:adapters"
+#: counter: the last LoRA adapter id given out (shared/adapters.py)
+ADAPTER_IDS = f"{PREFIX}:adapter-ids"
 ADAPTER_CHANNEL = f"{PREFIX}:control:adapters"
 MODELS = f"{PREFIX}:models"
 #: hash: cluster-wide counters, one field per (kind, labels): see :func:`stat`.
@@ -155,9 +159,20 @@ def worker_loads(model: str) -> str:
     return f"{PREFIX}:load:{model}"
 
 
-def prefix_owner(model: str, block_hash: str) -> str:
-    """The worker that last ran a prompt with this prefix block (or ``a:{adapter}``)."""
-    return f"{PREFIX}:px:{model}:{block_hash}"
+def prefix_holders(model: str, block_hash: str) -> str:
+    """Sorted set: the engines that hold the prompt prefix ending with this block, each scored by
+    the time its entry lapses (cache-affine pull's index, worker/jobs/prefix_index.py)."""
+    return f"{PREFIX}:kv:{model}:{block_hash}"
+
+
+def adapter_demand(model: str, window: int) -> str:
+    """Hash: adapter name -> the jobs workers took for it in one window of ADAPTER_DEMAND_WINDOW_S
+    (``window`` = its start // the window), for adapter homes (worker/jobs/homes.py)."""
+    return f"{PREFIX}:lora-demand:{model}:{window}"
+
+
+#: The length of one window of adapter demand (seconds); homes follow the last few.
+ADAPTER_DEMAND_WINDOW_S = 10
 
 
 def queue_cancelled(queue_list: str) -> str:

@@ -29,7 +29,9 @@ TINY_VERSION = "v2"
 class Settings(BaseSettings):
     """Every knob of inferq. Environment variables are the field names upper-cased with ``INFERQ_``."""
 
-    model_config = SettingsConfigDict(env_prefix="INFERQ_", extra="ignore")
+    # an empty variable is an unset one: docker-compose.yml passes `${INFERQ_X:-}` for every setting
+    # an operator may give, so that one left unset keeps its default (an empty string is no number)
+    model_config = SettingsConfigDict(env_prefix="INFERQ_", extra="ignore", env_ignore_empty=True)
 
     # --- shared -------------------------------------------------------------------------------
     redis_url: str = Field(
@@ -165,9 +167,12 @@ class Settings(BaseSettings):
         "and headers together (431 beyond; a request line over 8 KiB gets 414), on plain HTTP and on "
         "WebSocket upgrades alike.")
     http_keep_alive_s: float = Field(
-        default=5.0, gt=0, description="How long an idle kept-alive connection stays open between two "
-        "requests (uvicorn's timeout_keep_alive); behind a load balancer, set it above the balancer's "
-        "idle timeout.")
+        default=75.0, gt=0, description="How long an idle kept-alive connection stays open between two "
+        "requests (uvicorn's timeout_keep_alive). Keep it above the idle time after which clients stop "
+        "reusing a connection (httpx and the openai SDK: 5 s, aiohttp: 15 s) and, behind a load balancer, "
+        "above the balancer's idle timeout (60 s on AWS's): a server that closes first races a client "
+        "sending its next request on the connection, which then fails (\"Server disconnected without "
+        "sending a response\").")
 
     # --- files and batches (the Batch API; api/batches) ---------------------------------------
     files_dir: Path | None = Field(
@@ -292,8 +297,13 @@ class Settings(BaseSettings):
                                   "its first block) runs on the least loaded worker (live: its claimed jobs and "
                                   "its lane) when the worker that took it is busier by more than one: follow-ups "
                                   "come back to where their prefix ran, so this keeps the fleet's load even.")
-    affinity_ttl_s: int = Field(default=600, ge=1, description="How long a worker is taken to still hold a "
-                                "prefix (or an adapter) it ran (seconds).")
+    affinity_ttl_s: int = Field(default=600, ge=1, description="How long an engine is taken to still hold a "
+                                "prefix without a job or a KV-cache event renewing it (seconds).")
+    affinity_index: Literal["events", "writes"] = Field(
+        default="events", description="What feeds cache-affine pull's prefix index. 'events': the engine's own "
+        "KV-cache events (vLLM's kv_events_config), so the index holds what each engine's cache holds "
+        "(evictions and restarts included). 'writes': the worker that claims a job writes its prompt's "
+        "prefix (an approximation: evictions are not seen).")
     heartbeat_s: float = Field(default=2.0, gt=0, description="Worker heartbeat period (seconds), and the "
                                "reaper's pass period.")
     worker_ttl_s: float = Field(default=10.0, gt=0, description="A worker silent this long is dead: its jobs "

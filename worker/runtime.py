@@ -39,10 +39,11 @@ from inferq.shared.settings import Settings
 from inferq.shared.store import JobStore
 from inferq.worker import metrics
 from inferq.worker.engine import fleet_adapters, tokenizer_files
-from inferq.worker.engine.group import frontend_slots
+from inferq.worker.engine.group import engine_instance, frontend_slots
 from inferq.worker.engine.host import EngineHost
 from inferq.worker.jobs import control
 from inferq.worker.jobs.affinity import Affinity
+from inferq.worker.jobs.kv_feed import KVEventFeed
 from inferq.worker.jobs.prepare import Prepared
 from inferq.worker.jobs.runner import JobRunner
 from inferq.worker.jobs.undecodable import fail_undecodable
@@ -80,8 +81,14 @@ class WorkerRuntime:
         fe = self.host.frontend
         self.slots = frontend_slots(settings.max_num_seqs, fe.count) if fe is not None else settings.max_num_seqs
         self._kept, self._taking = 0, threading.Lock()  # jobs run_job runs here (taken, not passed, not ended)
-        self.affinity = Affinity(settings, celery, self.id, self.slots, self._load, self.host.adapters.loaded) \
+        self.engine_id = fe.engine_id if fe is not None and fe.engine_id else engine_instance(self.id)
+        max_loras = settings.max_loras if self.host.adapters.enabled else 0
+        self.affinity = Affinity(settings, celery, self.id, self.slots, self._load, self.engine_id, max_loras) \
             if settings.affinity != "off" else None
+        self.kv_feed: KVEventFeed | None = None  # the engine's KV-cache events into the index (one per engine)
+        if self.affinity is not None and self.host.kv_events and (fe is None or fe.index == 0):
+            self.kv_feed = KVEventFeed(self.host.kv_events, self.affinity.index, self.engine_id,
+                                       settings.affinity_block_tokens, self.host.adapters.name_of)
         self.heartbeat = Heartbeat(settings, self.id, self)
         self.reaper = Reaper(settings, self.id, self.send, trusted=self.heartbeat.trusted)
 
@@ -96,6 +103,8 @@ class WorkerRuntime:
         self._metrics_close = metrics.serve(port, metrics.WorkerCollector(self, self.settings.model_name, fe),
                                             self.ready)
         try:
+            if self.kv_feed is not None:
+                self.kv_feed.start()  # listening before the engine publishes its first block
             self.host.start()
             self.host.run(self._start_job_path())
         except BaseException:
@@ -127,7 +136,8 @@ class WorkerRuntime:
         loop = asyncio.get_running_loop()
         self._listeners = [
             loop.create_task(control.listen(self.redis, self.runner.cancel)),
-            loop.create_task(fleet_adapters.listen(self.redis, self.host.adapters, s.model_name, self.id))]
+            loop.create_task(fleet_adapters.listen(self.redis, self.host.adapters, s.model_name, self.id)),
+            loop.create_task(self.host.adapters.keep_synced())]
         if (files := tokenizer_files.files_of(self.host.tokenizer)) is not None:
             try:
                 self.tokenizer_key = await tokenizer_files.publish(self.redis, files)
@@ -174,7 +184,8 @@ class WorkerRuntime:
         # the prompt is tokenized on this thread (it would wait anyway) while the engine loop
         # claims the job: no hand-off to a tokenizing thread on the job's way to the engine
         prepared: concurrent.futures.Future[Prepared] = concurrent.futures.Future()
-        result = self.host.submit(self.runner.run(msg, prepared))
+        claimed: concurrent.futures.Future[bool] | None = concurrent.futures.Future() if self.affinity else None
+        result = self.host.submit(self.runner.run(msg, prepared, claimed))
         if prepared.set_running_or_notify_cancel():  # False: the run ended without waiting for it
             try:
                 if isinstance(early, BaseException):
@@ -184,6 +195,9 @@ class WorkerRuntime:
                 prepared.set_exception(e)
                 if not isinstance(e, Exception):
                     raise
+        if claimed is not None and claimed.result() and prepared.done() and not prepared.cancelled() \
+                and prepared.exception() is None and self.affinity is not None:  # its prefix is this engine's now
+            self.affinity.ran_here(msg, prepared.result().ids)
         return result.result()
 
     def _early(self, msg: JobMessage) -> Prepared | Exception | None:
@@ -215,6 +229,8 @@ class WorkerRuntime:
         self.stopping = True
         if self._metrics_close is not None:
             self._metrics_close()
+        if self.kv_feed is not None:
+            self.kv_feed.stop()
         self.reaper.stop()
         self.heartbeat.stop()
         try:
@@ -263,7 +279,8 @@ class WorkerRuntime:
             started_at=self.started_at, last_seen=time.time(),
             draining=self.draining, stats=stats,
             frontend=fe.index if (fe := self.host.frontend) else 0, frontends=fe.count if fe else 1,
-            adapters=self.host.adapters.loaded(), lane=self.affinity is not None, tasks=self.host.tasks,
+            adapters=self.host.adapters.loaded(),
+            engine=self.engine_id, lane=self.affinity is not None, tasks=self.host.tasks,
             max_loras=self.settings.max_loras if self.host.adapters.enabled else 0,
         )
 

@@ -38,20 +38,20 @@ async def get_model(model: str, service: Service, _: Caller) -> ModelCard:
 
 
 @router.post("/load_lora_adapter", response_class=PlainTextResponse)
-async def load_lora_adapter(body: LoadAdapterRequest, service: Service, _: Caller) -> str:
+async def load_lora_adapter(body: LoadAdapterRequest, service: Service, caller: Caller) -> str:
     settings = service.settings
     _runtime_updates(settings.lora_runtime_updates)
     parent = body.model or settings.model_name
     live = await service.live_workers(parent)
     if not live and parent != settings.model_name:
         raise NotFound(f"model {parent!r} is not served here", param="model", code="model_not_found")
-    return await service.adapters.load(body, parent, len(live))
+    return await service.adapters.load(body, parent, len(live), caller.key_id, caller.operator)
 
 
 @router.post("/unload_lora_adapter", response_class=PlainTextResponse)
-async def unload_lora_adapter(body: UnloadAdapterRequest, service: Service, _: Caller) -> str:
+async def unload_lora_adapter(body: UnloadAdapterRequest, service: Service, caller: Caller) -> str:
     _runtime_updates(service.settings.lora_runtime_updates)
-    return await service.adapters.unload(body)
+    return await service.adapters.unload(body, caller.key_id, caller.operator)
 
 
 def _runtime_updates(allowed: bool) -> None:

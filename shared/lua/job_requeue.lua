@@ -4,8 +4,9 @@
 -- any key), stats, unsent zset. ARGV: worker id (JSON) or '', attempt or '', max attempts, now, reason, job id,
 -- ttl, claimed before ('' = any time), the worker's last beat as the caller saw it ('' = don't
 -- check), worker id, then the three events the caller made (JSON): cancelled, given up (its
--- message's {attempt} filled here), restart. Returns 'requeued', 'failed', 'cancelled', 'skip' or
--- 'alive'.
+-- message's {attempt} filled here), restart; then the engine deaths a job may be running at before
+-- it is failed instead (reason 'engine_failure': the count is the record's `engine_failures`) and
+-- the event that fails it then. Returns 'requeued', 'failed', 'cancelled', 'skip' or 'alive'.
 -- The job leaves the worker's set only when it is handed back, or when it is not that worker's
 -- running job at all (a stale entry); a newer attempt of the same worker, or a job it claimed after
 -- the caller looked (`started_at` above ARGV[8]), stays. A reaper passes the beat it judged
@@ -36,6 +37,12 @@ if redis.call('HGET', KEYS[1], 'cancel_requested') == 'true' then
              'finish_reason', cjson.encode('cancelled'))
   outcome = 'cancelled'
   count(KEYS[7], KEYS[1], 'end', 'cancelled', '')
+elseif ARGV[5] == 'engine_failure'
+    and redis.call('HINCRBY', KEYS[1], 'engine_failures', 1) >= tonumber(ARGV[14]) then
+  ev = event(ARGV[15], seq)
+  redis.call('HSET', KEYS[1], 'status', STATUS.failed, 'finished_at', ARGV[4], 'error', cjson.encode(ev.error))
+  outcome = 'failed'
+  count(KEYS[7], KEYS[1], 'end', 'failed', ev.error.code)
 elseif attempt >= tonumber(ARGV[3]) then
   ev = event(ARGV[12], seq, {attempt = attempt})
   redis.call('HSET', KEYS[1], 'status', STATUS.failed, 'finished_at', ARGV[4], 'error', cjson.encode(ev.error))

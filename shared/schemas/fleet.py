@@ -13,6 +13,8 @@ class EngineStats(BaseModel):
     running: int = 0
     waiting: int = 0
     kv_cache_usage: float = 0.0
+    lora_running: list[str] = Field(default_factory=list, description="LoRA adapters with requests in the running "
+                                    "batch at the last step (those in the engine's GPU slots).")
     peak_running: int = Field(default=0, description="Largest running batch seen since start.")
     engine_requests: int = Field(default=0, description="Requests the engine holds right now.")
     jobs_started: int = 0
@@ -50,8 +52,11 @@ class WorkerInfo(BaseModel):
                                          "(shared/prompt_probe.py).")
     frontends: int = Field(default=1, description="Workers sharing this worker's engine (INFERQ_FRONTENDS); "
                            "each reports the whole engine's stats.")
-    adapters: list[str] = Field(default_factory=list, description="LoRA adapters this worker's engine has "
-                                "loaded (by name), most recently used last.")
+    adapters: list[str] = Field(default_factory=list, description="LoRA adapters this worker's engine holds "
+                                "in host memory (by name, least recently used first; vLLM's max_cpu_loras).")
+    engine: str = Field(default="", description="The engine instance this worker feeds (several frontends of an "
+                        "engine group name one; a restarted engine is a new one): cache-affine pull's index names "
+                        "engines. Empty: the worker's id.")
     max_loras: int = Field(default=0, description="Adapters one engine batch may mix (0: LoRA off).")
     lane: bool = Field(default=False, description="Whether this worker consumes its lane (cache-affine pull): "
                        "only then may other workers pass jobs to it.")
@@ -62,10 +67,14 @@ class WorkerInfo(BaseModel):
 class AdapterInfo(BaseModel):
     """A LoRA adapter the fleet serves (``inferq:adapters``): clients send ``name`` as ``model``."""
 
+    id: int = Field(default=0, description="Its id in every engine (vLLM's lora_int_id), unique in the fleet: "
+                    "the registry gives each registration a new one (shared/adapters.py). 0: not registered yet.")
     name: str
     parent: str = Field(description="The base model it adapts: its workers run it, on its queue.")
     path: str = Field(description="Its folder, readable by every worker of the base model.")
     source: Literal["settings", "runtime"] = "settings"
+    owner: str | None = Field(default=None, description="The key (its id) that loaded it at run time, which alone "
+                              "may replace or unload it (and an operator key); None: the operator's.")
     created_at: float = Field(default_factory=time.time)
 
 

@@ -20,6 +20,8 @@ class AdapterRef(BaseModel):
 
     name: str
     path: str
+    id: int = Field(default=0, description="Its id in the engine (the registry's, unique in the fleet); 0: from a "
+                    "registry written before ids, derived from name and path.")
 
 
 class JobMessage(BaseModel):

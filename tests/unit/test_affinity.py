@@ -1,12 +1,14 @@
-"""Cache-affine pull's parts on a real Redis, without an engine: prefix block hashes, a worker's
-choice between running a job and passing it to the worker that holds its prefix or adapter, and a
-lane handed back to the queue."""
+"""Cache-affine pull's promises on a real Redis, without an engine: the prefix index as the engine's
+KV-cache events feed it, a worker's choice between running a job and passing it on (one read of the
+fleet, then the pure rule of test_placement.py), adapter homes, and a lane handed back to the queue."""
 
 from __future__ import annotations
 
+import base64
 import json
 import threading
 import time
+from collections import Counter
 
 import pytest
 import redis
@@ -15,7 +17,9 @@ from inferq.shared import keys
 from inferq.shared.celery_app import make_celery
 from inferq.shared.schemas import AdapterRef, EngineStats, JobMessage, JobRequest, WorkerInfo
 from inferq.shared.settings import Settings
-from inferq.worker.jobs.affinity import Affinity, block_hashes
+from inferq.worker.jobs.affinity import Affinity
+from inferq.worker.jobs.kv_feed import KVEventFeed
+from inferq.worker.jobs.prefix_index import ChainTracker, PrefixIndex, block_hashes
 from inferq.worker.liveness.lanes import return_lane
 from tests.unit.workerkit import GatedEngine, queued_job, start_runtime
 from tests.wait import eventually
@@ -36,6 +40,29 @@ def test_a_prompt_shares_the_hashes_of_every_whole_block_it_shares() -> None:
     assert len(block_hashes(list(range(1000)), None, BLOCK, limit=3)) == 3
 
 
+def stored(parent, hashes, tokens, block_size=4, lora=None, medium="GPU") -> dict:
+    """A BlockStored event as vLLM publishes it (msgpack, read back as a map)."""
+    return {"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": parent, "token_ids": tokens,
+            "block_size": block_size, "lora_id": None, "medium": medium, "lora_name": lora}
+
+
+def test_the_engines_blocks_become_the_index_hashes_a_prompt_has() -> None:
+    """Engine blocks of 4 tokens, index blocks of 8: every second engine block ends an index block,
+    with the hash the taker computes from the prompt; an eviction drops exactly the blocks it ends."""
+    prompt = list(range(100, 124))  # 6 engine blocks, 3 index blocks
+    t = ChainTracker(BLOCK)
+    got = t.stored(None, [b"e1", b"e2", b"e3"], prompt[:12], 4, None)
+    got += t.stored(b"e3", [b"e4", b"e5", b"e6"], prompt[12:], 4, None)
+    assert got == block_hashes(prompt, None, BLOCK)
+    assert t.stored(None, [b"l1", b"l2"], prompt[:8], 4, "lora-a") == block_hashes(prompt[:8], "lora-a", BLOCK)
+    assert t.stored(b"unknown", [b"x"], prompt[:4], 4, None) == []  # its parent came before we listened
+    assert t.stored(None, [b"e1", b"e2"], prompt[:8], 4, None) == block_hashes(prompt[:8], None, BLOCK)  # reused
+    assert t.removed([b"e6"]) == [block_hashes(prompt, None, BLOCK)[2]]
+    assert t.removed([b"e5", b"e3"]) == []  # they end no index block
+    assert sorted(t.cleared()) == sorted(block_hashes(prompt[:16], None, BLOCK) + block_hashes(prompt[:8], "lora-a",
+                                                                                               BLOCK))
+
+
 @pytest.fixture
 def sync_r(own_redis: str) -> redis.Redis:
     r = redis.Redis.from_url(own_redis, decode_responses=True)
@@ -43,24 +70,71 @@ def sync_r(own_redis: str) -> redis.Redis:
     return r
 
 
-def worker(own_redis: str, wid: str) -> Affinity:
-    s = Settings(redis_url=own_redis, served_model_name=MODEL, affinity_block_tokens=BLOCK)
-    return Affinity(s, make_celery(s), wid, slots=4)
+def test_the_index_holds_what_the_engine_holds(own_redis, sync_r) -> None:
+    """The feed's batches (stored, evicted, all cleared, a batch lost) reach Redis as the engine's
+    cache changes: what readers see is what the engine holds."""
+    index = PrefixIndex(sync_r, MODEL, ttl_s=600)
+    feed = KVEventFeed("ipc:///tmp/inferq-test-unused", index, "eng-1", BLOCK)
+    prompt = list(range(16))
+    hashes = block_hashes(prompt, None, BLOCK)
+
+    def holders() -> list[list[str]]:
+        with sync_r.pipeline() as p:
+            index.read(p, hashes, time.time())
+            return p.execute()
+
+    def batch(seq: int, *events: dict) -> list[bytes]:
+        import msgspec
+
+        return [b"", seq.to_bytes(8, "big"), msgspec.msgpack.encode([time.time(), list(events), None])]
+
+    try:
+        feed.apply(batch(0, stored(None, [1, 2, 3, 4], prompt)))
+        assert holders() == [["eng-1"], ["eng-1"]]
+        feed.apply(batch(1, {"type": "BlockRemoved", "block_hashes": [4], "medium": "GPU"}))
+        assert holders() == [["eng-1"], []]
+        feed.apply(batch(2, stored(2, [3, 4], prompt[8:], medium="CPU")))  # an offload tier: not held
+        assert holders() == [["eng-1"], []]
+        feed.apply(batch(3, {"type": "AllBlocksCleared"}))
+        assert holders() == [[], []]
+        feed.apply(batch(4, stored(None, [1, 2, 3, 4], prompt)))
+        feed.apply(batch(9, stored(None, [7], [0, 0, 0, 0])))  # batches 5-8 lost: forget everything
+        assert holders() == [[], []]
+    finally:
+        feed.stop()
+
+
+def worker(own_redis: str, wid: str, load: int = 0, **settings) -> Affinity:
+    s = Settings(redis_url=own_redis, served_model_name=MODEL, affinity_block_tokens=BLOCK, max_num_seqs=4,
+                 affinity_slack=0.25, **settings)
+    aff = Affinity(s, make_celery(s), wid, slots=4, own_load=lambda: load, engine=f"{wid}-engine",
+                   max_loras=settings.get("max_loras", 4))
+    return aff
 
 
 def beat(r: redis.Redis, wid: str, running: int = 0, draining: bool = False, age: float = 0.0,
-         lane: bool = True) -> None:
+         lane: bool = True, max_loras: int = 4) -> None:
     """The worker's heartbeat, and the load it publishes as it takes jobs on and ends them."""
     r.hset(keys.worker_loads(MODEL), wid, running)
     now = time.time()
     info = WorkerInfo(id=wid, model=MODEL, host="h", pid=1, max_model_len=4096, max_num_seqs=4, started_at=now,
-                      last_seen=now - age, draining=draining, stats=EngineStats(running=running), lane=lane)
+                      last_seen=now - age, draining=draining, stats=EngineStats(running=running), lane=lane,
+                      engine=f"{wid}-engine", max_loras=max_loras)
     r.set(keys.worker(wid), info.model_dump_json())
+    r.zadd(keys.workers(MODEL), {wid: now - age})
 
 
 def job(ids: list[int], adapter: str | None = None, passed_by: str | None = None) -> JobMessage:
     return JobMessage(id="job-" + "a" * 32, model=MODEL, request=JobRequest(prompt_token_ids=ids), created_at=1.0,
                       adapter=AdapterRef(name=adapter, path="/a") if adapter else None, passed_by=passed_by)
+
+
+def where(aff: Affinity, msg: JobMessage, ids: list[int]):
+    """Where ``aff`` would place the job (a decision not carried out: a pass is taken back)."""
+    d = aff.decide(msg, ids)
+    if d.to is not None:
+        aff._pushed(d.to, ok=False)
+    return d
 
 
 def lane_messages(r: redis.Redis, wid: str) -> list[dict]:
@@ -70,67 +144,61 @@ def lane_messages(r: redis.Redis, wid: str) -> list[dict]:
     return out
 
 
-def test_a_follow_up_goes_to_the_worker_that_ran_its_prefix_while_it_has_room(own_redis, sync_r) -> None:
-    w1, w2 = worker(own_redis, "w1"), worker(own_redis, "w2")
+def test_a_follow_up_goes_to_the_engine_that_holds_its_prefix_and_runs_there(own_redis, sync_r) -> None:
+    w1, w2 = worker(own_redis, "w1", load=1), worker(own_redis, "w2", affinity_index="writes")
     first = list(range(24))
-    assert w2.place(job(first), first) is None  # nobody held it: w2 runs it, and now holds its blocks
-    follow_up = first + list(range(100, 120))
+    w2.ran_here(job(first), first)  # (with events off, the claim writes the prefix)
     beat(sync_r, "w2")
-    assert w1.place(job(follow_up), follow_up) == "w2"
-    w1.pass_to(job(follow_up), "w2")
+    follow_up = first + list(range(100, 120))
+    assert w1.route(job(follow_up), follow_up, passed=lambda: None)
     [msg] = lane_messages(sync_r, "w2")
-    payload = JobMessage.model_validate_json(json.loads(__import__("base64").b64decode(msg["body"]))[0][0])
+    payload = JobMessage.model_validate_json(json.loads(base64.b64decode(msg["body"]))[0][0])
     assert payload.passed_by == "w1" and payload.id == job(follow_up).id
     assert msg["properties"]["delivery_info"]["routing_key"] == keys.lane(MODEL, "w2")
-    # the lane's worker runs what was passed to it, and holds the longer prefix from then on
-    assert w2.place(payload, follow_up) is None
-    assert sync_r.get(keys.prefix_owner(MODEL, block_hashes(follow_up, None, BLOCK)[-1])) == "w2"
+    assert w2.decide(payload, follow_up).why == "passed"  # the lane's worker runs it, never passes it again
 
 
-@pytest.mark.parametrize("state", ["full", "lane full", "draining", "dead", "gone", "no lane"])
-def test_a_job_runs_where_it_was_taken_when_its_holder_has_no_room(own_redis, sync_r, state: str) -> None:
-    w1, w2 = worker(own_redis, "w1"), worker(own_redis, "w2")
+@pytest.mark.parametrize("state", ["full", "lane full", "draining", "dead", "gone", "no lane", "engine restarted"])
+def test_a_job_runs_where_it_was_taken_when_its_holder_cannot_take_it(own_redis, sync_r, state: str) -> None:
+    w1, w2 = worker(own_redis, "w1", load=1), worker(own_redis, "w2", affinity_index="writes")
     ids = list(range(16))
-    w2.place(job(ids), ids)
+    w2.ran_here(job(ids), ids)
     if state != "gone":
         beat(sync_r, "w2", running=4 if state == "full" else 1, draining=state == "draining",
              age=60 if state == "dead" else 0, lane=state != "no lane")
     if state == "lane full":
         for _ in range(3):
             w1.pass_to(job(ids), "w2")
-    assert w1.place(job(ids), ids) is None
-    assert sync_r.get(keys.prefix_owner(MODEL, block_hashes(ids, None, BLOCK)[0])) == "w1"  # it runs on w1
+    if state == "engine restarted":  # its new engine holds nothing: the entries name the old one
+        info = WorkerInfo.model_validate_json(sync_r.get(keys.worker("w2")))
+        sync_r.set(keys.worker("w2"), info.model_copy(update={"engine": "w2-engine~new"}).model_dump_json())
+    assert where(w1, job(ids), ids).here
 
 
-def test_a_holder_much_busier_than_the_taker_leaves_it_the_job(own_redis, sync_r) -> None:
-    """INFERQ_AFFINITY_SLACK (1/4 of 4 sequences: 1): a holder with 3 sequences does not get the job
-    from a taker that holds none; from a taker that holds 3 jobs, it does."""
-    w1, w2 = worker(own_redis, "w1"), worker(own_redis, "w2")
-    ids = list(range(16))
-    w2.place(job(ids), ids)
-    beat(sync_r, "w2", running=3)
-    assert w1.place(job(ids), ids) is None
-    w2.place(job(ids), ids)  # w2 holds it again
-    w1.own_load = lambda: 3
-    assert w1.place(job(ids), ids) == "w2"
-
-
-def test_an_adapter_draws_its_jobs_when_no_prefix_does(own_redis, sync_r) -> None:
-    w1, w2 = worker(own_redis, "w1"), worker(own_redis, "w2")
-    w1.own_load = lambda: 1  # this job, taken
-    w2.place(job([1, 2], adapter="lora-x"), [1, 2])  # a prompt shorter than a block: the adapter alone
-    beat(sync_r, "w2")
-    assert w1.place(job([5, 6, 7], adapter="lora-x"), [5, 6, 7]) == "w2"
-    w2.place(job([1, 2], adapter="lora-x"), [1, 2])
-    beat(sync_r, "w2", running=1)  # the adapter's worker as busy as this one: the job would tip it
-    assert w1.place(job([5, 6, 7], adapter="lora-x"), [5, 6, 7]) is None
-    beat(sync_r, "w2")
-    w1.own_adapters = lambda: ["lora-x"]  # loaded here too: nothing to gain by passing it
-    assert w1.place(job([5, 6, 7], adapter="lora-x"), [5, 6, 7]) is None
-    w1.own_adapters = lambda: []
-    w2.place(job([1, 2], adapter="lora-x"), [1, 2])
-    assert w1.place(job([5, 6, 7]), [5, 6, 7]) is None  # no adapter, no whole block: nothing to match
-    assert w1.place(job(list(range(16)), adapter="lora-x", passed_by="w3"), list(range(16))) is None
+def test_an_adapter_goes_to_its_home_and_homes_split_the_adapters(own_redis, sync_r) -> None:
+    """Four workers of four slots and sixteen adapters in demand: each adapter has one home, each
+    worker is home to four, and a worker that takes a job of an adapter that is not its own passes
+    it home (while the home has room and is not much busier)."""
+    names = [f"w{i}" for i in range(4)]
+    for w in names:
+        beat(sync_r, w)
+    window = int(time.time() // keys.ADAPTER_DEMAND_WINDOW_S)
+    sync_r.hset(keys.adapter_demand(MODEL, window), mapping={f"a{i}": 10 for i in range(16)})
+    takers = {w: worker(own_redis, w, load=1) for w in names}
+    homes: dict[str, str] = {}
+    for i in range(16):
+        taker = takers["w0"]
+        d = where(taker, job([1, 2, 3], adapter=f"a{i}"), [1, 2, 3])
+        homes[f"a{i}"] = d.to or "w0"
+        assert d.why == "adapter"
+    assert Counter(homes.values()) == dict.fromkeys(names, 4)
+    for adapter, home in homes.items():  # every worker agrees, and a home keeps its own adapter's jobs
+        assert where(takers[home], job([1], adapter=adapter), [1]).here
+    beat(sync_r, "w1", running=3)  # a home busier than the least loaded by more than the slack (1)
+    mine = next(a for a, h in homes.items() if h == "w1")
+    for t in takers.values():
+        t.view.invalidate()
+    assert where(takers["w0"], job([1], adapter=mine), [1]).to != "w1"
 
 
 async def test_a_lane_goes_back_to_the_queue_in_order_and_by_priority(own_redis, r) -> None:
@@ -146,48 +214,66 @@ async def test_a_lane_goes_back_to_the_queue_in_order_and_by_priority(own_redis,
     assert popped == ["p5-0", "p5-1", "p5-2", "queued-before"]  # the lane's waited longest
 
 
-def test_new_prefixes_start_on_the_least_loaded_worker(own_redis, sync_r) -> None:
-    """A job no worker holds a block of goes where the loads (the jobs each runs, live, and lanes) are
-    lowest, when that evens them out: a wave of new sessions taken by one worker spreads out."""
-    w1, w2, w3 = (worker(own_redis, w) for w in ("w1", "w2", "w3"))
+def test_new_prefixes_start_on_the_least_loaded_worker_and_each_decision_sees_the_last(own_redis, sync_r) -> None:
+    """A job no engine holds a block of goes where the loads (the jobs each runs, live, and lanes)
+    are lowest, when that evens them out: a wave of new sessions taken by one worker spreads out,
+    each decision counting the passes before it (their pushes done or not)."""
     for w in ("w1", "w2", "w3"):
         beat(sync_r, w)
-        sync_r.zadd(keys.workers(MODEL), {w: time.time()})
     sync_r.hset(keys.worker_loads(MODEL), "w2", 1)  # w2 has taken one job on since its last beat
-    held = [0]
-    w1.own_load = lambda: held[0] + 1  # what w1 holds, this job included
-    placed = []
-    for i in range(4):  # w1 took four new sessions' first turns
+    held = [4]
+    w1 = worker(own_redis, "w1")
+    w1.own_load = lambda: held[0]  # w1 took four new sessions' first turns at once
+    for i in range(4):
         ids = [1000 * i + k for k in range(16)]
-        to = w1.place(job(ids), ids)
-        placed.append(to)
-        if to is None:
-            held[0] += 1
-        else:
-            w1.pass_to(job(ids), to)
-    assert placed.count(None) == 2 and placed.count("w3") == 1 and placed.count("w2") == 1, placed
-    ids = list(range(5000, 5016))
-    assert w2.place(job(ids), ids) is None  # w2, no busier than the others by more than one: it keeps it
-    beat(sync_r, "w3", running=4)  # full: never sent one
-    w1.own_load = lambda: 4
-    assert w1.place(job(list(range(6000, 6016))), list(range(6000, 6016))) == "w2"
+        w1.route(job(ids), ids, passed=lambda: held.__setitem__(0, held[0] - 1))
+    assert (held[0], len(lane_messages(sync_r, "w2")), len(lane_messages(sync_r, "w3"))) == (2, 1, 1)
+    # a pass decided but not yet pushed counts too: the next decision sees it (w3 would get both)
+    held[0] = 5
+    assert [w1.decide(job([k] * 16), [k] * 16).to for k in (5, 6)] == ["w3", "w2"]
+
+
+def test_placing_a_job_is_one_round_trip(own_redis, sync_r) -> None:
+    """Whatever the fleet's size, a job's placement reads Redis once (the live workers' view, at
+    most once a second, apart)."""
+    for w in ("w1", "w2", "w3", "w4"):
+        beat(sync_r, w)
+    w1 = worker(own_redis, "w1", load=1)
+    ids = list(range(64))
+    w1.decide(job(ids, adapter="a"), ids)  # reads the view
+    before = sync_r.info("stats")["total_commands_processed"]
+    calls = []
+    real = w1.redis.pipeline
+
+    def counted(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+
+    w1.redis.pipeline = counted
+    w1.decide(job(ids, adapter="a"), ids)
+    assert len(calls) == 1 and sync_r.info("stats")["total_commands_processed"] > before
 
 
 async def test_a_worker_counts_a_burst_it_takes_before_placing_it(store, own_redis) -> None:
-    """Jobs a worker has taken but not yet placed (placing is one at a time) already count in the
-    load it publishes: other workers placing new prefixes meanwhile see the whole burst, not only
-    what was placed so far (with four workers taking a wave at once, they did not, and the wave
-    stayed split 6 to 11 sessions a worker). A job passed on stops counting."""
+    """Jobs a worker has taken but not yet placed already count in the load it publishes: other
+    workers placing new prefixes meanwhile see the whole burst, not only what was placed so far. A
+    job passed on stops counting."""
     rig = start_runtime(own_redis, GatedEngine(), affinity="prefix")
     rt, gate = rig.runtime, threading.Event()
     placed: list[str] = []
 
-    def slow_place(msg: JobMessage, ids: list[int]) -> str | None:
+    def slow_decide(msg, ids):
         gate.wait(30)
         placed.append(msg.id)
-        return "elsewhere" if len(placed) == 1 else None  # the first goes to another worker
+        from inferq.worker.jobs.placement import Decision
 
-    rt.affinity.place, rt.affinity.pass_to = slow_place, lambda msg, to: None
+        if len(placed) == 1:  # the first goes to another worker
+            rt.affinity._transit += 1
+            rt.affinity._passes.append(("elsewhere", None))
+            return Decision("elsewhere", "spread")
+        return Decision(None, "here")
+
+    rt.affinity.decide, rt.affinity.pass_to = slow_decide, lambda msg, to: None
     loads = redis.Redis.from_url(own_redis, decode_responses=True)
 
     def published() -> int:

@@ -4,6 +4,8 @@ Shared by a lone worker's engine (``host``) and an engine group's EngineCore (``
 
 from __future__ import annotations
 
+import tempfile
+import uuid
 from typing import Any
 
 from inferq.shared.settings import Settings
@@ -21,9 +23,18 @@ def engine_dtype(settings: Settings, cpu: bool) -> str:
     native = any(getattr(torch.cpu, f"_is_{isa}_supported", lambda: False)() for isa in ("avx512_bf16", "amx_tile"))
     return "auto" if native else "float32"
 
-def engine_args_for(settings: Settings, model_path: str) -> Any:
-    """vLLM's ``AsyncEngineArgs`` for ``settings``, serving ``model_path``."""
-    from vllm.config import StructuredOutputsConfig
+def kv_events_endpoint(settings: Settings) -> str | None:
+    """Where the engine publishes its KV-cache events for cache-affine pull's index (an ``ipc://``
+    socket private to this worker), or None where the index is not fed by events."""
+    if settings.affinity == "off" or settings.affinity_index != "events" or settings.runner == "pooling":
+        return None
+    return f"ipc://{tempfile.gettempdir()}/inferq-kv-{uuid.uuid4().hex[:12]}"
+
+
+def engine_args_for(settings: Settings, model_path: str, kv_events: str | None = None) -> Any:
+    """vLLM's ``AsyncEngineArgs`` for ``settings``, serving ``model_path``; ``kv_events``: the
+    endpoint its KV-cache events go to (:func:`kv_events_endpoint`)."""
+    from vllm.config import KVEventsConfig, StructuredOutputsConfig
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.platforms import current_platform
 
@@ -53,5 +64,7 @@ def engine_args_for(settings: Settings, model_path: str) -> Any:
         max_cpu_loras=s.max_cpu_loras,
         # JSON modes emit compact JSON: a model is never steered into endless whitespace
         structured_outputs_config=StructuredOutputsConfig(backend="xgrammar", disable_any_whitespace=True),
+        kv_events_config=KVEventsConfig(enable_kv_cache_events=True, publisher="zmq", endpoint=kv_events)
+        if kv_events else None,
     )
 

@@ -9,6 +9,7 @@ import logging
 from redis.asyncio import Redis
 
 from inferq.shared import keys
+from inferq.shared.adapters import AdapterRegistry
 from inferq.shared.redis import listen as redis_listen
 from inferq.shared.schemas import AdapterCommand, AdapterInfo, AdapterRef, AdapterReply
 from inferq.worker.engine.adapters import AdapterLoadFailed, EngineAdapters
@@ -20,17 +21,17 @@ REPLY_TTL_S = 300
 
 
 async def register(redis: Redis, model: str, adapters: dict[str, str]) -> None:
-    """Write the adapters of this worker's settings into the fleet's registry (name -> info). A
-    name another model's workers registered is taken over, with a warning."""
+    """Write the adapters of this worker's settings into the fleet's registry (name -> info; one
+    registered with the same base model and folder keeps its id). A name another model's workers
+    (or a run-time load) registered is taken over, with a warning."""
     if not adapters:
         return
-    known = await redis.hmget(keys.ADAPTERS, list(adapters))
-    for name, raw in zip(adapters, known, strict=True):
-        if raw is not None and (old := AdapterInfo.model_validate_json(raw)).parent != model:
-            log.warning("adapter %r was registered for model %r; it now names this worker's model %r",
-                        name, old.parent, model)
-    await redis.hset(keys.ADAPTERS, mapping={
-        name: AdapterInfo(name=name, parent=model, path=path).model_dump_json() for name, path in adapters.items()})
+    registry = AdapterRegistry(redis)
+    for name, path in adapters.items():
+        change = await registry.put(AdapterInfo(name=name, parent=model, path=path), "settings")
+        if change.replaced is not None and (change.replaced.parent, change.replaced.path) != (model, path):
+            log.warning("adapter %r was registered for model %r from %s; it now names this worker's model %r "
+                        "from %s", name, change.replaced.parent, change.replaced.path, model, path)
     log.info("adapters served on %s: %s", model, ", ".join(sorted(adapters)))
 
 
@@ -40,12 +41,12 @@ async def handle(redis: Redis, adapters: EngineAdapters, model: str, worker_id: 
     if info.parent != model:
         return
     if cmd.op == "unload":
-        if await adapters.unload(info.name):
+        if await adapters.unload(info.name, info.id or None):
             log.info("adapter %s unloaded", info.name)
         return
     reply = AdapterReply(worker=worker_id)
     try:
-        await adapters.request(AdapterRef(name=info.name, path=info.path))
+        await adapters.request(AdapterRef(name=info.name, path=info.path, id=info.id))
     except AdapterLoadFailed as e:
         reply.error = e.message
     if cmd.reply_to:

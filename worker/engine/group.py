@@ -30,7 +30,9 @@ import math
 import multiprocessing
 import multiprocessing.connection
 import os
+import secrets
 import signal
+import socket
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -54,6 +56,8 @@ class Frontend:
     addresses: dict[str, Any]  # AsyncLLM's client_addresses: the listeners bound for this index
     engine_pids: list[int] = field(default_factory=list)
     group_pid: int = 0
+    engine_id: str = ""  # the engine instance its frontends feed (cache-affine pull's index names it)
+    kv_events: str | None = None  # where the EngineCore publishes its KV-cache events (frontend 0 listens)
 
     def engine_gone(self) -> bool:
         """True once the EngineCore or the group process has exited."""
@@ -68,6 +72,11 @@ class Frontend:
             except psutil.NoSuchProcess:
                 return True
         return False
+
+
+def engine_instance(base: str) -> str:
+    """A new id for an engine started now: a restarted engine holds nothing of the one before."""
+    return f"{base}~{secrets.token_hex(3)}"
 
 
 def frontend_slots(max_num_seqs: int, frontends: int) -> int:
@@ -97,7 +106,7 @@ def run_group(settings: Settings, loglevel: str, frontend_main: FrontendMain) ->
     ``frontend_main`` (a module-level function: it is pickled by name); return when all have exited."""
     from vllm.usage.usage_lib import UsageContext
 
-    from inferq.worker.engine.args import engine_args_for
+    from inferq.worker.engine.args import engine_args_for, kv_events_endpoint
     from inferq.worker.engine.models import resolve_model
 
     n = settings.frontends
@@ -108,13 +117,16 @@ def run_group(settings: Settings, loglevel: str, frontend_main: FrontendMain) ->
     signal.signal(signal.SIGINT, stopping.handle)
     try:
         model_path = resolve_model(settings)
-        args = engine_args_for(settings, model_path)
+        kv_events = kv_events_endpoint(settings)
+        args = engine_args_for(settings, model_path, kv_events)
+        engine_id = engine_instance(settings.worker_id or f"{socket.gethostname()}-{os.getpid()}")
         args._api_process_count, args._api_process_rank = n, -1  # as vLLM's multi-API-server launcher
         config = args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
         with _core_engine(config, n) as core:  # the engine's start-up handshake runs as the block ends
             engine_pids = [pid for p in core.processes if (pid := p.pid) is not None]  # all started
             for i in range(n):
-                fe = Frontend(i, n, model_path, config, core.addresses(i), engine_pids, os.getpid())
+                fe = Frontend(i, n, model_path, config, core.addresses(i), engine_pids, os.getpid(), engine_id,
+                              kv_events)
                 proc = spawn.Process(target=frontend_main, args=(fe, loglevel), name=f"inferq-frontend-{i}")
                 proc.start()
                 frontends.append(proc)

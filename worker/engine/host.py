@@ -25,7 +25,7 @@ from inferq.shared import prompt_probe
 from inferq.shared.schemas import EngineStats
 from inferq.shared.settings import Settings
 from inferq.worker.engine.adapters import EngineAdapters
-from inferq.worker.engine.args import engine_args_for
+from inferq.worker.engine.args import engine_args_for, kv_events_endpoint
 from inferq.worker.engine.encode import encode_request
 from inferq.worker.engine.group import Frontend
 from inferq.worker.engine.models import resolve_model
@@ -54,6 +54,8 @@ def _stats_logger_class(stats: EngineStats) -> type:
             s.waiting = scheduler_stats.num_waiting_reqs
             s.kv_cache_usage = float(getattr(scheduler_stats, "kv_cache_usage", 0.0))
             s.peak_running = max(s.peak_running, s.running)
+            lora = getattr(scheduler_stats, "running_lora_adapters", None)
+            s.lora_running = [name for name, n in lora.items() if n] if lora else []
             if (cache := getattr(scheduler_stats, "prefix_cache_stats", None)) is not None:
                 s.prefix_cache_queries += int(cache.queries)
                 s.prefix_cache_hits += int(cache.hits)
@@ -78,9 +80,13 @@ class EngineHost:
         self.model_path = ""
         self.max_model_len = 0
         self.vocab_size = 0  # token ids from 0 to this (excluded) are the model's
-        self.adapters = EngineAdapters(settings.lora_enabled)  # LoRA adapters the engine has taken
+        # the LoRA adapters the engine holds; the frontends of a group share its host-memory cache
+        self.adapters = EngineAdapters(settings.lora_enabled, (settings.max_cpu_loras or settings.max_loras)
+                                       // (frontend.count if frontend is not None else 1))
         self.prompt_probe: dict[str, str] = {}  # shared/prompt_probe.py: what this tokenizer makes of the probes
         self.tasks: list[str] = []  # what the engine serves: "generate", or pooling tasks such as "embed"
+        # where the engine publishes its KV-cache events (the group's EngineCore, for a frontend)
+        self.kv_events = kv_events_endpoint(settings) if frontend is None else frontend.kv_events
 
     def start(self) -> None:
         """Build the engine (blocks until it is ready to serve)."""
@@ -90,7 +96,7 @@ class EngineHost:
                  self.max_model_len, self.settings.max_num_seqs)
 
     def engine_args(self) -> Any:
-        return engine_args_for(self.settings, self.model_path)
+        return engine_args_for(self.settings, self.model_path, self.kv_events)
 
     async def _create(self) -> None:
         from vllm.v1.engine.async_llm import AsyncLLM

@@ -131,7 +131,8 @@ class OutputEvents:
         if calls is not None and calls.called:  # as vLLM: a parsed call ends the turn
             if rest := calls.finish():
                 self._emit(index=c.index, text="", tool_calls=rest)
-            reason = "tool_calls"
+            if reason == "stop":  # cut by max_tokens (or the context): "length", the call may be partial
+                reason = "tool_calls"
         self.p.finish[c.index] = ChoiceEnd(index=c.index, finish_reason=reason, stop_reason=c.stop_reason)
 
     def _emit(self, **fields: Any) -> None:

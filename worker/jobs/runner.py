@@ -83,12 +83,12 @@ class JobRunner:
         """Tokenize the job's prompt (and render its echo): CPU work for a thread, never the loop."""
         return self.preparer.prepare(msg)
 
-    async def run(self, msg: JobMessage,
-                  prepared: concurrent.futures.Future[Prepared] | None = None) -> JobStatus | None:
+    async def run(self, msg: JobMessage, prepared: concurrent.futures.Future[Prepared] | None = None,
+                  claimed: concurrent.futures.Future[bool] | None = None) -> JobStatus | None:
         """Run the job to a terminal state. Returns the state written, or None if it was not this
         run's to end (skipped, fenced out, superseded or handed back). ``prepared``: the job's
         :meth:`prepare`, made by the caller's thread while the claim is in flight (without it,
-        the runner tokenizes on a thread of its own after the claim)."""
+        the runner tokenizes on a thread of its own after the claim). ``claimed``: whether it won the claim."""
         run = Attempt(task=asyncio.current_task())
         self._runs += 1
         self.idle.clear()
@@ -97,11 +97,13 @@ class JobRunner:
             with job_context(msg.id), tracing.span("inferq.job", parent=msg.traceparent, job_id=msg.id,
                                                    model=msg.model) as span:
                 run.span = span
-                written = await self._run(msg, run, prepared)
+                written = await self._run(msg, run, prepared, claimed)
                 span.set("inferq.attempt", run.attempt)
                 span.set("inferq.status", written.value if written else "not_ended")
             return written
         finally:
+            if claimed is not None and not claimed.done():
+                claimed.set_result(False)
             if run.attempt:  # this run claimed the job
                 outcome = written.value if written else "not_ended"
                 JOBS_FINISHED.labels(msg.model, outcome).inc()
@@ -111,14 +113,16 @@ class JobRunner:
             if not self._runs:
                 self.idle.set()
 
-    async def _run(self, msg: JobMessage, run: Attempt,
-                   prepared: concurrent.futures.Future[Prepared] | None) -> JobStatus | None:
+    async def _run(self, msg: JobMessage, run: Attempt, prepared: concurrent.futures.Future[Prepared] | None,
+                   claimed: concurrent.futures.Future[bool] | None = None) -> JobStatus | None:
         progress = Progress()
         outcome = Outcome(None)
         sink: AttemptSink | None = None  # set once the claim is won
         try:
             if not await self._claim(msg, run, progress):
                 return None
+            if claimed is not None:
+                claimed.set_result(True)
             sink = self.writer.sink(msg.id, run.attempt)
             if not self.attempts.take_over(msg.id, run):
                 return None
@@ -163,8 +167,7 @@ class JobRunner:
 
     async def _execute(self, msg: JobMessage, run: Attempt, prepared: concurrent.futures.Future[Prepared] | None,
                        progress: Progress, sink: AttemptSink) -> None:
-        """Run the claimed job (a generation, or an embedding job's inputs) to its end; raises on a
-        deadline, a cancel or any failure."""
+        """Run the claimed job (a generation, or an embedding's inputs) to its end; raises on any failure."""
         self.host.stats.jobs_started += 1
         left = (msg.deadline or float("inf")) - time.time()
         if left <= 0:
@@ -193,9 +196,8 @@ class JobRunner:
             raise DeadlineExceeded("the job ran past its deadline and was aborted") from None
 
     async def _prepared(self, msg: JobMessage, fut: concurrent.futures.Future[Prepared] | None) -> Prepared:
-        """The job's prompt: from the caller's thread if it made it (usually done by the time the
-        claim is back: no hand-off at all), else tokenized on a thread now. Raises what
-        :meth:`prepare` raised (a refused chat template, token ids outside the vocabulary)."""
+        """The job's prompt: from the caller's thread if it made it (usually done when the claim is
+        back), else tokenized on a thread now. Raises what :meth:`prepare` raised (e.g. a bad template)."""
         if fut is None:
             return await asyncio.to_thread(self.prepare, msg)
         if not fut.done():
@@ -240,8 +242,7 @@ class JobRunner:
             done.set()
 
     async def _engine_died(self, job_id: str, run: Attempt, e: BaseException) -> Outcome:
-        """The engine died under the job: hand it back (the caller's exit path starts), or, with
-        nobody to tell, fail it."""
+        """The engine died under the job: hand it back (its exit path starts) or, with nobody to tell, fail it."""
         if self.on_engine_dead is None:
             return Outcome(JobStatus.failed, ErrorInfo.of(EngineError(f"{type(e).__name__}: {e}")))
         run.released = True

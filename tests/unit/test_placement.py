@@ -1,0 +1,152 @@
+"""Cache-affine pull's pure rules: where a taken job runs (worker/jobs/placement.py, one row per
+rule and edge) and which engines are an adapter's homes (worker/jobs/homes.py)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from inferq.worker.jobs import homes
+from inferq.worker.jobs.placement import Decision, Peer, Rules, Snapshot, choose
+
+
+def peer(name: str, load: int, slots: int = 8, engine: str | None = None) -> Peer:
+    return Peer(name, engine or name, load, slots)
+
+
+def held(*engines: str) -> frozenset[str]:
+    return frozenset(engines)
+
+
+RULES = Rules(slack=2, spread=True)
+ME = peer("me", 1)
+
+CASES = [
+    # (why this row, snapshot, rules, expected decision)
+    ("a job passed here runs here, whatever holds it",
+     Snapshot(ME, (peer("a", 0),), (held("a"),), passed=True), RULES, Decision(None, "passed")),
+    ("a prefix another worker holds goes there",
+     Snapshot(ME, (peer("a", 1), peer("b", 0)), (held("a"),)), RULES, Decision("a", "prefix")),
+    ("the deepest held block decides",
+     Snapshot(ME, (peer("a", 0), peer("b", 0)), (held("a"), held("b"))), RULES, Decision("b", "prefix")),
+    ("a deeper block whose holders are gone falls back to the shallower one",
+     Snapshot(ME, (peer("a", 0),), (held("a"), held("dead"))), RULES, Decision("a", "prefix")),
+    ("this worker holds it too and is not much busier: it keeps the job",
+     Snapshot(peer("me", 3), (peer("a", 1),), (held("a", "me"),)), RULES, Decision(None, "prefix")),
+    ("this worker holds it too but is busier than a holder by more than the slack",
+     Snapshot(peer("me", 4), (peer("a", 1),), (held("a", "me"),)), RULES, Decision("a", "prefix")),
+    ("a frontend of the engine that holds it keeps the job (same engine, another worker id)",
+     Snapshot(peer("me", 1, engine="g"), (peer("g-1", 0, engine="g"),), (held("g"),)), RULES,
+     Decision(None, "prefix")),
+    ("a holder with no free slot never receives",
+     Snapshot(ME, (peer("a", 8), peer("b", 0)), (held("a"),), ), Rules(slack=2, spread=False), Decision(None, "here")),
+    ("saturated: every holder busier than the least loaded worker by more than the slack; spread",
+     Snapshot(peer("me", 2), (peer("a", 4), peer("b", 0)), (held("a"),)), RULES, Decision("b", "spread")),
+    ("saturated, and this worker is the least loaded: it runs the job (and becomes a holder)",
+     Snapshot(peer("me", 1), (peer("a", 4),), (held("a"),)), RULES, Decision(None, "here")),
+    ("within the slack a holder still draws its prefix",
+     Snapshot(peer("me", 1), (peer("a", 3),), (held("a"),)), RULES, Decision("a", "prefix")),
+    ("of two holders, the least loaded",
+     Snapshot(ME, (peer("a", 2), peer("b", 1)), (held("a", "b"),)), RULES, Decision("b", "prefix")),
+    ("an adapter job goes to its home",
+     Snapshot(ME, (peer("a", 1), peer("b", 0)), homes=held("a")), RULES, Decision("a", "adapter")),
+    ("an adapter job taken by one of its homes stays",
+     Snapshot(peer("me", 2), (peer("a", 1),), homes=held("a", "me")), RULES, Decision(None, "adapter")),
+    ("a home busier than another home by more than one passes it on",
+     Snapshot(peer("me", 3), (peer("a", 1),), homes=held("a", "me")), RULES, Decision("a", "adapter")),
+    ("homes saturated: the adapter job spreads to the least loaded worker",
+     Snapshot(peer("me", 3), (peer("a", 6), peer("b", 0)), homes=held("a")), RULES, Decision("b", "spread")),
+    ("homes full: it runs where it was taken",
+     Snapshot(ME, (peer("a", 8),), homes=held("a")), RULES, Decision(None, "here")),
+    ("a prefix held beats the adapter's home (the holder ran that adapter)",
+     Snapshot(ME, (peer("a", 1), peer("b", 1)), (held("b"),), homes=held("a")), RULES, Decision("b", "prefix")),
+    ("a new prefix on a worker busier by more than one job spreads to the least loaded",
+     Snapshot(peer("me", 3), (peer("a", 1), peer("b", 2))), RULES, Decision("a", "spread")),
+    ("a new prefix on a worker busier by exactly one stays",
+     Snapshot(peer("me", 2), (peer("a", 1),)), RULES, Decision(None, "here")),
+    ("without spread a new prefix stays",
+     Snapshot(peer("me", 5), (peer("a", 0),)), Rules(slack=2, spread=False), Decision(None, "here")),
+    ("a lone worker runs everything",
+     Snapshot(peer("me", 5), holders=(held("gone"),), homes=held("gone")), RULES, Decision(None, "here")),
+]
+
+
+@pytest.mark.parametrize(("why", "snap", "rules", "expected"), CASES, ids=[c[0] for c in CASES])
+def test_choose(why: str, snap: Snapshot, rules: Rules, expected: Decision) -> None:
+    assert choose(snap, rules) == expected, why
+
+
+def test_a_hot_prefix_spreads_once_its_holder_saturates() -> None:
+    """All jobs share one prefix; four workers take them in turn. Each worker that runs one holds it
+    from then on. The holder draws the jobs until it is busier than the rest by more than the slack,
+    then the others run them and become holders, and loads stay within the slack of each other."""
+    loads = dict.fromkeys(("w0", "w1", "w2", "w3"), 0)
+    holders = {"w0"}
+    rules = Rules(slack=2)
+    for i in range(40):
+        me = f"w{i % 4}"
+        loads[me] += 1  # taken
+        snap = Snapshot(peer(me, loads[me], slots=64),
+                        tuple(peer(w, n, slots=64) for w, n in loads.items() if w != me), (frozenset(holders),))
+        d = choose(snap, rules)
+        if d.to is not None:
+            loads[me] -= 1
+            loads[d.to] += 1
+        holders.add(d.to or me)
+    assert holders == set(loads)
+    assert max(loads.values()) - min(loads.values()) <= rules.slack + 1, loads
+
+
+@pytest.mark.parametrize(("demand", "engines", "slots", "expected"), [
+    ({"a": 1, "b": 1}, 2, 8, {"a": 2, "b": 2}),  # at most every engine
+    ({"a": 10, "b": 1, "c": 1}, 4, 16, {"a": 4, "b": 1, "c": 1}),
+    ({f"x{i}": 1 for i in range(16)}, 4, 16, {f"x{i}": 1 for i in range(16)}),
+    ({f"x{i}": 1 for i in range(32)}, 4, 16, {f"x{i}": 1 for i in range(32)}),  # past the slots: one each
+    ({"a": 6, "b": 1, "c": 1}, 2, 4, {"a": 2, "b": 1, "c": 1}),
+    ({"a": 1, "idle": 0}, 2, 8, {"a": 2}),  # no demand: no home
+    ({}, 2, 8, {}),
+])
+def test_home_counts_follow_demand(demand, engines, slots, expected) -> None:
+    assert homes.home_counts(demand, engines, slots) == expected
+
+
+def test_sixteen_adapters_over_four_engines_of_four_slots_fill_every_slot_once() -> None:
+    engines = {f"e{i}": 4 for i in range(4)}
+    got = homes.plan({f"a{i}": 5 for i in range(16)}, engines)
+    assert all(len(h) == 1 for h in got.values())
+    assert Counter(e for h in got.values() for e in h) == dict.fromkeys(engines, 4)
+
+
+def test_more_adapters_than_slots_split_evenly() -> None:
+    engines = {"e0": 4, "e1": 4}
+    got = homes.plan({f"a{i}": 1 for i in range(16)}, engines)
+    assert Counter(e for h in got.values() for e in h) == {"e0": 8, "e1": 8}
+    got = homes.plan({f"a{i}": 1 for i in range(32)}, {f"e{i}": 8 for i in range(4)})
+    assert Counter(e for h in got.values() for e in h) == {f"e{i}": 8 for i in range(4)}
+
+
+def test_a_popular_adapter_gets_more_homes_and_slots_are_never_overfilled() -> None:
+    engines = {f"e{i}": 4 for i in range(4)}
+    demand = {"hot": 50, **{f"c{i}": 2 for i in range(8)}}
+    got = homes.plan(demand, engines)
+    assert len(got["hot"]) == 4 and all(len(got[f"c{i}"]) == 1 for i in range(8))
+    assert max(Counter(e for h in got.values() for e in h).values()) <= 4
+
+
+def test_a_plan_moves_few_adapters_when_an_engine_leaves() -> None:
+    """Rendezvous hashing: the adapters of the engine that left move, and a few that the slots they
+    take push on; the rest keep their home."""
+    demand = {f"a{i}": 1 for i in range(12)}
+    before = homes.plan(demand, {f"e{i}": 4 for i in range(4)})
+    after = homes.plan(demand, {f"e{i}": 4 for i in range(3)})
+    left = {a for a in demand if before[a] == {"e3"}}
+    moved = {a for a in demand if before[a] != after[a]}
+    assert left and left <= moved and len(moved) <= len(demand) // 2, (before, after)
+    assert all("e3" not in h for h in after.values())
+
+
+def test_every_worker_computes_the_same_plan() -> None:
+    demand = {f"a{i}": i + 1 for i in range(10)}
+    engines = {f"e{i}": 2 for i in range(5)}
+    assert homes.plan(demand, engines) == homes.plan(dict(reversed(demand.items())), dict(reversed(engines.items())))
