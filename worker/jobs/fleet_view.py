@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import redis
 
 from inferq.shared import keys
+from inferq.shared.redis import texts
 from inferq.shared.schemas import WorkerInfo
 from inferq.shared.settings import Settings
 from inferq.worker.engine.group import frontend_slots
@@ -96,7 +97,7 @@ class FleetView:
         return Reading(now, holders, peers, homes_, live)
 
     def _refresh_workers(self, now: float) -> None:
-        live = self.redis.zrangebyscore(keys.workers(self.model), now - self.settings.worker_ttl_s, "+inf")
+        live = texts(self.redis.zrangebyscore(keys.workers(self.model), now - self.settings.worker_ttl_s, "+inf"))
         others = [w for w in live if w != self.worker_id]
         raws = self.redis.mget([keys.worker(w) for w in others]) if others else []
         view = {}

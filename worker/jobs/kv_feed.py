@@ -44,8 +44,7 @@ class KVEventFeed:
         self._thread = threading.Thread(target=self._run, name="kv-events", daemon=True)
         import zmq
 
-        self._ctx = zmq.Context.instance()
-        self._sock = self._ctx.socket(zmq.SUB)
+        self._sock: Any = zmq.Context.instance().socket(zmq.SUB)
         self._sock.setsockopt(zmq.SUBSCRIBE, b"")
         self._sock.setsockopt(zmq.RCVHWM, 100_000)
         self._sock.connect(endpoint)  # before the engine binds: ZMQ connects once it is there
