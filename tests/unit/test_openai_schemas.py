@@ -91,3 +91,20 @@ def test_an_unknown_parser_name_fails_the_worker_start() -> None:
     assert parser_class("pythonic").__name__
     with pytest.raises(KeyError):
         parser_class("no-such-parser")
+
+
+def test_an_agent_loops_second_turn_reaches_the_tool_call_parser() -> None:
+    """The history's call (arguments a JSON string, as OpenAI sends them) and the tool's answer, with
+    the tools still given: vLLM's protocol takes the messages as the client sent them."""
+    from inferq.worker.jobs.toolcalls import ToolCallStream
+
+    call = {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Paris"}'}}
+    req = JobRequest(messages=[{"role": "user", "content": "Weather in Paris?"},
+                               {"role": "assistant", "content": "", "tool_calls": [call]},
+                               {"role": "tool", "tool_call_id": "call_1", "content": "20 C"}],
+                     tools=[{"type": "function", "function": {"name": "weather", "parameters": {
+                         "type": "object", "properties": {"city": {"type": "string"}}}}}], parse_tool_calls=True)
+    stream = ToolCallStream(parser_class("pythonic"), None, req)
+    assert stream.request.messages[1]["tool_calls"][0]["function"]["arguments"] == '{"city": "Paris"}'
+    # the chat template still reads the arguments as an object, as vLLM renders them
+    assert req.chat_messages()[1]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"}

@@ -119,6 +119,15 @@ def test_a_parsed_tool_call_streams_as_pieces_and_ends_the_turn() -> None:
     assert done.usage.completion_tokens == 3
 
 
+def test_a_tool_call_cut_by_max_tokens_ends_on_length() -> None:
+    """A call the parser started but the output's length cut is no finished call: the turn ends on
+    "length" (as vLLM's server says), not "tool_calls" (a client would parse the arguments)."""
+    steps = [Step([Out(0, "{", [2])]), Step([Out(0, '"ci', [3], finish_reason="length")])]
+    p, _ = translate(steps, calls=Calls)
+    _, done = p.end(JobStatus.succeeded, None)
+    assert done.finish_reason == "length"
+
+
 def test_a_failure_ends_with_an_error_event_after_the_last_token() -> None:
     p, _ = translate([Step([Out(0, "partial", [1])])])
     err = ErrorInfo(type="server_error", code="engine_error", message="boom")

@@ -29,7 +29,9 @@ def _vllm_request(req: JobRequest) -> Any:
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
     assert req.messages is not None and req.tools
-    return ChatCompletionRequest(model="inferq", messages=[m.template_dict() for m in req.messages],
+    # the messages as the client sent them (a call's arguments a JSON string, as vLLM's protocol
+    # takes them), not as the chat template reads them (arguments parsed into objects)
+    return ChatCompletionRequest(model="inferq", messages=[m.model_dump(exclude_none=True) for m in req.messages],
                                  tools=req.tools, tool_choice="auto")
 
 
