@@ -149,3 +149,61 @@ def test_the_sentinel_command_starts_a_sentinel_that_watches_the_master(tmp_path
         proc.kill()
         proc.wait()
         master.stop()
+
+
+def _default(value: str) -> str:
+    """A compose value with every ``${VAR:-default}`` replaced by its default."""
+    return re.sub(r"\$\{[A-Z0-9_]+:-([^}]*)\}", r"\1", value)
+
+
+def test_every_published_port_is_on_loopback_unless_the_operator_says_otherwise() -> None:
+    """Nothing is published on every interface by default: the gateway (open without keys), Flower
+    (revokes tasks, shuts workers down), Grafana and Prometheus bind to 127.0.0.1 until a variable
+    names another address."""
+    published = {name: s["ports"] for name, s in services().items() if s.get("ports")}
+    assert set(published) >= {"api", "prometheus", "grafana", "flower"}, published
+    for name, ports in published.items():
+        for port in ports:
+            assert re.fullmatch(r"\$\{INFERQ_(API|MONITORING)_BIND:-127\.0\.0\.1\}:\d+:\d+", port), (name, port)
+
+
+def test_the_gateway_gets_the_operators_api_keys() -> None:
+    """INFERQ_API_KEYS reaches the gateway, and so does a keys file (INFERQ_API_KEYS_FILE on the host,
+    mounted as a secret); the default file holds no key."""
+    compose = yaml.safe_load(COMPOSE.read_text())
+    api = compose["services"]["api"]
+    env = api["environment"]
+    assert env["INFERQ_API_KEYS"] == "${INFERQ_API_KEYS:-}"
+    [secret] = api["secrets"]
+    assert env["INFERQ_API_KEYS_FILE"] == f"/run/secrets/{secret}"
+    host = compose["secrets"][secret]["file"]
+    assert host.startswith("${INFERQ_API_KEYS_FILE:-")
+    from inferq.api.auth import read_keys_file
+
+    assert read_keys_file(ROOT / _default(host)) == {}
+
+
+def test_the_model_and_its_options_are_the_operators() -> None:
+    """No context window is forced on every model (a 2,048-token model would stop the worker), and the
+    settings an operator needs for tool calls and LoRA reach the processes, empty (the setting's
+    default) unless set."""
+    env = yaml.safe_load(COMPOSE.read_text())["x-inferq-env"]
+    for name in ("MAX_MODEL_LEN", "TOOL_CALL_PARSER", "LORA_MODULES", "LORA_DIR", "ENABLE_LORA", "MAX_LORAS",
+                 "MAX_LORA_RANK", "LORA_RUNTIME_UPDATES"):
+        assert env.get(f"INFERQ_{name}") == f"${{INFERQ_{name}:-}}", name
+
+
+def test_empty_variables_are_the_settings_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compose passes an unset ``${VAR:-}`` as an empty variable: the settings read it as unset."""
+    from inferq.shared.settings import Settings
+
+    for name in ("MAX_MODEL_LEN", "MAX_LORAS", "ENABLE_LORA", "LORA_DIR", "TOOL_CALL_PARSER"):
+        monkeypatch.setenv(f"INFERQ_{name}", "")
+    s = Settings()
+    assert (s.max_model_len, s.max_loras, s.enable_lora, s.lora_dir, s.tool_call_parser) == (None, 4, False, None,
+                                                                                            None)
+
+
+def test_flower_reaches_the_broker_the_operator_names() -> None:
+    [broker] = [a for a in services()["flower"]["command"] if a.startswith("--broker=")]
+    assert broker == "--broker=${FLOWER_BROKER_URL:-redis://redis:6379/0}"
