@@ -65,6 +65,28 @@ def check_idempotency_key(value: str) -> str:
     return value
 
 
+def check_min_tokens(req: JobRequest, default_max_tokens: int) -> None:
+    """``min_tokens`` above the ``max_tokens`` a job gets when its request gives none cannot be met:
+    400 naming it (the schema checks it against a ``max_tokens`` given)."""
+    if req.max_tokens is None and req.min_tokens > default_max_tokens:
+        raise InvalidRequest(f"min_tokens ({req.min_tokens}) must be <= max_tokens, which is {default_max_tokens} "
+                             "when the request gives none (INFERQ_DEFAULT_MAX_TOKENS)", param="min_tokens")
+
+
+def allowed_priority(caller: Principal, req: JobRequest) -> JobRequest:
+    """``req`` at a priority its caller may use: one it asked for outside its key's priorities is
+    refused (400 naming ``priority``: a clamp would quietly run the job later than asked); one it
+    left to the default, where the key may not use the default, runs at the key's nearest."""
+    allowed = caller.priorities
+    if req.priority in allowed:
+        return req
+    if "priority" in req.model_fields_set:
+        raise InvalidRequest(f"priority {req.priority} is not allowed for this API key: it may use priorities "
+                             f"{allowed[0]} to {allowed[-1]} (0 runs first)", param="priority",
+                             code="priority_not_allowed")
+    return req.model_copy(update={"priority": min(max(req.priority, allowed[0]), allowed[-1])})
+
+
 class Admission:
     def __init__(self, settings: Settings, redis: Redis, service: JobService,
                  replay_wait_s: float = 10.0, shares: Callable[[str | None], Share] | None = None) -> None:
@@ -86,6 +108,8 @@ class Admission:
         ``response``: a ``/v1/responses`` request's options, kept on its job's record."""
         for req in reqs:  # before anything is counted or claimed: a refused request leaves no trace
             check_limits(req, self.settings)
+            check_min_tokens(req, self.settings.default_max_tokens)
+        reqs = [allowed_priority(caller, req) for req in reqs]
         if idempotency_key is None:
             return Admitted(await self._admit(caller, reqs, [new_job_id() for _ in reqs], response), False)
         digest = hashlib.sha256(check_idempotency_key(idempotency_key).encode()).hexdigest()[:32]

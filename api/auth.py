@@ -1,10 +1,11 @@
 """API keys: who is calling.
 
 Keys come from ``INFERQ_API_KEYS`` (comma-separated) and ``INFERQ_API_KEYS_FILE`` (one
-``KEY [name] [tenant=T] [weight=W]`` a line; blank lines and ``#`` comments are skipped). A key's
-tenant (default: the key itself) and weight (default 1) set its fair share of the queue
-(shared/fairshare.py). With no key configured, auth is off and every
-caller is anonymous. The gateway never keeps or logs a raw key after start-up: a key is known by
+``KEY [name] [tenant=T] [weight=W] [priority=LO[-HI]]`` a line; blank lines and ``#`` comments are
+skipped). A key's tenant (default: the key itself) and weight (default 1) set its fair share of the
+queue (shared/fairshare.py); its priorities (default: the default priority and later, 5-9) are the
+ones its requests may ask for. With no key configured, auth is off and every caller is anonymous
+(and may use every priority). The gateway never keeps or logs a raw key after start-up: a key is known by
 its SHA-256 digest, compared in constant time, and identified by :func:`key_id` (a digest prefix),
 which is what job records store as their ``owner``.
 """
@@ -24,7 +25,15 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from inferq.api.errors import to_response
 from inferq.shared.errors import Unauthenticated
 from inferq.shared.fairshare import TENANT_PATTERN, Share
+from inferq.shared.keys import PRIORITIES
+from inferq.shared.schemas import DEFAULT_PRIORITY
 from inferq.shared.settings import Settings
+
+#: The priorities a key may ask for unless its keys-file line says otherwise: the default one and
+#: later. No key can put its work ahead of other keys' default-priority work without the operator's word.
+DEFAULT_PRIORITIES = range(DEFAULT_PRIORITY, PRIORITIES[-1] + 1)
+#: Every priority: callers without auth (one tenant, as before keys), and keys given ``priority=0-9``.
+ALL_PRIORITIES = PRIORITIES
 
 
 def key_id(key: str) -> str:
@@ -39,6 +48,14 @@ class Principal:
     key_id: str | None  # None: auth is off
     name: str | None
     ip: str
+    priorities: range = ALL_PRIORITIES  # those its requests may ask for
+    operator_key: bool = False  # the keys file's ``operator`` option
+
+    @property
+    def operator(self) -> bool:
+        """Whether it may manage what any key made (run-time LoRA adapters): an operator key, or
+        any caller without auth."""
+        return self.key_id is None or self.operator_key
 
     @property
     def subject(self) -> str:
@@ -57,6 +74,7 @@ class KeySpec:
     name: str | None = None
     tenant: str | None = None  # None: the key is a tenant of its own
     weight: float = 1.0
+    priorities: range = DEFAULT_PRIORITIES
 
 
 @dataclass(frozen=True)
@@ -65,13 +83,14 @@ class _Key:
     id: str
     name: str | None
     share: Share
+    priorities: range
 
 
 class KeyRing:
     def __init__(self, keys: dict[str, KeySpec]) -> None:
         """``keys`` maps each raw key to what the keys file says of it."""
         self._keys = [_Key(hashlib.sha256(k.encode()).digest(), key_id(k), spec.name,
-                           Share(spec.tenant or key_id(k), spec.weight)) for k, spec in keys.items()]
+                           Share(spec.tenant or key_id(k), spec.weight), spec.priorities) for k, spec in keys.items()]
         self._shares = {k.id: k.share for k in self._keys}
 
     @classmethod
@@ -118,7 +137,7 @@ class KeyRing:
         found = self.lookup(token)
         if found is None:
             raise Unauthenticated("invalid API key", code="invalid_api_key")
-        return Principal(found.id, found.name, ip)
+        return Principal(found.id, found.name, ip, found.priorities)
 
 
 class KeyBeforeBody:
@@ -139,8 +158,8 @@ class KeyBeforeBody:
 
 
 def read_keys_file(path: Path) -> dict[str, KeySpec]:
-    """``KEY [name] [tenant=T] [weight=W]`` per line; blank lines and lines starting with ``#`` are
-    skipped. A bad option is a ValueError naming its line (never the key)."""
+    """``KEY [name] [tenant=T] [weight=W] [priority=LO[-HI]]`` per line; blank lines and lines starting
+    with ``#`` are skipped. A bad option is a ValueError naming its line (never the key)."""
     out: dict[str, KeySpec] = {}
     for number, line in enumerate(path.read_text().splitlines(), 1):
         line = line.strip()
@@ -151,11 +170,25 @@ def read_keys_file(path: Path) -> dict[str, KeySpec]:
         while words and (m := _OPTION.fullmatch(words[-1])):
             options[m[1]] = m[2]
             words.pop()
-        out[key] = KeySpec(" ".join(words) or None, *_options(options, f"{path}, line {number}"))
+        where = f"{path}, line {number}"
+        out[key] = KeySpec(" ".join(words) or None, *_options(options, where), _priorities(options, where))
     return out
 
 
-_OPTION = re.compile(r"(tenant|weight)=(\S*)")
+_OPTION = re.compile(r"(tenant|weight|priority)=(\S*)")
+
+
+def _priorities(options: dict[str, str], where: str) -> range:
+    """``priority=LO``: LO and every later priority (LO-9); ``priority=LO-HI``: those alone."""
+    value = options.get("priority")
+    if value is None:
+        return DEFAULT_PRIORITIES
+    m = re.fullmatch(r"(\d)(?:-(\d))?", value)
+    low, high = (int(m[1]), int(m[2] or ALL_PRIORITIES[-1])) if m else (1, 0)
+    if low > high:
+        raise ValueError(f"{where}: priority= must be LO or LO-HI, priorities from {ALL_PRIORITIES[0]} (first) "
+                         f"to {ALL_PRIORITIES[-1]} (last), LO <= HI")
+    return range(low, high + 1)
 
 
 def _options(options: dict[str, str], where: str) -> tuple[str | None, float]:

@@ -82,7 +82,7 @@ def shoot(base: str, out: Path, api_key: str | None, width: int = 1400, height: 
             driver.find_element(By.ID, "cancel").click()
         wait(lambda: text("status") in TERMINAL)
         busy = [http.post("/v1/jobs", json={"prompt": f"job {i}:", "max_tokens": LONG, "ignore_eos": True,
-                                            "priority": i}).json()["id"] for i in range(3)]
+                                            "priority": 5 + i}).json()["id"] for i in range(3)]
         try:
             send("Once upon a time, in a queue far away,", LONG)
             wait(lambda: len(text("output")) > 1500 or text("status") in TERMINAL)

@@ -39,6 +39,7 @@ from inferq.shared.schemas.fleet import (
     WorkerInfo,
 )
 from inferq.shared.schemas.jobs import (
+    DEFAULT_PRIORITY,
     NO_CONTROL_CHARS,
     STRUCTURE_MAX_CHARS,
     TERMINAL_STATUSES,
@@ -64,7 +65,7 @@ from inferq.shared.schemas.records import (
 __all__ = [
     "AcceptedMessage", "AdapterCommand", "AdapterInfo", "AdapterRef", "AdapterReply", "ChatMessage", "ChoiceEnd",
     "ChoiceView", "ControlMessage", "DoneEvent", "EngineStats", "ErrorEvent", "ErrorInfo", "JobAccepted",
-    "JobLinks", "JobMessage", "JobRecord", "JobRequest", "JobStatus", "JobView", "NO_CONTROL_CHARS",
+    "DEFAULT_PRIORITY", "JobLinks", "JobMessage", "JobRecord", "JobRequest", "JobStatus", "JobView", "NO_CONTROL_CHARS",
     "PromptLogprob", "PromptLogprobs", "ResponseOptions", "RestartEvent", "STRUCTURE_MAX_CHARS",
     "SamplingOptions", "StreamEvent", "TERMINAL_STATUSES", "TokenEvent", "TokenLogprob", "ToolCall",
     "ToolCallFunction", "ToolCallPiece", "TopLogprob", "Usage", "WorkerInfo", "hash_fields", "parse_event"

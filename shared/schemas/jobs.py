@@ -8,7 +8,7 @@ import json
 from enum import Enum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from inferq.shared.keys import MODEL_NAME_PATTERN
 from inferq.shared.pooling import EmbedInputs
@@ -16,6 +16,8 @@ from inferq.shared.pooling import EmbedInputs
 NO_CONTROL_CHARS = r"^[^\x00-\x1f\x7f]*$"
 #: Longest structured-output ``regex`` or ``grammar`` (characters).
 STRUCTURE_MAX_CHARS = 16_384
+#: A job's priority when its request gives none (0 runs first, 9 last).
+DEFAULT_PRIORITY = 5
 
 
 class JobStatus(str, Enum):  # noqa: UP042 (StrEnum would change str() and f-strings of it)
@@ -129,6 +131,15 @@ class SamplingOptions(BaseModel):
             raise ValueError("a stop sequence cannot be empty")
         return v
 
+    @field_validator("min_tokens")
+    @classmethod
+    def _min_within_max(cls, v: int, info: ValidationInfo) -> int:
+        """``min_tokens`` above ``max_tokens`` cannot be met (vLLM refuses it): a 400 naming it."""
+        most = info.data.get("max_tokens")
+        if most is not None and v > most:
+            raise ValueError(f"min_tokens ({v}) must be <= max_tokens ({most})")
+        return v
+
     @field_validator("logit_bias")
     @classmethod
     def _clamp_bias(cls, v: dict[int, float] | None) -> dict[int, float] | None:
@@ -176,7 +187,9 @@ class JobRequest(SamplingOptions):
                               description="Letters, digits and . _ - / @ + only.")
     user: str | None = Field(default=None, max_length=256, pattern=NO_CONTROL_CHARS,
                              description="End-user id, for your logs.")
-    priority: int = Field(default=5, ge=0, le=9, description="0 runs first, 9 last (queue and engine).")
+    priority: int = Field(default=DEFAULT_PRIORITY, ge=0, le=9, description="0 runs first, 9 last (queue and "
+                          "engine). With API keys, each key may use the priorities its keys-file line gives it "
+                          "(default: 5 to 9; docs/security.md); another is refused (400).")
     timeout: float | None = Field(default=None, gt=0, description="Seconds from submit until the job is "
                                   "abandoned; default INFERQ_DEFAULT_TIMEOUT_S, at most "
                                   "INFERQ_MAX_TIMEOUT_S.")

@@ -52,8 +52,11 @@ def _command(port: int) -> list[str]:
 def gateway(own_redis: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("INFERQ_")}
-    env.update(_config(), INFERQ_REDIS_URL=own_redis, INFERQ_API_KEYS=KEY, PYTHONUNBUFFERED="1")
-    log = tmp_path_factory.mktemp("gateway-zero") / "gateway.log"
+    folder = tmp_path_factory.mktemp("gateway-zero")
+    (folder / "keys").write_text(f"{KEY} operator priority=0-9\n")  # a key that may queue at every priority
+    env.update(_config(), INFERQ_REDIS_URL=own_redis, INFERQ_API_KEYS_FILE=str(folder / "keys"),
+               PYTHONUNBUFFERED="1")
+    log = folder / "gateway.log"
     gw = Proc("gateway-zero-workers", _command(port), env, log)
     base = f"http://127.0.0.1:{port}"
     try:

@@ -78,3 +78,19 @@ def test_two_apps_each_enforce_their_own_limits(redis_url: str) -> None:
         with lx.websocket_connect("/v1/generate") as ws:
             ws.send_json(body)
             assert ws.receive_json()["type"] == "accepted"
+
+
+def test_min_tokens_above_max_tokens_is_a_400_naming_it(redis_url: str) -> None:
+    """It cannot be met (vLLM refuses it): refused before queueing, not a job that fails in the
+    worker. Without max_tokens the job's default (INFERQ_DEFAULT_MAX_TOKENS) is what it must fit."""
+    settings = Settings(redis_url=redis_url, served_model_name=f"limits-{uuid.uuid4().hex[:6]}", api_keys="",
+                        default_max_tokens=50)
+    with TestClient(create_app(settings)) as c:
+        for body, message in (({"max_tokens": 8, "min_tokens": 20}, "min_tokens (20) must be <= max_tokens (8)"),
+                              ({"min_tokens": 51}, "min_tokens (51) must be <= max_tokens, which is 50 when the "
+                               "request gives none (INFERQ_DEFAULT_MAX_TOKENS)")):
+            r = c.post("/v1/jobs", json={"prompt": "x", **body})
+            assert r.status_code == 400 and r.json()["error"]["param"] == "min_tokens", r.text
+            assert message in r.json()["error"]["message"]
+        assert c.post("/v1/jobs", json={"prompt": "x", "max_tokens": 8, "min_tokens": 8}).status_code == 202
+        assert c.post("/v1/jobs", json={"prompt": "x", "min_tokens": 50}).status_code == 202
