@@ -28,6 +28,10 @@ from inferq.shared.settings import Settings
 #: Longest URL of a request line, 414 beyond: what fits in the 8 KiB line the websockets library
 #: reads in a WebSocket handshake (``GET `` and `` HTTP/1.1`` take the rest)
 MAX_URL_BYTES = 8192 - 16
+#: A request answered before its body was all here: how long the client may pause in sending the
+#: rest, and how much of it is read (and dropped), before the connection is closed
+LINGER_S = 2.0
+LINGER_MAX_BYTES = 32 << 20
 
 
 @dataclass(frozen=True)
@@ -47,8 +51,12 @@ def refusal(err: InferqError, default_headers: list[tuple[bytes, bytes]]) -> byt
 
 class GatewayHttp(HttpToolsProtocol):
     """uvicorn's HTTP/1.1 protocol with a deadline and a size limit on each request's head; and a
-    request answered before its body was all sent (401 before an upload, 408, 413) closes its
-    connection, so a client cannot keep it by trickling the rest."""
+    request answered before its body was all sent (401 before an upload, 408, 413) ends its
+    connection: the answer goes out with the end of the stream (FIN), what the client still sends
+    is read and dropped (:data:`LINGER_S`, :data:`LINGER_MAX_BYTES`), then the connection is closed.
+    Closing at once, with its body unread, made the kernel send a reset, which reached a client
+    still sending before it had read the answer; and a client cannot keep the connection by
+    trickling the rest."""
 
     def __init__(self, *args: Any, limits: HeadLimits, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -58,6 +66,8 @@ class GatewayHttp(HttpToolsProtocol):
         self._head_bytes = 0  # bytes received in that head after the chunk it began in
         self._header_bytes = 0  # its complete headers, as the parser gave them
         self._refused: InferqError | None = None  # why a parser callback stopped the parser
+        self._linger_left: int | None = None  # answered early: bytes still read (and dropped) before closing
+        self._linger_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)  # type: ignore[arg-type]
@@ -65,9 +75,15 @@ class GatewayHttp(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_head_timer()
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self._linger_left is not None:  # the rest of a body already answered: dropped, unparsed
+            self._linger_left -= len(data)
+            self._linger_for(LINGER_S if self._linger_left >= 0 else 0)
+            return
         if self._in_head:
             self._head_bytes += len(data)
         super().data_received(data)
@@ -100,8 +116,24 @@ class GatewayHttp(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         if not self.pipeline and self.cycle is not None and self.cycle.more_body and not self.cycle.disconnected:
-            self.transport.close()  # answered before its body was all here: read no more of it
+            self.server_state.total_requests += 1
+            self._linger_left = LINGER_MAX_BYTES  # answered before its body was all here: end the connection
+            if self.transport.can_write_eof():
+                self.transport.write_eof()  # the answer, then FIN; the client reads it while it sends
+            self.flow.resume_reading()
+            self._linger_for(LINGER_S)
+            return
         super().on_response_complete()
+
+    def _linger_for(self, seconds: float) -> None:
+        """Close the connection ``seconds`` from now unless more of the body comes (0: now)."""
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
+            self._linger_timer = None
+        if seconds <= 0:
+            self.transport.close()
+        else:
+            self._linger_timer = self.loop.call_later(seconds, self.transport.close)
 
     def send_400_response(self, msg: str) -> None:
         """uvicorn's answer to a parser error; one that a limit raised is answered with its own status."""

@@ -46,14 +46,28 @@ _PARAM = re.compile(r"""([^\s?&=#"'/]+)=((?:[^&\s#"']|["'](?=\S))*)""")
 _PLAIN = (str, int, float, type(None))
 
 
+#: Words that make a query parameter's name a secret's (:func:`_is_key_name`)
+_SECRET_WORDS = ("key", "token", "secret", "passw", "auth", "credential", "signature")
+
+
 def _is_key_name(name: str) -> bool:
-    """Whether a query parameter's name is ``api_key`` once decoded as the gateway decodes it
-    (``%XX``, ``+``), in any case and with spaces around it."""
-    return unquote_plus(name).strip().casefold() == "api_key"
+    """Whether a query parameter's name may hold a secret: ``api_key`` as the gateway decodes it
+    (``%XX``, ``+``), and every misspelling of it or another credential's name a client may send a
+    key under (``api+key``, ``api_key%00``, ``api_key[]``, ``api%255Fkey`` encoded twice, ``apikey``,
+    ``token``): decoded until it no longer changes, in any case, its letters and digits hold one
+    of :data:`_SECRET_WORDS`. The gateway refuses such a key, but it must not reach a log either."""
+    for _ in range(4):
+        decoded = unquote_plus(name)
+        if decoded == name:
+            break
+        name = decoded
+    flat = re.sub(r"[\W_]+", "", name.casefold())
+    return any(word in flat for word in _SECRET_WORDS)
 
 
 def hide_keys(text: str) -> str:
-    """``text`` with the value of every query parameter named ``api_key`` (:func:`_is_key_name`) as ``***``."""
+    """``text`` with the value of every query parameter whose name may hold a secret
+    (:func:`_is_key_name`) as ``***``."""
     if "=" not in text:
         return text
     return _PARAM.sub(lambda m: f"{m[1]}=***" if _is_key_name(m[1]) else m[0], text)

@@ -172,6 +172,23 @@ def test_an_upload_without_a_valid_key_is_refused_before_its_body_is_sent(gatewa
         assert status_of(s) == 401
 
 
+@pytest.mark.parametrize("size", [200 << 10, 4 << 20])
+def test_an_upload_without_a_key_hears_its_401_not_a_reset(gateway: Gateway, size: int) -> None:
+    """A client that sends its whole upload before it reads (requests, curl; httpx reads the answer
+    after a failed write, the others do not) gets the 401: the gateway answered at once and reads
+    the rest of the body without parsing it, where closing at once reset the connection under the
+    client's feet."""
+    import requests
+
+    r = requests.post(f"{gateway.base}/v1/files", data={"purpose": "batch"}, timeout=PATIENCE_S,
+                      files={"file": ("x.jsonl", b"x" * size)})
+    assert r.status_code == 401 and r.json()["error"]["code"] == "missing_api_key"
+    head = ("POST /v1/files HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary=b0undary\r\n"
+            f"Content-Length: {size}\r\n\r\n").encode()
+    with gateway.sock(head + b"x" * size) as s:  # all of it, then the answer
+        assert status_of(s) == 401
+
+
 async def test_keys_in_query_strings_are_hidden_in_the_gateway_log(gateway: Gateway) -> None:
     """The gateway decodes query names: ``api%5Fkey`` and ``%61pi_key`` are ``api_key``."""
     async with connect(f"ws://127.0.0.1:{gateway.port}/v1/generate?after=0&%61pi_key={KEY_A}", open_timeout=30) as ws:
@@ -186,3 +203,19 @@ async def test_keys_in_query_strings_are_hidden_in_the_gateway_log(gateway: Gate
     text = log.read_text()
     assert KEY_A not in text and KEY_B not in text
     assert "api%5Fkey=*** " in text and "API_KEY=*** " in text and "x=1&api%5fkey=***&y=2" in text
+
+
+MISSPELLED = ["api+key", "api_key%00", "api_key[]", "api%255Fkey", "apikey", "x-api-key", "token", "access_token"]
+
+
+def test_a_key_under_a_misspelled_name_is_not_logged(gateway: Gateway) -> None:
+    """A valid key sent under a name the gateway does not read as ``api_key`` is refused (401), and
+    redacted in the log all the same: a parameter whose name, decoded, looks like a key's or a
+    token's never reaches a log line in clear."""
+    with httpx.Client(base_url=gateway.base, timeout=PATIENCE_S) as http:
+        for i, name in enumerate(MISSPELLED):
+            assert http.get(f"/v1/queue?n={i}&{name}={KEY_A}").status_code == 401
+    log = gateway.proc.log
+    eventually(lambda: log.read_text(), 30, "the access lines of the last requests",
+               until=lambda text: f"n={len(MISSPELLED) - 1}&" in text)
+    assert KEY_A not in log.read_text()

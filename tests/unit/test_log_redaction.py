@@ -1,6 +1,7 @@
 """API keys in query strings never reach a log line, whatever spelling of ``api_key`` the client
 used: the gateway decodes query names (``api%5Fkey`` is ``api_key``), so the logs hide the value of
-every parameter whose decoded name is ``api_key``, in any case (shared/logs.py)."""
+every parameter whose decoded name is ``api_key``, in any case, and of every name a client may have
+sent a key under by mistake (``api+key``, ``api_key[]``, ``token``: shared/logs.py)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,11 @@ from inferq.shared.settings import Settings
 
 SECRET = "sk-Secret_123"
 KEY_NAMES = ["api_key", "api%5Fkey", "api%5fkey", "%61pi_key", "%61%70%69%5F%6B%65%79", "API_KEY", "Api_Key",
-             "api%5FKEY", "api_key+", "+api_key"]
-OTHER_NAMES = ["api_keys", "xapi_key", "api-key", "key", "api%5Fkey2"]
+             "api%5FKEY", "api_key+", "+api_key",
+             # misspelled: the gateway does not read a key there, but a client sent one all the same
+             "api+key", "api_key%00", "api_key[]", "api%255Fkey", "api%25255Fkey", "api_keys", "xapi_key", "api-key",
+             "key", "api%5Fkey2", "apikey", "token", "access_token", "client_SECRET", "password", "auth"]
+OTHER_NAMES = ["after", "model", "n", "api", "user", "stream"]
 
 
 @pytest.fixture
