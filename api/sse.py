@@ -76,6 +76,17 @@ async def unless_disconnected(request: Request, work: Awaitable[T], on_disconnec
     return None
 
 
+async def answer_once(request: Request, work: Awaitable[T], on_disconnect: Callable[[], None],
+                      respond: Callable[[T], Response]) -> Response:
+    """A request answered once its job is done: ``respond`` to what ``work`` (collecting the job's
+    answer) returns; a client gone before then gets 499, ``work`` is cancelled and ``on_disconnect``
+    called (the job's own cancel, unless it is to outlive its client)."""
+    got = await unless_disconnected(request, work, on_disconnect)
+    if got is None:
+        return Response(status_code=499)
+    return respond(got)
+
+
 async def held_stream(request: Request, payloads: AsyncIterator[Payload], on_disconnect: Callable[[], None],
                       headers: Mapping[str, str]) -> Response:
     """The stream's response, held until its first payload: a stream whose first payload is an

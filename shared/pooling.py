@@ -32,11 +32,17 @@ class EmbedInputs(BaseModel):
                                      "tokens (BOS) as vLLM's embeddings do.")
     use_activation: bool | None = Field(default=None, description="Normalize the vectors (None: the "
                                         "model's pooler decides, normally yes).")
+    text_max_tokens: list[Annotated[int, Field(ge=0)]] | None = Field(
+        default=None, description="Texts: each cut to its first N tokens (without special tokens) before it "
+        "is embedded, at the character where its N-th token ends, 0: not cut (vLLM's rerank and score "
+        "max_tokens_per_query, max_tokens_per_doc).")
 
     @model_validator(mode="after")
     def _one_form(self) -> EmbedInputs:
         if (self.texts is None) == (self.token_ids is None):
             raise ValueError("give exactly one of 'texts' or 'token_ids'")
+        if self.text_max_tokens is not None and len(self.text_max_tokens) != len(self.texts or ()):
+            raise ValueError("text_max_tokens needs 'texts', one limit for each")
         return self
 
     def __len__(self) -> int:
@@ -57,17 +63,10 @@ def check_task(tasks: Sequence[str], embedding: bool, model: str) -> None:
                              "/v1/embeddings)", param="model", code="model_task_unsupported")
 
 
-def pack_vector(values: list[float]) -> str:
-    """A vector as the wire carries it: its float32 values, little-endian, in base64 (as OpenAI's
-    ``encoding_format: base64``)."""
-    a = array("f", values)
-    if sys.byteorder == "big":
-        a.byteswap()
-    return base64.b64encode(a.tobytes()).decode("ascii")
-
-
 def unpack_vector(packed: str) -> list[float]:
-    """The float values of a :func:`pack_vector` string (float32, as Python floats)."""
+    """The float values of a vector as the wire carries it: its float32 values, little-endian, in
+    base64, as OpenAI's ``encoding_format: base64`` (the worker packs it:
+    ``inferq.worker.jobs.pooling.pack_vector``)."""
     a = array("f")
     a.frombytes(base64.b64decode(packed))
     if sys.byteorder == "big":

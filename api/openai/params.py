@@ -124,7 +124,17 @@ def _is_int(key: str) -> bool:
     return True
 
 
-class _Common(BaseModel):
+class NullIsDefault(BaseModel):
+    """A request whose fields sent as null take their defaults, as in vLLM and the OpenAI SDK's own
+    models."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data: Any) -> Any:
+        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
+
+
+class _Common(NullIsDefault):
     """Fields chat and completions share; sampling bounds are the same as ``POST /v1/jobs``."""
 
     model_config = ConfigDict(extra="forbid")
@@ -158,12 +168,6 @@ class _Common(BaseModel):
     store: bool | None = None
     metadata: dict[str, str] | None = Field(default=None, max_length=16)
     service_tier: str | None = Field(default=None, max_length=32)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _null_is_default(cls, data: Any) -> Any:
-        """A field sent as null has its default, as in vLLM and the OpenAI SDK's own models."""
-        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
 
     @field_validator("logit_bias")
     @classmethod

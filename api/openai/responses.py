@@ -18,8 +18,9 @@ import json
 from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
+from inferq.api.openai.params import NullIsDefault
 from inferq.api.openai.sent_events import sent_batches
 from inferq.api.sse import Payload
 from inferq.api.streams import StreamHub
@@ -60,7 +61,7 @@ class TextConfig(BaseModel):
     format: TextFormat | None = None
 
 
-class ResponsesRequest(BaseModel):
+class ResponsesRequest(NullIsDefault):
     """What inferq serves of ``POST /v1/responses``; anything else is a 400 naming it."""
 
     model_config = ConfigDict(extra="forbid")
@@ -85,11 +86,6 @@ class ResponsesRequest(BaseModel):
     include: list[str] | None = Field(default=None, max_length=0, description="Empty only.")
     truncation: Literal["disabled"] | None = None
     service_tier: str | None = Field(default=None, max_length=32)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _null_is_default(cls, data: Any) -> Any:
-        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
 
     def job(self, history: list[ChatMessage]) -> JobRequest:
         """The job: ``history`` (a previous response's conversation), then the input."""

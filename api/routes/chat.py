@@ -43,11 +43,9 @@ async def chat_completions(req: ChatBody, request: Request, service: Service, hu
     headers = oc.answer_headers(rec.id, admitted.replayed)
     if req.stream:
         return await sse.held_stream(request, oc.chat_chunks(hub, rec.id, rec.served_name, req), cancel, headers)
-    got = await sse.unless_disconnected(request, oc.collect(hub, rec.id, req.n), cancel)
-    if got is None:
-        return Response(status_code=499)
-    return Response(oc.chat_response(rec.id, rec.served_name, req, got).model_dump_json(),
-                    media_type="application/json", headers=headers)
+    return await sse.answer_once(request, oc.collect(hub, rec.id, req.n), cancel, lambda got: Response(
+        oc.chat_response(rec.id, rec.served_name, req, got).model_dump_json(), media_type="application/json",
+        headers=headers))
 
 
 @router.post("/completions", response_model=TextCompletion)
@@ -62,8 +60,6 @@ async def completions(req: CompletionBody, request: Request, service: Service, h
     if req.stream:
         return await sse.held_stream(request, oc.completion_chunks(hub, ids, model, req), cancel, headers)
     gathered = asyncio.gather(*(oc.collect(hub, i, req.n) for i in ids))
-    parts = await sse.unless_disconnected(request, gathered, cancel)
-    if parts is None:
-        return Response(status_code=499)
-    return Response(oc.completion_response(ids[0], model, req, parts).model_dump_json(),
-                    media_type="application/json", headers=headers)
+    return await sse.answer_once(request, gathered, cancel, lambda parts: Response(
+        oc.completion_response(ids[0], model, req, parts).model_dump_json(), media_type="application/json",
+        headers=headers))

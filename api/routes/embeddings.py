@@ -50,11 +50,9 @@ async def _answered(job: JobRequest, kind: str, body: BaseModel, answer: Answer,
                                       fingerprint=lambda: fingerprint(kind, oc.job_fields(body)))
     rec = admitted.records[0]
     cancel = partial(service.cancel_soon, [] if idempotency_key else [rec.id])
-    got = await sse.unless_disconnected(request, collect_vectors(hub, rec.id), cancel)
-    if got is None:
-        return Response(status_code=499)
-    return Response(answer(rec.id, rec.served_name, got).model_dump_json(), media_type="application/json",
-                    headers=oc.answer_headers(rec.id, admitted.replayed))
+    return await sse.answer_once(request, collect_vectors(hub, rec.id), cancel, lambda got: Response(
+        answer(rec.id, rec.served_name, got).model_dump_json(), media_type="application/json",
+        headers=oc.answer_headers(rec.id, admitted.replayed)))
 
 
 @router.post("/v1/embeddings", response_model=EmbeddingList)

@@ -62,10 +62,11 @@ async def create_response(req: rs.ResponsesRequest, request: Request, service: S
         return await sse.held_stream(request, rs.stream_events(hub, rec, -1, final), cancel, headers)
     if req.background:
         return JSONResponse(rs.response(rec), headers=headers)
-    got = await sse.unless_disconnected(request, oc.collect(hub, rec.id, 1), cancel)
-    if got is None:
-        return Response(status_code=499)
-    return JSONResponse(await final(), headers=headers)
+    async def answered() -> dict[str, Any]:
+        await oc.collect(hub, rec.id, 1)
+        return await final()
+
+    return await sse.answer_once(request, answered(), cancel, lambda done: JSONResponse(done, headers=headers))
 
 
 @router.get("/responses/{response_id}")

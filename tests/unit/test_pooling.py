@@ -6,17 +6,18 @@ from __future__ import annotations
 
 import struct
 
+import numpy as np
 import pytest
 from pydantic import ValidationError
 
 from inferq.api.openai.embeddings import EmbeddingRequest, Vectors, embedding_response, vectors_of
 from inferq.api.openai.scores import RerankRequest, ScoreRequest, rerank_response, score_response
 from inferq.shared.errors import Conflict, InvalidRequest
-from inferq.shared.pooling import MAX_EMBED_INPUTS, EmbedInputs, check_task, pack_vector, unpack_vector
+from inferq.shared.pooling import MAX_EMBED_INPUTS, EmbedInputs, check_task, unpack_vector
 from inferq.shared.request_limits import check_limits
 from inferq.shared.schemas import DoneEvent, JobRequest, Usage
 from inferq.shared.settings import Settings
-from inferq.worker.jobs.pooling import fitted
+from inferq.worker.jobs.pooling import fitted, pack_vector
 
 
 @pytest.mark.parametrize(("given", "texts", "ids"), [
@@ -64,6 +65,11 @@ def test_vectors_are_float32_little_endian_in_base64() -> None:
 
     assert base64.b64decode(packed) == struct.pack("<3f", 0.5, -1.25, 3.0)
     assert unpack_vector(packed) == [0.5, -1.25, 3.0]
+    # what the engine hands over: a float array (of any width), packed as float32 all the same
+    wide = np.array([0.5, -1.25, 3.0], dtype=">f8")
+    assert pack_vector(wide) == packed
+    assert unpack_vector(pack_vector(np.arange(4096, dtype=np.float32) / 7)) == (np.arange(4096, dtype=np.float32)
+                                                                                 / 7).tolist()
 
 
 def test_the_answer_in_floats_or_base64() -> None:
@@ -126,3 +132,36 @@ def test_rerank_orders_by_score_and_keeps_top_n() -> None:
     got = rerank_response("job-1", "m", req, _vectors([1, 0], [0, 1], [1, 0], [1, 1]))
     assert [(r.index, r.document.text) for r in got.results] == [(1, "near"), (2, "mid")]
     assert round(got.results[1].relevance_score, 6) == round(1 / 2 ** 0.5, 6)
+
+
+def test_rerank_takes_the_fields_cohere_style_clients_send() -> None:
+    """LiteLLM always sends ``return_documents`` (null too), the cohere SDK ``max_tokens_per_doc``:
+    accepted with vLLM's meaning. max_tokens_per_doc and max_tokens_per_query cut the texts (the
+    worker cuts them, as vLLM does); max_chunks_per_doc and rank_fields are ignored, as vLLM ignores
+    them; return_documents false leaves the documents out of the results."""
+    req = RerankRequest.model_validate({"query": "q", "documents": ["far", "near"], "return_documents": None,
+                                        "max_tokens_per_doc": 512, "max_tokens_per_query": 3,
+                                        "max_chunks_per_doc": 10, "rank_fields": ["text"]})
+    assert req.job().embed is not None and req.job().embed.text_max_tokens == [3, 512, 512]
+    got = rerank_response("job-1", "m", req, _vectors([1, 0], [0, 1], [1, 0]))
+    assert [r.document.text for r in got.results if r.document] == ["near", "far"]
+    bare = RerankRequest(query="q", documents=["far", "near"], return_documents=False)
+    assert bare.job().embed is not None and bare.job().embed.text_max_tokens is None  # nothing to cut
+    got = rerank_response("job-1", "m", bare, _vectors([1, 0], [0, 1], [1, 0]))
+    assert [(r.index, r.document) for r in got.results] == [(1, None), (0, None)]
+    assert ScoreRequest(text_1="q", text_2=["a"], max_tokens_per_doc=2).job().embed.text_max_tokens == [0, 2]
+
+
+def test_texts_are_cut_where_their_nth_token_ends() -> None:
+    """The tiny model's tokenizer: a text cut to N tokens is its first N tokens, no more and no fewer."""
+    from transformers import AutoTokenizer
+
+    from inferq.shared.settings import Settings
+    from inferq.worker.engine.models import resolve_model
+    from inferq.worker.jobs.prepare import cut_texts
+
+    tok = AutoTokenizer.from_pretrained(resolve_model(Settings()))
+    text = "The quick brown fox jumps over the lazy dog"
+    ids = tok.encode(text, add_special_tokens=False)
+    cut = cut_texts([text, text, "short"], [3, 0, 50], tok)
+    assert tok.encode(cut[0], add_special_tokens=False) == ids[:3] and cut[1:] == [text, "short"]
