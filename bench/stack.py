@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 
 from bench.config import StackSpec, Workload
-from inferq.cli.procs import Proc, Procs, free_port, http_ok, start_redis
+from inferq.cli.procs import Proc, Procs, http_ok, start_redis
+from tests.procs import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 __all__ = ["ROOT", "Proc", "Procs", "free_port", "http_ok", "start_redis", "base_env", "start_inferq",

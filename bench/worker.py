@@ -37,11 +37,12 @@ import psutil
 from bench.stack import Procs, py_spy
 from bench.standin import LoopHost, Out, Step
 from bench.sysinfo import cpu_model
-from inferq.cli.procs import free_port, start_redis
+from inferq.cli.procs import start_redis
 from inferq.shared.redis import make_redis
 from inferq.shared.schemas import JobMessage, JobRecord, JobRequest
 from inferq.shared.store import JobStore
 from inferq.worker.loopthread import LoopThread
+from tests.procs import free_port
 
 MODEL = "bench-paced"
 

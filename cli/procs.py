@@ -10,7 +10,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -24,13 +23,6 @@ from urllib.parse import quote
 import redis
 
 from inferq.shared.redis import Where, make_sync_redis
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Proc:
@@ -212,7 +204,8 @@ class RedisProc(Proc):
         return f"rediss://{auth}127.0.0.1:{self.port}/0?{self.tls.query()}"
 
 
-def _redis_server() -> str:
+def redis_server() -> str:
+    """The redis-server executable (Debian's package)."""
     exe = shutil.which("redis-server")
     if exe is None:
         raise RuntimeError("redis-server is not on PATH (Debian package redis-server)")
@@ -233,7 +226,7 @@ def start_redis(port: int, logdir: Path, appendonly: bool = False, *, name: str 
     data = logdir / f"{name}-data"  # its files: the append-only file; what a replica loads from its master
     data.mkdir(exist_ok=True)
     listen = [("port", str(port))] if tls is None else tls.options(port)
-    cmd = [_redis_server(), *(a for k, v in listen for a in (f"--{k}", v)), "--bind", "127.0.0.1", "--save", "",
+    cmd = [redis_server(), *(a for k, v in listen for a in (f"--{k}", v)), "--bind", "127.0.0.1", "--save", "",
            "--dir", str(data)]
     if replica_of is not None:
         cmd += ["--replicaof", "127.0.0.1", str(replica_of)]
@@ -260,39 +253,3 @@ def http_ok(url: str, check: Callable[[Any], bool] | None = None, timeout: float
             return r.status == 200 and (check is None or bool(check(json.loads(r.read()))))
     except (OSError, ValueError, KeyError, TypeError):  # URLError and HTTPError are OSErrors
         return False
-
-
-def _quoted(value: str) -> str:
-    """``value`` as one argument of a line of a Redis config file."""
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def start_sentinel(port: int, logdir: Path, master_port: int, *, master: str = "inferq", quorum: int = 2,
-                   down_after_ms: int = 1000, name: str = "sentinel", env: dict[str, str] | None = None,
-                   timeout: float = 10.0, tls: RedisTls | None = None, password: str = "",
-                   master_password: str = "") -> RedisProc:
-    """A local Redis Sentinel on ``port`` watching the master on 127.0.0.1:``master_port`` as
-    ``master``: down after ``down_after_ms`` without an answer, failed over when ``quorum``
-    Sentinels agree. Returned once it answers PING (its config file, which it rewrites, is
-    ``logdir/NAME.conf``). ``tls``: TLS alone, its clients' and its own to the servers it watches;
-    ``password``: its own (``requirepass``); ``master_password``: the watched servers'."""
-    conf = logdir / f"{name}.conf"
-    listen = [("port", str(port))] if tls is None else tls.options(port)
-    lines = [f"{k} {v}" for k, v in listen] + ["bind 127.0.0.1", f"dir {logdir}"]
-    if password:
-        lines.append(f"requirepass {_quoted(password)}")
-    lines += [f"sentinel monitor {master} 127.0.0.1 {master_port} {quorum}",
-              f"sentinel down-after-milliseconds {master} {down_after_ms}",
-              f"sentinel failover-timeout {master} {max(3 * down_after_ms, 3000)}",
-              f"sentinel parallel-syncs {master} 1"]
-    if master_password:
-        lines.append(f"sentinel auth-pass {master} {_quoted(master_password)}")
-    conf.write_text("\n".join(lines) + "\n")
-    proc = RedisProc(name, [_redis_server(), str(conf), "--sentinel"], env, logdir / f"{name}.log", port,
-                     tls, password)
-    try:
-        wait_until(lambda: redis_pings(proc.url), timeout, f"redis-sentinel on port {port}", [proc], interval=0.05)
-    except BaseException:
-        proc.stop(signal.SIGKILL)
-        raise
-    return proc

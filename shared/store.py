@@ -247,10 +247,6 @@ class JobStore:
             script.sha = await self.redis.script_load(script.script)
         return list(results)
 
-    async def queue_depth(self, model: str) -> int:
-        """Jobs waiting in the model's Celery queue, all priorities together (one round trip)."""
-        return sum(await queue_depths(self.redis, model))
-
     async def read_log(self, job_id: str, after: int = 0) -> list[Event]:
         """Every logged event with ``seq > after``, in order."""
         return [parse_event(raw) for raw in await self.read_log_raw(job_id, after)]

@@ -22,8 +22,9 @@ import pytest
 import redis
 
 from inferq.cli.procs import Proc as Service
-from inferq.cli.procs import RedisProc, free_port, http_ok, start_redis
+from inferq.cli.procs import RedisProc, http_ok, start_redis
 from tests.otlp import Receiver
+from tests.procs import free_port
 from tests.wait import eventually
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -8,11 +8,13 @@ from typing import Any
 
 import httpx
 import redis
+from redis.asyncio import Redis
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosedError
 
 from inferq.shared import keys
 from inferq.shared.schemas import TERMINAL_STATUSES
+from inferq.shared.store import queue_depths
 from inferq.worker.engine.models import TINY_MAX_LEN
 from tests.wait import eventually
 
@@ -49,6 +51,11 @@ def ran_out_first(view: dict, let_go_at: float) -> bool:
     machine a long job can run to its end first. Such a try proves nothing either way and is run
     again; a job that ends ``succeeded`` *after* the client went is a failure."""
     return view["status"] == "succeeded" and view["finished_at"] <= let_go_at
+
+
+async def queue_depth(r: Redis, model: str) -> int:
+    """Jobs waiting in the model's Celery queue, all priorities together (one round trip)."""
+    return sum(await queue_depths(r, model))
 
 
 async def ws_events(url: str, send: dict | None = None, timeout: float = 120) -> list[dict]:

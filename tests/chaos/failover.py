@@ -30,11 +30,12 @@ from typing import Any
 import httpx
 import redis
 
-from inferq.cli.procs import start_redis, start_sentinel
+from inferq.cli.procs import start_redis
 from inferq.shared.settings import Settings
 from tests.chaos.client import Client, Followed, Outcome, figures, summary
 from tests.conftest import Service, free_port, spawn
 from tests.fleet import PY, Fleet
+from tests.procs import start_sentinel
 from tests.wait import WaitTimeout, eventually, eventually_async
 
 SCENARIOS = ["failover", "failover_sentinel_down"]

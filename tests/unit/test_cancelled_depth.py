@@ -23,6 +23,7 @@ from inferq.shared.errors import RateLimited
 from inferq.shared.schemas import JobRecord, JobRequest, JobStatus
 from inferq.shared.settings import Settings
 from inferq.shared.store import JobStore
+from tests.helpers import queue_depth
 
 CALLER = Principal(None, None, "127.0.0.1")
 
@@ -67,7 +68,7 @@ async def test_cancelled_queued_jobs_leave_room_at_once(own_redis: str, r: redis
     assert (await r.llen(lists[0]), await r.llen(lists[5])) == (1, 2)  # their messages are still there
     assert await queued(r, model) == (0, {})
     await submit(adm)  # admitted at once: nothing is really queued
-    assert await queued(r, model) == (1, {5: 1}) and await adm.service.store.queue_depth(model) == 1
+    assert await queued(r, model) == (1, {5: 1}) and await queue_depth(adm.service.store.redis, model) == 1
     # workers pop the cancelled jobs' messages and skip them: the depth stays right
     statuses = await consume_all(r, adm.service.store, model)
     assert sorted(s.value for s in statuses) == ["cancelled", "cancelled", "cancelled", "queued"]
@@ -101,12 +102,12 @@ async def test_the_store_counts_a_cancelled_job_once_whatever_consumes_its_messa
     rec = JobRecord(id=f"job-{uuid.uuid4().hex}", model=model, request=JobRequest(prompt="p"))
     assert await store.submit(rec, *job_message(celery, rec.message()), max_depth=2) is None
     await store.redis.lpush(*job_message(celery, rec.message()))  # a re-sent message
-    assert await store.queue_depth(model) == 2
+    assert await queue_depth(store.redis, model) == 2
     assert await store.request_cancel(rec.id) is JobStatus.queued
-    assert await store.queue_depth(model) == 1
+    assert await queue_depth(store.redis, model) == 1
     [first, _] = await store.redis.lrange(keys.queue_lists(model)[5], 0, -1)
     await store.redis.lrem(keys.queue_lists(model)[5], 1, first)
     assert (await store.claim(rec.id, "w")).previous is JobStatus.cancelled
-    assert await store.queue_depth(model) == 1
+    assert await queue_depth(store.redis, model) == 1
     assert await consume_all(store.redis, store, model) == [JobStatus.cancelled]
-    assert await store.queue_depth(model) == 0
+    assert await queue_depth(store.redis, model) == 0

@@ -14,8 +14,8 @@ import pytest
 from inferq.cli import wsclient
 from inferq.cli.launcher import cli_command, ready_banner
 from inferq.cli.main import EXIT_CODES, main
-from inferq.cli.procs import free_port
 from inferq.shared.settings import get_settings
+from tests.procs import free_port
 
 
 @pytest.mark.parametrize("argv, expect", [

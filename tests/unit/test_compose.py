@@ -16,7 +16,8 @@ import pytest
 import redis
 import yaml
 
-from inferq.cli.procs import free_port, start_redis
+from inferq.cli.procs import start_redis
+from tests.procs import free_port
 from tests.wait import eventually
 
 ROOT = Path(__file__).resolve().parents[2]

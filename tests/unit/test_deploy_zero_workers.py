@@ -24,8 +24,9 @@ import redis
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from inferq.cli.procs import Proc, free_port, http_ok
+from inferq.cli.procs import Proc, http_ok
 from inferq.shared import keys
+from tests.procs import free_port
 from tests.unit.test_deploy import ROOT, _config, _one
 from tests.wait import eventually
 

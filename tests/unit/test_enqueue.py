@@ -17,6 +17,7 @@ from inferq.shared.celery_app import job_message, make_celery, send_job
 from inferq.shared.schemas import JobMessage, JobRecord, JobRequest
 from inferq.shared.settings import Settings
 from inferq.shared.store import JobStore
+from tests.helpers import queue_depth
 
 #: What differs from one publish to the next (the sender's host and pid, a fresh delivery tag)
 VARYING_HEADERS = {"origin"}
@@ -66,10 +67,10 @@ async def test_submit_writes_the_record_and_its_message_or_nothing(own_redis: st
             for i in range(3)]
     for rec in recs[:2]:
         assert await store.submit(rec, *job_message(celery, rec.message()), max_depth=2) is None
-    assert await store.queue_depth("m") == 2
+    assert await queue_depth(store.redis, "m") == 2
     assert (await store.get(recs[0].id)) == recs[0]
     assert set(await r.zrange(keys.QUEUED, 0, -1)) == {recs[0].id, recs[1].id}
     assert await r.ttl(keys.job(recs[0].id)) > 0
     assert await store.submit(recs[2], *job_message(celery, recs[2].message()), max_depth=2) == 2  # full
-    assert await store.get(recs[2].id) is None and await store.queue_depth("m") == 2
+    assert await store.get(recs[2].id) is None and await queue_depth(store.redis, "m") == 2
     assert int(await r.hget(keys.STATS, keys.stat("submitted", "m"))) == 2

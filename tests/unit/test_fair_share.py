@@ -22,6 +22,7 @@ from inferq.shared.fairshare import Share, job_cost
 from inferq.shared.schemas import DoneEvent, JobRequest, JobStatus, Usage
 from inferq.shared.settings import Settings
 from inferq.shared.store import JobStore
+from tests.helpers import queue_depth
 
 MAX_TOKENS = 10  # each job costs 11 tokens: a 4-character prompt (~1 token) and 10 out
 
@@ -159,9 +160,9 @@ async def test_depth_oldest_and_cancels_still_count_right(own_redis: str, r: red
     snap = await queue_metrics.snapshot(r, model, 60, 60)
     rec = await adm.service.store.get(first[0])
     assert rec is not None and snap.oldest[model] == pytest.approx(rec.created_at)
-    assert await adm.service.store.queue_depth(model) == 6
+    assert await queue_depth(adm.service.store.redis, model) == 6
     await adm.service.cancel(first[1])
-    assert await adm.service.store.queue_depth(model) == 5
+    assert await queue_depth(adm.service.store.redis, model) == 5
     assert sorted(await take(adm)) == ["A"] * 4 + ["B"]
 
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from inferq.cli.procs import Procs, free_port, http_ok, redis_pings, start_redis, wait_until
+from inferq.cli.procs import Procs, http_ok, redis_pings, start_redis, wait_until
+from tests.procs import free_port
 from tests.wait import eventually
 
 

@@ -13,10 +13,11 @@ from fastapi.testclient import TestClient
 from inferq.api.app import create_app
 from inferq.cli import procs
 from inferq.shared.settings import Settings
+from tests.procs import free_port
 
 
 def test_readyz_with_redis_down_tells_nothing_about_redis(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    server = procs.start_redis(procs.free_port(), tmp_path, name="redis-readyz")
+    server = procs.start_redis(free_port(), tmp_path, name="redis-readyz")
     settings = Settings(redis_url=server.url, api_keys="sk-readyz", served_model_name="readyz-model")
     try:
         with TestClient(create_app(settings)) as client:

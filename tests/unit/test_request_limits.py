@@ -11,11 +11,12 @@ from fastapi.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
 
 from inferq.api.app import create_app
-from inferq.cli.procs import RedisProc, free_port, start_redis
+from inferq.cli.procs import RedisProc, start_redis
 from inferq.shared.errors import InvalidRequest
 from inferq.shared.request_limits import check_limits
 from inferq.shared.schemas import JobRequest
 from inferq.shared.settings import Settings
+from tests.procs import free_port
 
 LIMITS = Settings(max_tokens_limit=100, max_n=2, max_stop_sequences=2, max_stop_chars=5, max_prompt_chars=10,
                   max_timeout_s=60)

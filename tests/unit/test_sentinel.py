@@ -18,13 +18,14 @@ import redis
 
 from inferq.api.pubsub import Subscriber
 from inferq.cli import launcher
-from inferq.cli.procs import RedisProc, free_port, redis_pings, start_redis, start_sentinel
+from inferq.cli.procs import RedisProc, redis_pings, start_redis
 from inferq.shared import keys
 from inferq.shared.celery_app import broker, make_celery
 from inferq.shared.redis import TRANSIENT, listen, make_redis, make_sync_redis, master_address, retried
 from inferq.shared.schemas import JobRecord, JobRequest
 from inferq.shared.settings import Settings
 from inferq.shared.store import JobStore
+from tests.procs import free_port, start_sentinel
 from tests.wait import eventually, eventually_async
 
 MASTER = "inferq"

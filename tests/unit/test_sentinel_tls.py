@@ -35,7 +35,7 @@ from kombu.message import Message
 from redis.sentinel import MasterNotFoundError
 
 from inferq.api.pubsub import Subscriber
-from inferq.cli.procs import RedisProc, RedisTls, free_port, redis_pings, start_redis, start_sentinel
+from inferq.cli.procs import RedisProc, RedisTls, redis_pings, start_redis
 from inferq.shared import keys
 from inferq.shared.celery_app import make_celery
 from inferq.shared.redis import (
@@ -50,6 +50,7 @@ from inferq.shared.redis import (
 from inferq.shared.schemas import JobRecord, JobRequest
 from inferq.shared.settings import Settings
 from inferq.shared.store import JobStore
+from tests.procs import free_port, start_sentinel
 from tests.wait import eventually, eventually_async
 
 MASTER = "inferq-tls"

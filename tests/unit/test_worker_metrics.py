@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from bench.standin import LoopHost
-from inferq.cli.procs import free_port
+from tests.procs import free_port
 from tests.unit.workerkit import GatedEngine, make_runtime
 from tests.wait import eventually
 
