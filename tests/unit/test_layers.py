@@ -1,4 +1,4 @@
-"""The worker's layers, and no import cycle in the worker or the shared package.
+"""The worker's layers, the gateway's place, and no import cycle in any part.
 
 The worker is built in layers, each importing only those below it (every import counts, also
 those inside functions and ``TYPE_CHECKING`` blocks, read from the source with ``ast``)::
@@ -7,7 +7,9 @@ those inside functions and ``TYPE_CHECKING`` blocks, read from the source with `
                                                └─────▶ jobs ──────▶ engine
 
 Liveness (heartbeat, reaper, hand-backs) works over the store and the view the runtime gives
-it: it never imports the job path. shared/ and worker/ have no import cycle at all.
+it: it never imports the job path. The gateway (api/) imports only itself and shared/, never the
+worker or the engine (vLLM, torch), as docs/design.md draws it; within it, only the app wires the
+routes (nothing else imports api/routes/). No part has an import cycle.
 """
 
 from __future__ import annotations
@@ -117,9 +119,48 @@ def layer_violations(graph: dict[str, set[str]]) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("package", ["worker", "shared"])
+@pytest.mark.parametrize("package", ["worker", "shared", "api", "cli"])
 def test_no_import_cycle(package: str) -> None:
     assert cycles(import_graph(package)) == []
+
+
+def gateway_violations() -> list[str]:
+    """The gateway's imports that break its rule: anything of ours but api/ and shared/, the engine,
+    or a route imported from outside api/routes/ but by the app."""
+    out = []
+    for name, path in modules("api").items():
+        for line, imported in imported_names(path):
+            where = f"{path.relative_to(test_imports.ROOT)}:{line}"
+            top = imported.split(".")[0]
+            if top in ("vllm", "torch"):
+                out.append(f"{where}: the gateway imports the engine ({imported})")
+            elif top in test_imports.OURS and not imported.startswith(("inferq.api", "inferq.shared")):
+                out.append(f"{where}: the gateway imports {imported}")
+            elif imported.startswith("inferq.api.routes") and name != "inferq.api.app" \
+                    and not name.startswith("inferq.api.routes"):
+                out.append(f"{where}: {name} imports a route ({imported}); only the app wires them")
+    return out
+
+
+def test_the_gateway_imports_only_shared_and_itself() -> None:
+    assert gateway_violations() == []
+
+
+def test_the_gateway_check_catches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tree written for the purpose: the gateway importing the worker, torch, and a route from
+    its service."""
+    monkeypatch.setattr(sys.modules[test_imports.__name__], "ROOT", tmp_path)
+    for rel, source in {"api/service.py": "from inferq.api.routes import chat\nimport torch\n",
+                        "api/streams.py": "def f():\n    from inferq.worker.jobs import runner\n",
+                        "api/app.py": "from inferq.api.routes import chat\nfrom inferq.shared import keys\n",
+                        "api/routes/chat.py": "from inferq.api import service\n"}.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(source)
+    assert gateway_violations() == [
+        "api/service.py:1: inferq.api.service imports a route (inferq.api.routes.chat); only the app wires them",
+        "api/service.py:2: the gateway imports the engine (torch)",
+        "api/streams.py:2: the gateway imports inferq.worker.jobs.runner",
+    ]
 
 
 def test_the_worker_imports_only_downwards() -> None:
