@@ -49,6 +49,10 @@ class _Scoring(BaseModel):
     user: str | None = Field(default=None, max_length=256, pattern=NO_CONTROL_CHARS)
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
     use_activation: bool | None = None
+    max_tokens_per_query: int = Field(default=0, ge=0, description="Each query cut to its first N tokens "
+                                      "before it is embedded (as vLLM's); 0: not cut.")
+    max_tokens_per_doc: int = Field(default=0, ge=0, description="Each document cut to its first N tokens "
+                                    "before it is embedded (as vLLM's; Cohere's rerank option); 0: not cut.")
 
     def pairs(self) -> tuple[list[str], list[str]]:
         raise NotImplementedError
@@ -61,8 +65,9 @@ class _Scoring(BaseModel):
                                  param="text_2")
         if len(first) + len(second) > MAX_EMBED_INPUTS:
             raise InvalidRequest(f"at most {MAX_EMBED_INPUTS} texts in all", param="text_2")
+        cut = [self.max_tokens_per_query] * len(first) + [self.max_tokens_per_doc] * len(second)
         inputs = EmbedInputs(texts=[*first, *second], truncate_prompt_tokens=self.truncate_prompt_tokens,
-                             use_activation=self.use_activation)
+                             use_activation=self.use_activation, text_max_tokens=cut if any(cut) else None)
         return JobRequest(embed=inputs, model=self.model, user=self.user)
 
 
@@ -97,11 +102,19 @@ class ScoreRequest(_Scoring):
 
 
 class RerankRequest(_Scoring):
-    """``/rerank``: ``documents`` ordered by their score against ``query``, the best ``top_n``."""
+    """``/rerank``: ``documents`` ordered by their score against ``query``, the best ``top_n``; and
+    the fields Cohere-style clients send (LiteLLM always sends ``return_documents``)."""
 
     query: str
     documents: Texts
     top_n: int = Field(default=0, ge=0)
+    return_documents: bool | None = Field(default=None, description="false: the results leave each "
+                                          "document out (null); true or unset: each result holds it, as vLLM's.")
+    max_chunks_per_doc: int | None = Field(default=None, ge=1, description="Accepted and ignored, as vLLM "
+                                           "ignores it: a document longer than the context is refused, or cut "
+                                           "with max_tokens_per_doc, never split into chunks.")
+    rank_fields: list[str] | None = Field(default=None, max_length=64, description="Accepted and ignored, as "
+                                          "vLLM ignores it: documents are texts, not records with fields.")
 
     def pairs(self) -> tuple[list[str], list[str]]:
         return [self.query], _listed(self.documents)
@@ -161,7 +174,7 @@ class RerankDocument(BaseModel):
 
 class RerankResult(BaseModel):
     index: int
-    document: RerankDocument
+    document: RerankDocument | None
     relevance_score: float
 
 
@@ -179,7 +192,8 @@ class RerankList(BaseModel):
 
 def rerank_response(job_id: str, model: str, req: RerankRequest, got: Vectors) -> RerankList:
     docs = _listed(req.documents)
-    results = sorted((RerankResult(index=i, document=RerankDocument(text=d), relevance_score=s)
+    shown = req.return_documents is not False
+    results = sorted((RerankResult(index=i, document=RerankDocument(text=d) if shown else None, relevance_score=s)
                       for i, (d, s) in enumerate(zip(docs, cosines(got, 1), strict=True))),
                      key=lambda r: r.relevance_score, reverse=True)
     return RerankList(id=job_id, model=model, results=results[:req.top_n or len(results)],

@@ -187,6 +187,15 @@ POOLING_CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "score queries/documents": ("/score", {"queries": "The sky", "documents": TEXTS}),
     "rerank": ("/rerank", {"query": "The sky", "documents": TEXTS}),
     "rerank top_n": ("/v1/rerank", {"query": "The sky", "documents": TEXTS, "top_n": 2}),
+    # what Cohere-style clients send: LiteLLM always return_documents (null too), the cohere SDK
+    # max_tokens_per_doc; vLLM cuts with max_tokens_per_*, ignores max_chunks_per_doc and rank_fields
+    "rerank return_documents null": ("/rerank", {"query": "The sky", "documents": TEXTS, "return_documents": None}),
+    "rerank Cohere fields": ("/v1/rerank", {"query": "The sky", "documents": TEXTS, "return_documents": True,
+                                            "max_tokens_per_doc": 512, "max_chunks_per_doc": 4,
+                                            "rank_fields": ["text"]}),
+    "rerank max_tokens_per_doc cuts": ("/rerank", {"query": "The sky is", "documents": TEXTS, "max_tokens_per_doc": 2}),
+    "score max_tokens_per_query cuts": ("/score", {"text_1": "The sky is blue today", "text_2": TEXTS,
+                                                   "max_tokens_per_query": 2}),
 }
 POOLING_REFUSED: dict[str, tuple[str, dict[str, Any]]] = {
     "score 2:3": ("/score", {"text_1": TEXTS[:2], "text_2": TEXTS}),
@@ -220,6 +229,17 @@ def test_pooling_score_and_rerank_are_vllm_serves(embed_fleet: str, vllm_embed: 
         for case, (path, body) in POOLING_REFUSED.items():
             a, b = (c.post(path, json={"model": EMBED, **body}) for c in (ours, theirs))
             assert a.status_code == b.status_code == 400, (case, a.text, b.text[:300])
+        # the cut cases really cut: fewer tokens embedded than without the option
+        for case, option in (("rerank max_tokens_per_doc cuts", "max_tokens_per_doc"),
+                             ("score max_tokens_per_query cuts", "max_tokens_per_query")):
+            path, body = POOLING_CASES[case]
+            whole = {k: v for k, v in body.items() if k != option}
+            cut, full = (ours.post(path, json={"model": EMBED, **b}).json()["usage"]["prompt_tokens"]
+                         for b in (body, whole))
+            assert cut < full, (case, cut, full)
+        # return_documents false leaves the documents out (vLLM ignores the field and sends them)
+        got = ours.post("/rerank", json={"model": EMBED, "query": "x", "documents": TEXTS, "return_documents": False})
+        assert got.status_code == 200 and [r["document"] for r in got.json()["results"]] == [None] * len(TEXTS)
 
 
 def test_matryoshka_sizes_and_normalization(embed_fleet: str) -> None:

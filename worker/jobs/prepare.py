@@ -29,6 +29,17 @@ class Prepared:
     inputs: list[list[int]] | None = None
 
 
+def cut_texts(texts: list[str], limits: list[int] | None, tokenizer: Any) -> list[str]:
+    """Each text cut to its first N tokens (its limit; 0: whole), as vLLM cuts rerank and score
+    inputs (``max_tokens_per_doc``): at the character where the N-th token ends, so that the
+    text, tokenized again, is the model's own tokens."""
+    if not limits:
+        return texts
+    from vllm.entrypoints.pooling.scoring.utils import truncate_text_to_tokens
+
+    return [truncate_text_to_tokens(t, tokenizer, n) if n else t for t, n in zip(texts, limits, strict=True)]
+
+
 class Preparer:
     """Tokenizes jobs' prompts with the engine's tokenizer, one at a time (it is not thread-safe)."""
 
@@ -46,8 +57,9 @@ class Preparer:
                 return Prepared([], inputs=[self._checked(ids, "input") for ids in embed.token_ids])
             special = embed.add_special_tokens
             with self._lock:
+                texts = cut_texts(embed.texts or [], embed.text_max_tokens, self.host.tokenizer)
                 return Prepared([], inputs=[list(self.host.tokenizer.encode(t, add_special_tokens=special))
-                                            for t in embed.texts or ()])
+                                            for t in texts])
         ids = self.prompt_ids(msg)
         return Prepared(ids, self.echo_text(msg, ids) if msg.request.echo else None)
 
