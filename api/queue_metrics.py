@@ -140,7 +140,8 @@ class QueueCollector(Collector):
             "submitted": CounterMetricFamily("inferq_jobs_submitted", "Jobs accepted into the queue.",
                                              labels=["model"]),
             "end": CounterMetricFamily("inferq_jobs_finished", "Jobs that reached a terminal status, by "
-                                       "status and error code ('' unless failed).", labels=["model", "status", "code"]),
+                                       "status (invalid: failed for the client's input) and error code ('' "
+                                       "unless failed or invalid).", labels=["model", "status", "code"]),
             "requeue": CounterMetricFamily("inferq_job_redeliveries", "Jobs sent to the queue again, by "
                                            "reason (worker_lost, engine_failure, worker_shutdown, "
                                            "event_write_failed, message_lost, message_stranded).",

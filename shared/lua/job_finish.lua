@@ -5,7 +5,8 @@
 -- KEYS: job hash, worker's job set, log, channel, stats. ARGV: attempt, job id, final event seq
 -- ('': right after the last logged event), final event JSON, ttl, the log_incomplete event (JSON;
 -- {last} and {wrote} in its message), field, value, ... Returns 0 (fenced out), 1 (written) or
--- 2 (log_incomplete).
+-- 2 (log_incomplete). The end is counted by status (a failure for the client's input, an
+-- invalid_request_error, as 'invalid': the record still says failed) and error code.
 if redis.call('HGET', KEYS[1], 'status') ~= STATUS.running then return 0 end
 if redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[1] then return 0 end
 local last = last_seq(KEYS[3])
@@ -20,9 +21,15 @@ elseif tonumber(ARGV[3]) ~= seq then
   result = 2
 end
 local st, code = redis.call('HGET', KEYS[1], 'status'), ''
+local label = cjson.decode(st)
 local e = redis.call('HGET', KEYS[1], 'error')
-if st == STATUS.failed and e and e ~= 'null' then code = cjson.decode(e).code end
-count(KEYS[5], KEYS[1], 'end', cjson.decode(st), code)
+if st == STATUS.failed and e and e ~= 'null' then
+  e = cjson.decode(e)
+  code = e.code
+  -- the worker refused the client's input: counted apart from the service's own failures
+  if e.type == 'invalid_request_error' then label = 'invalid' end
+end
+count(KEYS[5], KEYS[1], 'end', label, code)
 -- fair share: the tokens its tenant was served; a job that cost less than its tag assumed gives
 -- the difference back to the tenant's last tag (never below the virtual time)
 local fair = fair_of(KEYS[1])

@@ -134,6 +134,31 @@ def test_prometheus_config_and_alert_rules_pass_promtool() -> None:
     subprocess.run([promtool, "check", "rules", str(base / "alerts.yml")], check=True)
 
 
+def test_failing_jobs_alert_counts_the_services_failures_not_its_clients(tmp_path: Path) -> None:
+    """promtool runs InferqJobsFailing over ten minutes of jobs: a model whose jobs fail for their
+    clients' input (status="invalid") alerts nobody; one whose jobs fail for the service does."""
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool comes with the prometheus package (make setup installs it)"
+    rules = ROOT / "deploy" / "prometheus" / "alerts.yml"
+    [rule] = [r for g in yaml.safe_load(rules.read_text())["groups"] for r in g["rules"]
+              if r.get("alert") == "InferqJobsFailing"]
+    series = {'{model="clients",status="invalid",code="invalid_value"}': "0+10x40",
+              '{model="clients",status="succeeded",code=""}': "0+10x40",
+              '{model="service",status="failed",code="engine_error"}': "0+10x40",
+              '{model="service",status="succeeded",code=""}': "0+10x40"}
+    test = {"rule_files": [str(rules)], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m",
+        "input_series": [{"series": f"inferq_jobs_finished_total{k}", "values": v} for k, v in series.items()],
+        "alert_rule_test": [{"eval_time": "30m", "alertname": "InferqJobsFailing", "exp_alerts": [{
+            "exp_labels": {**rule["labels"], "model": "service"},
+            "exp_annotations": {"summary": rule["annotations"]["summary"].replace("{{ $labels.model }}", "service")},
+        }]}],
+    }]}
+    (tmp_path / "test.yml").write_text(yaml.safe_dump(test))
+    done = subprocess.run([promtool, "test", "rules", str(tmp_path / "test.yml")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 def _exprs() -> list[str]:
     rules = yaml.safe_load((ROOT / "deploy" / "prometheus" / "alerts.yml").read_text())
     dash = json.loads((ROOT / "deploy" / "grafana" / "dashboards" / "inferq.json").read_text())

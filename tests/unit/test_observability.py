@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from inferq.api import queue_metrics
 from inferq.api.metrics import token_count
 from inferq.shared import keys, logs
-from inferq.shared.errors import DeadlineExceeded
+from inferq.shared.errors import DeadlineExceeded, EngineError, InvalidRequest
 from inferq.shared.schemas import DoneEvent, ErrorEvent, ErrorInfo, JobRecord, JobRequest, JobStatus, WorkerInfo
 from inferq.shared.settings import Settings
 from inferq.shared.store import JobStore
@@ -86,6 +86,27 @@ async def test_each_terminal_transition_counts_once(store: JobStore, r: redis.as
     assert got[("inferq_job_redeliveries_total", (("model", "m"), ("reason", "worker_lost")))] == 1
     assert got[("inferq_job_deadline_expiries_total", (("model", "m"),))] == 1
     assert got[("inferq_jobs_submitted_total", (("model", "m"),))] == 4
+
+
+async def test_a_job_failed_for_its_input_is_counted_apart(store: JobStore, r: redis.asyncio.Redis) -> None:
+    """A job the worker refused for what the client sent (an unsupported ``dimensions``, an empty
+    input: an invalid_request_error) is the client's doing, not the service's: it counts as
+    ``invalid``, so that the InferqJobsFailing alert (``status="failed"``) counts only the
+    service's own failures. Its record still says failed."""
+    bad, broken = [await _job(store) for _ in range(2)]
+    for rec, error in ((bad, InvalidRequest("dimensions 100 is not one of the model's", param="dimensions")),
+                       (broken, EngineError("the engine died"))):
+        await store.claim(rec.id, "w")
+        info = ErrorInfo.of(error)
+        await store.finish(rec.id, "w", 1, ErrorEvent(seq=1, error=info), check_log=False, status=JobStatus.failed,
+                           error=info)
+    got = _samples(queue_metrics.exposition(await queue_metrics.snapshot(r, "m", 10, 3600)))
+    assert got[("inferq_jobs_finished_total", (("code", "invalid_value"), ("model", "m"), ("status", "invalid")))] == 1
+    assert got[("inferq_jobs_finished_total", (("code", "engine_error"), ("model", "m"), ("status", "failed")))] == 1
+    assert not any(k[0] == "inferq_jobs_finished_total" and ("code", "invalid_value") in k[1] and
+                   ("status", "failed") in k[1] for k in got)
+    stored = await store.get(bad.id)
+    assert stored is not None and stored.status is JobStatus.failed
 
 
 def test_token_count_reads_the_field_not_the_text() -> None:
