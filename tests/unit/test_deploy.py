@@ -89,6 +89,76 @@ def test_kustomize_renders_every_resource_in_the_namespace() -> None:
     assert all(d["metadata"].get("namespace") == namespace for d in rendered if d["kind"] != "Namespace")
 
 
+def _render(folder: Path) -> list[dict[str, Any]]:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl renders the kustomization (its replacements); not installed here")
+    out = subprocess.run([kubectl, "kustomize", str(folder)], capture_output=True, text=True, check=True).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def test_renaming_the_model_or_the_namespace_reaches_every_trigger(tmp_path: Path) -> None:
+    """Each is written once (config.yaml's served name, the kustomization's namespace): the rendered
+    ScaledObject's list names, query and Redis address follow a rename, so scale-from-zero keeps
+    working (a name written by hand in eleven triggers was missed silently)."""
+    folder = tmp_path / "k8s"
+    shutil.copytree(K8S, folder)
+    model, namespace = "org/Mistral-7B-Instruct-v0.2", "llm-prod"
+    config = folder / "config.yaml"
+    config.write_text(re.sub(r"INFERQ_SERVED_MODEL_NAME: .*", f"INFERQ_SERVED_MODEL_NAME: {model}", config.read_text()))
+    kust = folder / "kustomization.yaml"
+    kust.write_text(re.sub(r"(?m)^namespace: .*", f"namespace: {namespace}", kust.read_text()))
+    [so] = [d for d in _render(folder) if d["kind"] == "ScaledObject"]
+    reds = [t["metadata"] for t in so["spec"]["triggers"] if t["type"] == "redis"]
+    [prom] = [t["metadata"] for t in so["spec"]["triggers"] if t["type"] == "prometheus"]
+    assert [r["listName"] for r in reds] == keys.queue_lists(model)
+    assert {r["address"] for r in reds} == {f"redis.{namespace}.svc:6379"}
+    assert f'inferq_jobs{{model="{model}"}}' in prom["query"]
+    # and as shipped, the rendered triggers name the shipped model and namespace
+    [shipped] = [d for d in _render(K8S) if d["kind"] == "ScaledObject"]
+    assert shipped["spec"]["triggers"] == _one("ScaledObject", "worker")["spec"]["triggers"]
+
+
+def test_the_image_is_a_release_from_a_registry_pulled_once() -> None:
+    """Not ``inferq:latest``: a bare name is looked up on Docker Hub and ``latest`` is pulled on every
+    start (ErrImagePull until someone retags it, or another build on each node)."""
+    from importlib.metadata import version
+
+    [image] = yaml.safe_load((K8S / "kustomization.yaml").read_text())["images"]
+    registry = image["newName"].split("/")[0]
+    assert "/" in image["newName"] and ("." in registry or ":" in registry), image
+    assert image["newTag"] == version("inferq") != "latest"
+    for name in ("gateway", "worker"):
+        [c] = _one("Deployment", name)["spec"]["template"]["spec"]["containers"]
+        assert c["image"] == image["name"] and c["imagePullPolicy"] == "IfNotPresent", name
+
+
+def test_keys_and_the_hub_token_come_from_a_secret() -> None:
+    """The gateway reads its keys file from the Secret and does not start without it (never without
+    auth by accident); workers take HF_TOKEN from it where it is set."""
+    spec = _one("Deployment", "gateway")["spec"]["template"]["spec"]
+    [c] = spec["containers"]
+    env = {e["name"]: e for e in c["env"]}
+    [mount] = [m for m in c["volumeMounts"] if env["INFERQ_API_KEYS_FILE"]["value"].startswith(m["mountPath"] + "/")]
+    [volume] = [v for v in spec["volumes"] if v["name"] == mount["name"]]
+    assert volume["secret"]["secretName"] == "inferq-secrets" and not volume["secret"].get("optional")
+    assert [i["path"] for i in volume["secret"]["items"]] == [env["INFERQ_API_KEYS_FILE"]["value"].rsplit("/", 1)[1]]
+    [w] = _one("Deployment", "worker")["spec"]["template"]["spec"]["containers"]
+    token = {e["name"]: e for e in w["env"]}["HF_TOKEN"]["valueFrom"]["secretKeyRef"]
+    assert token["name"] == "inferq-secrets" and token["optional"] is True
+
+
+def test_workers_share_one_model_cache() -> None:
+    """A worker KEDA starts from zero finds the weights on a volume every worker pod mounts (an
+    emptyDir downloaded them again for each pod)."""
+    spec = _one("Deployment", "worker")["spec"]["template"]["spec"]
+    [c] = spec["containers"]
+    [mount] = [m for m in c["volumeMounts"] if m["mountPath"] == "/root/.cache/huggingface"]
+    [volume] = [v for v in spec["volumes"] if v["name"] == mount["name"]]
+    claim = _one("PersistentVolumeClaim", volume["persistentVolumeClaim"]["claimName"])
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+
+
 def test_the_config_holds_only_real_settings() -> None:
     fields = set(Settings.model_fields)
     for name in _config():
