@@ -1,10 +1,11 @@
 """API keys: who is calling.
 
 Keys come from ``INFERQ_API_KEYS`` (comma-separated) and ``INFERQ_API_KEYS_FILE`` (one
-``KEY [name] [tenant=T] [weight=W] [priority=LO[-HI]]`` a line; blank lines and ``#`` comments are
-skipped). A key's tenant (default: the key itself) and weight (default 1) set its fair share of the
-queue (shared/fairshare.py); its priorities (default: the default priority and later, 5-9) are the
-ones its requests may ask for. With no key configured, auth is off and every caller is anonymous
+``KEY [name] [tenant=T] [weight=W] [priority=LO[-HI]] [role=operator]`` a line; blank lines and ``#``
+comments are skipped). A key's tenant (default: the key itself) and weight (default 1) set its fair
+share of the queue (shared/fairshare.py); its priorities (default: the default priority and later,
+5-9) are the ones its requests may ask for; an operator key may replace or unload any key's run-time
+LoRA adapters (others only their own). With no key configured, auth is off and every caller is anonymous
 (and may use every priority). The gateway never keeps or logs a raw key after start-up: a key is known by
 its SHA-256 digest, compared in constant time, and identified by :func:`key_id` (a digest prefix),
 which is what job records store as their ``owner``.
@@ -75,6 +76,7 @@ class KeySpec:
     tenant: str | None = None  # None: the key is a tenant of its own
     weight: float = 1.0
     priorities: range = DEFAULT_PRIORITIES
+    operator: bool = False  # role=operator: may manage what any key made (run-time LoRA adapters)
 
 
 @dataclass(frozen=True)
@@ -84,13 +86,15 @@ class _Key:
     name: str | None
     share: Share
     priorities: range
+    operator: bool
 
 
 class KeyRing:
     def __init__(self, keys: dict[str, KeySpec]) -> None:
         """``keys`` maps each raw key to what the keys file says of it."""
         self._keys = [_Key(hashlib.sha256(k.encode()).digest(), key_id(k), spec.name,
-                           Share(spec.tenant or key_id(k), spec.weight), spec.priorities) for k, spec in keys.items()]
+                           Share(spec.tenant or key_id(k), spec.weight), spec.priorities, spec.operator)
+                      for k, spec in keys.items()]
         self._shares = {k.id: k.share for k in self._keys}
 
     @classmethod
@@ -137,7 +141,7 @@ class KeyRing:
         found = self.lookup(token)
         if found is None:
             raise Unauthenticated("invalid API key", code="invalid_api_key")
-        return Principal(found.id, found.name, ip, found.priorities)
+        return Principal(found.id, found.name, ip, found.priorities, found.operator)
 
 
 class KeyBeforeBody:
@@ -158,8 +162,8 @@ class KeyBeforeBody:
 
 
 def read_keys_file(path: Path) -> dict[str, KeySpec]:
-    """``KEY [name] [tenant=T] [weight=W] [priority=LO[-HI]]`` per line; blank lines and lines starting
-    with ``#`` are skipped. A bad option is a ValueError naming its line (never the key)."""
+    """``KEY [name] [tenant=T] [weight=W] [priority=LO[-HI]] [role=operator]`` per line; blank lines and
+    lines starting with ``#`` are skipped. A bad option is a ValueError naming its line (never the key)."""
     out: dict[str, KeySpec] = {}
     for number, line in enumerate(path.read_text().splitlines(), 1):
         line = line.strip()
@@ -171,11 +175,20 @@ def read_keys_file(path: Path) -> dict[str, KeySpec]:
             options[m[1]] = m[2]
             words.pop()
         where = f"{path}, line {number}"
-        out[key] = KeySpec(" ".join(words) or None, *_options(options, where), _priorities(options, where))
+        out[key] = KeySpec(" ".join(words) or None, *_options(options, where), _priorities(options, where),
+                           _operator(options, where))
     return out
 
 
-_OPTION = re.compile(r"(tenant|weight|priority)=(\S*)")
+_OPTION = re.compile(r"(tenant|weight|priority|role)=(\S*)")
+
+
+def _operator(options: dict[str, str], where: str) -> bool:
+    """``role=operator``: the key may manage what any key made; ``role=user`` (the default): its own."""
+    role = options.get("role", "user")
+    if role not in ("user", "operator"):
+        raise ValueError(f"{where}: role= must be user or operator")
+    return role == "operator"
 
 
 def _priorities(options: dict[str, str], where: str) -> range:

@@ -133,8 +133,9 @@ class Settings(BaseSettings):
                                 "auth on, and jobs, files and batches become private to their key "
                                 "(docs/security.md).")
     api_keys_file: Path | None = Field(default=None, description="API keys, one per line: "
-                                       "'KEY [name] [tenant=T] [weight=W] [priority=LO[-HI]]' (fair share, and the "
-                                       "priorities the key may use, by default 5 to 9: docs/security.md); "
+                                       "'KEY [name] [tenant=T] [weight=W] [priority=LO[-HI]] [role=operator]' (fair "
+                                       "share, the priorities the key may use, by default 5 to 9, and whether it "
+                                       "may manage other keys' LoRA adapters: docs/security.md); "
                                        "added to INFERQ_API_KEYS.")
     allowed_origins: str = Field(default="", description="Comma-separated origins (scheme://host[:port], or "
                                  "'*') that browser pages may call the API from (CORS) and open WebSockets "

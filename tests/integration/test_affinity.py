@@ -1,11 +1,13 @@
 """Cache-affine pull on the session stack (two real workers, INFERQ_AFFINITY=prefix, the default):
 each turn of a conversation runs on the worker that ran the turn before (the one whose vLLM prefix
-cache holds it), whichever worker took it from the queue, and that engine's prefix cache hits."""
+cache holds it), whichever worker took it from the queue, and that engine's prefix cache hits; the
+fleet's prefix index holds what the engines' KV-cache events said they stored."""
 
 from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 
 import httpx
@@ -41,6 +43,12 @@ def test_each_turn_runs_where_the_conversation_is_cached(stack) -> None:
     with stack.http() as http:  # and the worker's heartbeat says so (the console's worker panel shows it)
         eventually(lambda: {w["id"]: w["stats"] for w in http.get("/v1/workers").json()}[holder], 10,
                    "the holder's prefix-cache counters", until=lambda s: s["prefix_cache_hits"] >= after[holder])
+        engines = {w["id"]: w["engine"] for w in http.get("/v1/workers").json()}
+    # the index names the holder's engine, from its engine's KV-cache events (a claim only refreshes
+    # entries the events made): the blocks of the shared start are held there
+    r = stack.redis.client()
+    held = [set(r.zrangebyscore(k, time.time(), "+inf")) for k in r.scan_iter("inferq:kv:*", count=1000)]
+    assert sum(engines[holder] in h for h in held) >= 2500 // 64 // 4, (engines, len(held))
 
 
 def test_the_sessions_benchmark_runs_against_the_stack(stack, tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from inferq.api.adapters import Adapters, LoadAdapterRequest, UnloadAdapterRequest
+from inferq.api.auth import read_keys_file
 from inferq.api.service import JobService
 from inferq.shared import keys
 from inferq.shared.adapters import AdapterRegistry
@@ -223,3 +224,37 @@ async def test_a_submission_resolves_an_adapter_to_its_base_models_queue(r) -> N
     assert (await svc.resolve("base-m"))[2] is None
     with pytest.raises(NotFound):
         await svc.resolve("ad-2")
+
+
+def test_over_http_a_key_manages_its_own_adapters_and_an_operator_key_any(own_redis: str, tmp_path: Path) -> None:
+    """Run-time loads through the gateway with keys A and B and an operator key (role=operator):
+    B's load_inplace of A's adapter and B's unload of it are 403 and change nothing; A's own are
+    fine; the operator's unload of B's adapter is too."""
+    from fastapi.testclient import TestClient
+
+    from inferq.api.app import create_app
+
+    f = tmp_path / "keys"
+    f.write_text("sk-a\nsk-b\nsk-op ops role=operator\n")
+    model = "lora-owners"  # no live worker: loads are registered, loaded on first use
+    settings = Settings(redis_url=own_redis, served_model_name=model, api_keys_file=f, lora_runtime_updates=True)
+
+    def call(c: TestClient, key: str, op: str, **body: object) -> tuple[int, str]:
+        r = c.post(f"/v1/{op}_lora_adapter", json=body, headers={"Authorization": f"Bearer {key}"})
+        return r.status_code, r.text
+
+    with TestClient(create_app(settings)) as c:
+        assert call(c, "sk-a", "load", lora_name="a1", lora_path="/a1")[0] == 200
+        status, text = call(c, "sk-b", "load", lora_name="a1", lora_path="/evil", load_inplace=True)
+        assert status == 403 and "adapter_not_owned" in text and "lora_name" in text
+        assert call(c, "sk-b", "unload", lora_name="a1")[0] == 403
+        got = {m["id"]: m for m in c.get("/v1/models", headers={"Authorization": "Bearer sk-a"}).json()["data"]}
+        assert "a1" not in got or got["a1"].get("parent") == model
+        assert call(c, "sk-a", "load", lora_name="a1", lora_path="/a2", load_inplace=True)[0] == 200
+        assert call(c, "sk-b", "load", lora_name="b1", lora_path="/b1")[0] == 200
+        assert call(c, "sk-op", "unload", lora_name="b1")[0] == 200
+        assert call(c, "sk-a", "unload", lora_name="a1")[0] == 200
+    assert [s.operator for s in read_keys_file(f).values()] == [False, False, True]
+    f.write_text("sk-x role=admin\n")
+    with pytest.raises(ValueError, match="line 1: role= must be user or operator"):
+        read_keys_file(f)

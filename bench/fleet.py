@@ -1,0 +1,265 @@
+"""The fleet benchmark: plain pull against cache-affine pull, driven by vLLM's own client
+(``vllm bench serve``) on the workloads it makes.
+
+    python -m bench.fleet bench/configs/fleet/cpu-fleet.json --out results/fleet [--stacks off prefix]
+
+Each stack is one fleet (``workers`` workers and a gateway; INFERQ_AFFINITY as the stack names it),
+started once; every case runs on it ``repeats`` times with fresh prompts (a new seed each time):
+
+- ``prefix_repetition``: ``num_prefixes`` shared prefixes, each repeated, shuffled (the workload's
+  ideal hit rate is prefix / (prefix + suffix) of the prompt tokens, less the first of each prefix);
+- ``random``: prompts that share nothing (placement can only cost);
+- either with LoRA adapters: ``adapters`` of them, one per request, drawn uniformly
+  (``--lora-modules``, as users run it) or Zipf-like (``zipf``: each name repeated in proportion to
+  1/rank, the same flag);
+- ``num_prefixes`` 1: one hot prefix (how evenly the workers share it).
+
+Around each run every worker's vLLM counters are read: prefix-cache hits, requests served, busy
+time. With ``vllm_serve`` set, the same cases also run against ``vllm serve`` started with the
+fleet's total adapter slots (a reference row for the adapter mix). ``parallel``: the stacks run side
+by side, stack i on GPU i (``CUDA_VISIBLE_DEVICES``), as on a two-GPU machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import threading
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.config import StackSpec, Workload
+from bench.sessions import metric_sum
+from bench.stack import Procs, free_port, start_inferq
+
+#: vllm bench serve, run from Python (the CPU build's ``vllm`` command does not start)
+CLIENT = ("import argparse, sys\nfrom vllm.benchmarks.serve import add_cli_args, main\n"
+          "p = argparse.ArgumentParser(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))")
+COUNTERS = ("prefix_cache_hits_total", "prefix_cache_queries_total", "request_success_total",
+            "request_inference_time_seconds_sum")
+KEPT = ("output_throughput", "completed", "failed", "mean_ttft_ms", "median_ttft_ms", "p90_ttft_ms", "p99_ttft_ms",
+        "median_itl_ms", "p99_itl_ms", "duration")
+
+
+@dataclass
+class Case:
+    name: str
+    dataset: str = "random"  # random | prefix_repetition
+    input_len: int = 512  # random: prompt tokens
+    output_len: int = 64
+    prefix_len: int = 512  # prefix_repetition
+    suffix_len: int = 64
+    num_prefixes: int = 16
+    num_prompts: int = 256
+    concurrency: int = 32
+    adapters: int = 0  # n > 0: each request on one of the first n adapters
+    zipf: bool = False
+
+
+@dataclass
+class FleetConfig:
+    name: str = "fleet"
+    model: str | None = None  # None: the built-in tiny model
+    load_format: str = "auto"
+    max_model_len: int | None = None
+    workers: int = 2
+    max_num_seqs: int = 64
+    kv_cache_gib: float = 1.0
+    gpu_memory_utilization: float = 0.9
+    max_loras: int = 4
+    max_cpu_loras: int | None = None
+    adapters: int = 0  # adapters built for the cases (the most any case uses)
+    stacks: list[str] = field(default_factory=lambda: ["off", "prefix"])
+    cases: list[Case] = field(default_factory=list)
+    repeats: int = 3
+    env: dict[str, str] = field(default_factory=dict)
+    startup_timeout_s: float = 900.0
+    staggered: bool = False
+    parallel: bool = False
+    vllm_serve: list[str] = field(default_factory=list)  # cases also run against one `vllm serve` of the fleet's size
+
+
+def lora_names(case: Case, names: list[str]) -> list[str]:
+    """The ``--lora-modules`` list: uniform, or each name repeated about 1/rank times (Zipf, s=1)."""
+    names = names[:case.adapters]
+    if not case.zipf:
+        return names
+    return [n for k, n in enumerate(names) for _ in range(max(1, round(len(names) / (k + 1))))]
+
+
+def client_args(case: Case, base: str, model: str, tokenizer: str, loras: list[str], seed: int,
+                out: Path, name: str) -> list[str]:
+    args = ["--backend", "openai", "--endpoint", "/v1/completions", "--base-url", base, "--model", model,
+            "--tokenizer", tokenizer, "--num-prompts", str(case.num_prompts), "--max-concurrency",
+            str(case.concurrency), "--request-rate", "inf", "--ignore-eos", "--seed", str(seed),
+            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
+            "--save-result", "--result-dir", str(out), "--result-filename", name, "--disable-tqdm",
+            "--temperature", "0"]
+    if case.dataset == "prefix_repetition":
+        args += ["--dataset-name", "prefix_repetition", "--prefix-repetition-prefix-len", str(case.prefix_len),
+                 "--prefix-repetition-suffix-len", str(case.suffix_len), "--prefix-repetition-num-prefixes",
+                 str(case.num_prefixes), "--prefix-repetition-output-len", str(case.output_len)]
+    else:
+        args += ["--dataset-name", "random", "--random-input-len", str(case.input_len), "--random-output-len",
+                 str(case.output_len), "--random-range-ratio", "0"]
+    return args + (["--lora-modules", *loras] if loras else [])
+
+
+def scrape(ports: list[int]) -> list[dict[str, float]]:
+    out = []
+    for port in ports:
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
+        out.append({k: metric_sum(text, f"vllm:{k}") for k in COUNTERS})
+    return out
+
+
+def run_case(case: Case, base: str, model: str, tokenizer: str, loras: list[str], ports: list[int], seed: int,
+             out: Path, label: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """One run of ``case``: vLLM's figures and, per worker, what its counters moved by."""
+    name = f"{label}-{case.name}-{seed}.json"
+    before = scrape(ports)
+    log = out / "logs" / f"client-{label}.log"
+    with log.open("a") as f:
+        subprocess.run([sys.executable, "-c", CLIENT, *client_args(case, base, model, tokenizer, loras, seed, out,
+                                                                    name)], stdout=f, stderr=subprocess.STDOUT,
+                       check=True, env=env, timeout=3600)
+    after = scrape(ports)
+    got = json.loads((out / name).read_text())
+    (out / name).unlink()  # the per-request data stay out of the results
+    moved = [{k: a[k] - b[k] for k in COUNTERS} for a, b in zip(after, before, strict=True)]
+    hits = sum(m["prefix_cache_hits_total"] for m in moved)
+    queries = sum(m["prefix_cache_queries_total"] for m in moved)
+    served = [m["request_success_total"] for m in moved]
+    busy = [m["request_inference_time_seconds_sum"] for m in moved]
+    run = {k: got.get(k) for k in KEPT}
+    run.update(hit_rate=hits / queries if queries else None, requests=served, busy_s=busy,
+               busiest_over_mean=max(served) / statistics.mean(served) if served and sum(served) else None)
+    return run
+
+
+def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median, min and max over the repeats of each figure."""
+    out: dict[str, Any] = {"repeats": len(runs), "failed": sum(r.get("failed") or 0 for r in runs)}
+    for key in ("output_throughput", "median_ttft_ms", "mean_ttft_ms", "p90_ttft_ms", "p99_ttft_ms", "p99_itl_ms",
+                "hit_rate", "busiest_over_mean"):
+        vals = [r[key] for r in runs if r.get(key) is not None]
+        out[key] = {"median": statistics.median(vals), "min": min(vals), "max": max(vals)} if vals else None
+    return out
+
+
+def adapters(cfg: FleetConfig, out: Path) -> dict[str, str]:
+    from bench.sessions import SessionsConfig, adapters_for
+
+    return adapters_for(SessionsConfig(model=cfg.model, adapters=[cfg.adapters]), out) if cfg.adapters else {}
+
+
+def run_stack(cfg: FleetConfig, out: Path, mode: str, lora: dict[str, str], gpu: str | None) -> dict[str, Any]:
+    ports = [free_port() for _ in range(cfg.workers)]
+    env = {"INFERQ_AFFINITY": mode, "INFERQ_MAX_LORAS": str(cfg.max_loras), **cfg.env}
+    if cfg.max_cpu_loras:
+        env["INFERQ_MAX_CPU_LORAS"] = str(cfg.max_cpu_loras)
+    if lora:
+        env["INFERQ_LORA_MODULES"] = ",".join(f"{k}={v}" for k, v in lora.items())
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = gpu
+    spec = StackSpec(workers=cfg.workers, max_num_seqs=cfg.max_num_seqs, kv_cache_gib=cfg.kv_cache_gib,
+                     gpu_memory_utilization=cfg.gpu_memory_utilization, env=env,
+                     worker_env=[{"INFERQ_METRICS_PORT": str(p)} for p in ports],
+                     startup_timeout_s=cfg.startup_timeout_s, staggered=cfg.staggered)
+    w = Workload(name=cfg.name, model=cfg.model, load_format=cfg.load_format, max_model_len=cfg.max_model_len)
+    (out / "logs" / mode).mkdir(parents=True, exist_ok=True)
+    result: dict[str, Any] = {"affinity": mode, "workers": cfg.workers, "cases": {}}
+    with Procs(out / "logs" / mode) as procs:
+        base = start_inferq(procs, w, spec, mode)
+        model = httpx.get(f"{base}/v1/models", timeout=30).json()["data"][0]["id"]
+        tokenizer = cfg.model or httpx.get(f"{base}/v1/workers", timeout=30).json()[0]["tokenizer"]
+        for case in cfg.cases:
+            loras = lora_names(case, list(lora))
+            runs = [run_case(case, base, model, tokenizer, loras, ports, seed, out, mode) for seed in
+                    range(cfg.repeats)]
+            result["cases"][case.name] = {"runs": runs, "summary": summary(runs)}
+            print(mode, case.name, json.dumps(result["cases"][case.name]["summary"]), flush=True)
+    return result
+
+
+def run_vllm_serve(cfg: FleetConfig, out: Path, lora: dict[str, str], gpu: str | None) -> dict[str, Any]:
+    """The reference: one ``vllm serve`` with the fleet's total sequences, adapter slots and memory."""
+    from bench.inprocess import engine_args
+    from bench.stack import ROOT, base_env, http_ok
+    from bench.vllm_serve import flags
+    from inferq.shared.settings import Settings
+    from inferq.worker.engine.models import resolve_model
+
+    n = cfg.workers
+    settings = {"model": cfg.model, "load_format": cfg.load_format, "max_model_len": cfg.max_model_len,
+                "max_num_seqs": cfg.max_num_seqs * n, "cpu_kv_cache_gib": cfg.kv_cache_gib * n,
+                "gpu_memory_utilization": min(0.95, cfg.gpu_memory_utilization * n), "enable_lora": bool(lora),
+                "max_loras": cfg.max_loras * n, "max_cpu_loras": max(cfg.max_cpu_loras or 0, cfg.max_loras * n),
+                "affinity": "off"}
+    model_path = str(resolve_model(Settings(**{k: v for k, v in settings.items() if k in ("model",)})))
+    argv = flags(engine_args({"model_path": model_path, "settings": settings}))
+    if lora:
+        argv += ["--lora-modules", *(f"{k}={v}" for k, v in lora.items())]
+    port = free_port()
+    (out / "logs" / "vllm-serve").mkdir(parents=True, exist_ok=True)
+    result: dict[str, Any] = {"vllm_serve": True, "cases": {}}
+    with Procs(out / "logs" / "vllm-serve") as procs:
+        env = base_env(**({"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {}))
+        procs.start("vllm-serve", [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1",
+                                   "--port", str(port), "--disable-uvicorn-access-log", *argv], env, cwd=ROOT)
+        base = f"http://127.0.0.1:{port}"
+        procs.wait(lambda: http_ok(f"{base}/health"), cfg.startup_timeout_s, "vllm serve")
+        model = httpx.get(f"{base}/v1/models", timeout=30).json()["data"][0]["id"]
+        for case in (c for c in cfg.cases if c.name in cfg.vllm_serve):
+            runs = [run_case(case, base, model, model_path, lora_names(case, list(lora)), [port], seed, out,
+                             "vllm-serve") for seed in range(cfg.repeats)]
+            result["cases"][case.name] = {"runs": runs, "summary": summary(runs)}
+            print("vllm-serve", case.name, json.dumps(result["cases"][case.name]["summary"]), flush=True)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.fleet", description=__doc__.split("\n\n")[0])
+    ap.add_argument("config", type=Path)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--stacks", nargs="+", default=None, help="run only these stacks (off, prefix)")
+    ap.add_argument("--cases", nargs="+", default=None, help="run only these cases")
+    args = ap.parse_args(argv)
+    raw = json.loads(args.config.read_text())
+    cfg = FleetConfig(**{**raw, "cases": [Case(**c) for c in raw.get("cases", [])]})
+    if args.cases:
+        cfg.cases = [c for c in cfg.cases if c.name in args.cases]
+    args.out.mkdir(parents=True, exist_ok=True)
+    lora = adapters(cfg, args.out / "adapters")
+    stacks = [s for s in [*cfg.stacks, *(["vllm-serve"] if cfg.vllm_serve else [])]
+              if not args.stacks or s in args.stacks]
+    result: dict[str, Any] = {"config": asdict(cfg), "stacks": {}}
+    lock = threading.Lock()
+
+    def one(i: int, mode: str) -> None:
+        gpu = str(i) if cfg.parallel else None
+        got = run_vllm_serve(cfg, args.out, lora, gpu) if mode == "vllm-serve" else \
+            run_stack(cfg, args.out, mode, lora, gpu)
+        with lock:
+            result["stacks"][mode] = got
+            (args.out / "fleet.json").write_text(json.dumps(result, indent=1))
+
+    threads = [threading.Thread(target=one, args=(i, m)) for i, m in enumerate(stacks)]
+    for t in threads:
+        t.start()
+        if not cfg.parallel:
+            t.join()
+    for t in threads:
+        t.join()
+    (args.out / "fleet.json").write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
