@@ -58,8 +58,11 @@ class Settings(BaseSettings):
         "serve names a model), or inferq-tiny for the built-in model; a local folder whose path is not such a "
         "name (a space, a colon...) needs this set."
     )
-    job_ttl_s: int = Field(default=24 * 3600, ge=60, description="How long job records and token logs live "
-                           "(seconds); a Responses API response lives as long as its job.")
+    job_ttl_s: int = Field(default=25 * 3600, ge=60, description="How long job records and token logs live "
+                           "(seconds); a Responses API response lives as long as its job. At least "
+                           "INFERQ_MAX_TIMEOUT_S plus a margin (a minute, or INFERQ_WORKER_TTL_S + "
+                           "INFERQ_HEARTBEAT_S if longer); a queued job's record lives until its deadline plus "
+                           "this.")
     cache_dir: Path = Field(default=Path.home() / ".cache" / "inferq", description="Where the built-in model "
                             "is built (models/) and where `inferq up` writes its processes' logs (logs/).")
     log_level: str = Field(default="INFO", description="Log level of the gateway and the worker (DEBUG, INFO, "
@@ -337,17 +340,29 @@ class Settings(BaseSettings):
         "/ready port (vLLM's metrics and inferq's); 0: off; a port already taken is logged and skipped. An "
         "engine group's frontend i serves it on this port + i.")
 
+    @property
+    def deadline_margin_s(self) -> float:
+        """How much longer than the longest timeout ``job_ttl_s`` must be: the time a job's end at its
+        deadline may take to be written and read. A queued job past its deadline is failed by the
+        next reaper pass (every ``heartbeat_s``), which a reaper that died delays by its lock's life
+        (2 x its budget: ``worker_ttl_s``); a minute at least, for its client to read the end."""
+        return max(60.0, self.worker_ttl_s + self.heartbeat_s)
+
     @model_validator(mode="after")
     def _records_outlive_deadlines(self) -> Settings:
-        """A job's record (and its log) must not expire before the job's deadline: a job still queued
-        or running then would vanish (its client gets job_not_found, and no end is ever written)."""
+        """A job's record (and its log) must outlive the job's deadline by :attr:`deadline_margin_s`:
+        with a TTL equal to the timeout, a job still queued at its deadline had its record expire
+        then, and vanished (job_not_found, no end ever written). (The record of a queued job is also
+        kept until its deadline plus the TTL: shared/store.py.)"""
+        margin = self.deadline_margin_s
         for name in ("max_timeout_s", "default_timeout_s"):
             timeout, setting = getattr(self, name), f"INFERQ_{name.upper()}"
-            if self.job_ttl_s < timeout:
+            if self.job_ttl_s < timeout + margin:
                 raise ValueError(
-                    f"INFERQ_JOB_TTL_S ({self.job_ttl_s} s) is below {setting} ({timeout:g} s): a job's record "
-                    f"would expire before its deadline, and a job still queued or running would vanish; set "
-                    f"INFERQ_JOB_TTL_S >= {setting}")
+                    f"INFERQ_JOB_TTL_S ({self.job_ttl_s} s) must exceed {setting} ({timeout:g} s) by at least "
+                    f"{margin:g} s: a job's record must outlive its deadline until its end is written and read "
+                    f"(a job still queued at its deadline would vanish); set INFERQ_JOB_TTL_S >= "
+                    f"{timeout + margin:g}")
         return self
 
     @property

@@ -10,6 +10,7 @@ one, so a log can never hold a duplicate or go backwards.
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -116,11 +117,19 @@ class JobStore:
         depth = int(await self._submit(
             keys=[keys.job(record.id), keys.QUEUED, keys.STATS, queue_list, *lists,
                   *map(keys.queue_cancelled, lists)],
-            args=["" if max_depth is None else max_depth, self.ttl_s, record.id, repr(record.created_at),
+            args=["" if max_depth is None else max_depth, self.queued_ttl(record), record.id, repr(record.created_at),
                   keys.stat("submitted", record.model), message, share, *fields]))
         if depth == -2:
             raise AlreadyQueued(record.id)
         return None if depth < 0 else depth
+
+    def queued_ttl(self, record: JobRecord) -> int:
+        """How long a job's record lives from its submission: until its deadline and a full TTL
+        after it, so that a job still queued at its deadline is there to be failed (and read)
+        however long it waited; the TTL alone for a job without a deadline."""
+        if record.deadline is None:
+            return self.ttl_s
+        return self.ttl_s + max(0, math.ceil(record.deadline - record.created_at))
 
     async def get(self, job_id: str) -> JobRecord | None:
         h = await self.redis.hgetall(keys.job(job_id))
@@ -198,12 +207,15 @@ class JobStore:
         """The new message of a job :meth:`requeue` queued again is sent: it is no longer unsent."""
         await self.redis.zrem(keys.UNSENT, job_id)
 
-    async def fail_queued(self, job_id: str, error: ErrorInfo) -> bool:
+    async def fail_queued(self, job_id: str, error: ErrorInfo, *, message_waits: bool = False) -> bool:
         """End a job that is still queued as failed, with its final ``error`` event (a job whose
-        message no worker can decode). True if it was queued; otherwise nothing changes."""
+        message no worker can decode; one past its deadline). True if it was queued; otherwise
+        nothing changes. ``message_waits``: its message is still in its queue's list (a worker will
+        pop and skip it): it leaves the queue's depth as a cancelled job's does."""
         return bool(await self._fail_queued(
             keys=[keys.job(job_id), keys.job_log(job_id), keys.job_channel(job_id), keys.QUEUED, keys.STATS],
-            args=[str(time.time()), job_id, lua.event_json(ErrorEvent(seq=0, error=error)), self.ttl_s]))
+            args=[str(time.time()), job_id, lua.event_json(ErrorEvent(seq=0, error=error)), self.ttl_s,
+                  "1" if message_waits else ""]))
 
     async def append(self, items: Sequence[tuple[str, int, Event] | tuple[str, int, Event, float | None]]
                      ) -> list[Exception | bool]:

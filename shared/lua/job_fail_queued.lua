@@ -1,6 +1,8 @@
--- queued -> failed with its final `error` event (a job no worker can run); else nothing.
--- KEYS: job hash, log, channel, queued zset, stats. ARGV: now, job id, the error event (JSON), ttl.
--- Returns 1 (failed) or 0.
+-- queued -> failed with its final `error` event (a job no worker can run; one past its deadline);
+-- else nothing. KEYS: job hash, log, channel, queued zset, stats. ARGV: now, job id, the error event
+-- (JSON), ttl, '1' if the job's message still waits in its queue's list ('' : none). Returns 1
+-- (failed) or 0. A message that still waits is counted out of the queue's depth as a cancelled
+-- job's is (job_cancel.lua): the zset the record names, which a claim takes it out of.
 if redis.call('HGET', KEYS[1], 'status') ~= STATUS.queued then return 0 end
 local ev = event(ARGV[3], last_seq(KEYS[2]) + 1)
 redis.call('HSET', KEYS[1], 'status', STATUS.failed, 'finished_at', ARGV[1], 'error', cjson.encode(ev.error))
@@ -9,4 +11,9 @@ redis.call('ZREM', KEYS[4], ARGV[2])
 local fair = fair_of(KEYS[1])
 if fair_unqueue(KEYS[1], fair) then fair_refund(fair, fair.c) end
 count(KEYS[5], KEYS[1], 'end', 'failed', ev.error.code)
+local waits = redis.call('HGET', KEYS[1], 'queue_cancelled')
+if ARGV[5] == '1' and waits then
+  redis.call('ZADD', waits, ARGV[1], ARGV[2])
+  redis.call('EXPIRE', waits, ARGV[4])
+end
 return 1

@@ -59,4 +59,11 @@ else
   count(KEYS[7], KEYS[1], 'requeue', ARGV[5])
 end
 log_event(KEYS[1], KEYS[2], KEYS[3], ev, ARGV[7])
+if outcome == 'requeued' then  -- queued again: its record lives until its deadline and a ttl after it
+  local deadline = tonumber(redis.call('HGET', KEYS[1], 'deadline') or '')
+  if deadline then
+    local keep = math.ceil(deadline - tonumber(ARGV[4])) + tonumber(ARGV[7])
+    if keep > tonumber(ARGV[7]) then redis.call('EXPIRE', KEYS[1], keep) end
+  end
+end
 return outcome

@@ -3,7 +3,7 @@
 - ``cancel_depth``: every engine slot busy, the queue filled to ``INFERQ_MAX_QUEUE_DEPTH``, then every
   queued job cancelled: their messages wait in the queue's lists until a worker pops and skips them,
   and the next submission must be admitted at once all the same.
-- ``short_ttl``: gateway and workers restarted with a 60 s job TTL and timeout; long jobs at the
+- ``short_ttl``: gateway and workers restarted with a 120 s job TTL and a 60 s timeout; long jobs at the
   engines' full batch, whose records and logs are brought to the last seconds of their TTL while they
   run (as if they had run that long since their last refresh): no job may vanish, every job ends, and
   afterwards no worker lists a job it does not run (``/v1/queue`` shows 0 running).
@@ -24,8 +24,8 @@ from tests.fleet import Fleet
 from tests.wait import WaitTimeout, eventually_async
 
 SCENARIOS = ["cancel_depth", "short_ttl"]
-#: short_ttl's fleet: a job's record lives 60 s past its last refresh, as long as the longest deadline
-SHORT_TTL = {"INFERQ_JOB_TTL_S": "60", "INFERQ_MAX_TIMEOUT_S": "60", "INFERQ_DEFAULT_TIMEOUT_S": "60"}
+#: short_ttl's fleet: a job's record lives 120 s past its last refresh, the longest deadline and the margin
+SHORT_TTL = {"INFERQ_JOB_TTL_S": "120", "INFERQ_MAX_TIMEOUT_S": "60", "INFERQ_DEFAULT_TIMEOUT_S": "60"}
 
 
 async def _queue(client: Client, model: str) -> dict[str, Any]:
@@ -131,7 +131,7 @@ async def _squeeze(fleet: Fleet, ids: list[str], jobs: int, left_s: float) -> in
 
 async def short_ttl(fleet: Fleet, client: Client, jobs: int = 64, max_tokens: int = 1900,
                     left_s: float = 10.0) -> dict[str, Any]:
-    """The fleet on a 60 s job TTL, timeout and default timeout (the shortest the settings allow):
+    """The fleet on a 120 s job TTL and a 60 s timeout and default timeout (the shortest the settings allow):
     all jobs at once, each running job's record and log left ``left_s`` of their TTL. Every job must
     end (succeeded, or failed at its 60 s deadline), none may be gone, none left listed as running."""
     await asyncio.to_thread(_restart, fleet, dict(SHORT_TTL), 2)

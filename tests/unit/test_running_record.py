@@ -4,8 +4,8 @@ running under it (a Redis of its own, a worker around a scripted engine).
 Each heartbeat renews the TTL of the record and log of every job its worker runs, and drops from
 the worker's job set the ids whose record is gone or is not running under it (phantoms, which
 ``/v1/queue`` and ``/metrics`` would count as running forever). A job the claim script has just
-listed is running under the worker in its record: it stays. Settings refuse a job TTL shorter than
-a job's longest deadline."""
+listed is running under the worker in its record: it stays. Settings refuse a job TTL that does not
+exceed a job's longest deadline by a margin (tests/unit/test_deadlines.py)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from inferq.shared.store import JobStore
 from tests.unit.workerkit import GatedEngine, make_runtime, queued_job, start_runtime
 from tests.wait import eventually_async
 
-SHORT = {"job_ttl_s": 60, "max_timeout_s": 60, "default_timeout_s": 60}
+SHORT = {"job_ttl_s": 120, "max_timeout_s": 60, "default_timeout_s": 60}
 
 
 async def running(r: redis.asyncio.Redis) -> int:
@@ -161,7 +161,7 @@ async def test_a_claim_renews_the_record(store: JobStore) -> None:
 
 @pytest.mark.parametrize(("settings", "named"), [
     ({"job_ttl_s": 60}, "INFERQ_MAX_TIMEOUT_S"),
-    ({"job_ttl_s": 600, "max_timeout_s": 600}, "INFERQ_DEFAULT_TIMEOUT_S"),
+    ({"job_ttl_s": 660, "max_timeout_s": 600}, "INFERQ_DEFAULT_TIMEOUT_S"),
 ])
 def test_a_job_ttl_below_a_deadline_is_refused(settings: dict[str, int], named: str) -> None:
     with pytest.raises(pydantic.ValidationError) as e:
@@ -170,14 +170,14 @@ def test_a_job_ttl_below_a_deadline_is_refused(settings: dict[str, int], named: 
 
 
 def test_a_job_ttl_below_the_max_timeout_is_refused_from_the_environment(monkeypatch) -> None:
-    monkeypatch.setenv("INFERQ_JOB_TTL_S", "60")
+    monkeypatch.setenv("INFERQ_JOB_TTL_S", "120")
     with pytest.raises(pydantic.ValidationError, match="INFERQ_MAX_TIMEOUT_S"):
         Settings()
     monkeypatch.setenv("INFERQ_MAX_TIMEOUT_S", "60")
     monkeypatch.setenv("INFERQ_DEFAULT_TIMEOUT_S", "60")
-    assert Settings().job_ttl_s == 60
+    assert Settings().job_ttl_s == 120
 
 
 def test_the_defaults_hold() -> None:
     s = Settings()
-    assert s.job_ttl_s >= s.max_timeout_s and s.job_ttl_s >= s.default_timeout_s
+    assert s.job_ttl_s >= s.max_timeout_s + s.deadline_margin_s and s.job_ttl_s >= s.default_timeout_s

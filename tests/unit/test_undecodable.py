@@ -20,7 +20,7 @@ from tests.unit.workerkit import GatedEngine, start_runtime
 @pytest.fixture(autouse=True)
 def runtime(own_redis, monkeypatch):
     """A real WorkerRuntime (scripted engine) behind the task, as a worker process has."""
-    rig = start_runtime(own_redis, GatedEngine(), job_ttl_s=120, max_timeout_s=120, default_timeout_s=120)
+    rig = start_runtime(own_redis, GatedEngine(), job_ttl_s=180, max_timeout_s=120, default_timeout_s=120)
     monkeypatch.setattr(tasks, "_runtime", rig.runtime)
     yield rig.runtime
     rig.stop()
@@ -56,7 +56,7 @@ async def test_an_undecodable_message_fails_its_queued_job_with_a_reason(store) 
     log = await store.read_log(job)
     assert [e.type for e in log] == ["error"] and log[0].seq == 1 and log[0].error == rec.error
     assert await store.redis.zscore(keys.QUEUED, job) is None  # the reaper no longer re-sends it
-    assert 0 < await store.redis.ttl(keys.job(job)) <= 120 and 0 < await store.redis.ttl(keys.job_log(job)) <= 120
+    assert 0 < await store.redis.ttl(keys.job(job)) <= 180 and 0 < await store.redis.ttl(keys.job_log(job)) <= 180
 
 
 async def test_the_job_id_comes_from_the_task_id_or_else_the_raw_payload(store) -> None:

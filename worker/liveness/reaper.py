@@ -29,6 +29,7 @@ from inferq.shared import keys, lua
 from inferq.shared.redis import make_redis, text_set, texts
 from inferq.shared.settings import Settings
 from inferq.shared.store import JobStore
+from inferq.worker.liveness.deadlines import sweep_deadlines
 from inferq.worker.liveness.handback import SEND_BUDGET_S, hand_back
 from inferq.worker.liveness.lanes import return_lane
 from inferq.worker.liveness.unacked import Send, UnackedEntries, sweep_queued, sweep_unacked, sweep_unsent
@@ -156,10 +157,14 @@ class Reaper:
         return handed
 
     async def sweep(self, budget: Budget) -> None:
-        """Send queued jobs whose Celery message was never sent (a hand-back's send failed), was
-        stranded or was lost (``worker/liveness/unacked.py``)."""
+        """Fail queued jobs past their deadline (``deadlines.py``); send queued jobs whose Celery
+        message was never sent (a hand-back's send failed), was stranded or was lost
+        (``worker/liveness/unacked.py``)."""
         assert self.store is not None
         now, entries = time.time(), UnackedEntries(self.store.redis)
+        await sweep_deadlines(self.store, now, budget.spent)
+        if budget.spent():
+            return
         await sweep_unsent(self.store, self.send, now - SEND_BUDGET_S, now, budget.spent)
         old = now - 2 * self.settings.worker_ttl_s
         if not budget.spent():
