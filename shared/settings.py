@@ -157,6 +157,11 @@ class Settings(BaseSettings):
                              "served least so far. Off: first in, first out.")
     max_concurrent_jobs_per_key: int = Field(default=0, ge=0, description="Unfinished jobs per key (per "
                                              "client IP without keys), 429 beyond; 0: off.")
+    answered_embedding_ttl_s: int = Field(
+        default=300, ge=1, description="How long an embedding job's record and log (its vectors: a 2,048-input "
+        "request's are megabytes) stay in Redis once /v1/embeddings, /pooling, /score or /rerank has answered "
+        "with them, instead of INFERQ_JOB_TTL_S; an Idempotency-Key repeat after that is a 404. Jobs submitted "
+        "on /v1/jobs and batch lines keep INFERQ_JOB_TTL_S (they are read later).")
     idempotency_ttl_s: int = Field(default=24 * 3600, ge=1, description="How long an Idempotency-Key "
                                    "returns the job it created (seconds).")
     http_header_timeout_s: float = Field(

@@ -131,6 +131,15 @@ class JobStore:
             return self.ttl_s
         return self.ttl_s + max(0, math.ceil(record.deadline - record.created_at))
 
+    async def expire_soon(self, job_id: str, ttl_s: int) -> None:
+        """Keep an ended job's record and log ``ttl_s`` more seconds at most (an answer delivered:
+        its vectors need not stay for a whole TTL)."""
+        ttl = min(ttl_s, self.ttl_s)
+        async with self.redis.pipeline(transaction=False) as p:
+            p.expire(keys.job(job_id), ttl)
+            p.expire(keys.job_log(job_id), ttl)
+            await p.execute()
+
     async def get(self, job_id: str) -> JobRecord | None:
         h = await self.redis.hgetall(keys.job(job_id))
         return JobRecord.from_hash(text_map(h)) if h else None

@@ -50,9 +50,17 @@ async def _answered(job: JobRequest, kind: str, body: BaseModel, answer: Answer,
                                       fingerprint=lambda: fingerprint(kind, oc.job_fields(body)))
     rec = admitted.records[0]
     cancel = partial(service.cancel_soon, [] if idempotency_key else [rec.id])
-    return await sse.answer_once(request, collect_vectors(hub, rec.id), cancel, lambda got: Response(
+    return await sse.answer_once(request, _delivered(service, hub, rec.id), cancel, lambda got: Response(
         answer(rec.id, rec.served_name, got).model_dump_json(), media_type="application/json",
         headers=oc.answer_headers(rec.id, admitted.replayed)))
+
+
+async def _delivered(service: JobService, hub: StreamHub, job_id: str) -> Vectors:
+    """The job's vectors; its record and log, which hold them, then stay only
+    ``answered_embedding_ttl_s`` more (40 requests of 2,048 inputs left ~126 MB in Redis for a day)."""
+    got = await collect_vectors(hub, job_id)
+    await service.store.expire_soon(job_id, service.settings.answered_embedding_ttl_s)
+    return got
 
 
 @router.post("/v1/embeddings", response_model=EmbeddingList)
