@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from inferq.shared import keys
 from inferq.shared.errors import DeadlineExceeded
+from inferq.shared.redis import texts
 from inferq.shared.schemas import ErrorInfo
 from inferq.shared.store import JobStore
 
@@ -29,7 +30,7 @@ async def sweep_deadlines(store: JobStore, now: float, out_of_time: Callable[[],
     """Fail every queued job whose deadline is at or before ``now`` (its message, still in its
     queue, is skipped by the worker that pops it). Returns the jobs failed."""
     redis, failed = store.redis, 0
-    queued = await redis.zrange(keys.QUEUED, 0, -1)
+    queued = texts(await redis.zrange(keys.QUEUED, 0, -1))
     for start in range(0, len(queued), CHUNK):
         if out_of_time():
             break
