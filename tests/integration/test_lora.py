@@ -142,3 +142,34 @@ def test_an_adapter_the_engine_refuses_is_400_and_harms_no_worker(http, tmp_path
         assert http.post("/v1/jobs", json={"prompt": "x", "model": name}).status_code == 404
     assert polled_text(http, BASE)["status"] == "succeeded"
     assert polled_text(http, "tiny-b")["status"] == "succeeded"
+
+
+def test_a_deleted_adapter_fails_its_job_not_the_fleet(stack, http, tmp_path: Path) -> None:
+    """Load an adapter, use it, delete its folder, load more adapters than an engine keeps (every
+    worker loads each: the engines drop it), then ask for it again: the job fails with the reason
+    (the worker loads an adapter the engine may have dropped through add_lora, and refuses a folder
+    that is gone), instead of the engine loading it itself and dying, and the job, handed back,
+    killing the next worker too."""
+    base = tiny_model_dir(Settings())
+    names = ["tiny-del", *(f"tiny-o{i}" for i in range(5))]  # the engines keep INFERQ_MAX_LORAS (4)
+    workers = {w["id"] for w in http.get("/v1/workers").json()}
+    folders = {name: build_tiny_adapter(tmp_path / name, base, seed=20 + i) for i, name in enumerate(names)}
+    try:
+        assert http.post("/v1/load_lora_adapter", json={"lora_name": "tiny-del", "lora_path": str(folders["tiny-del"])}
+                         ).status_code == 200
+        assert polled_text(http, "tiny-del")["status"] == "succeeded"
+        for path in folders["tiny-del"].iterdir():
+            path.unlink()
+        folders["tiny-del"].rmdir()
+        for name in names[1:]:
+            assert http.post("/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(folders[name])}
+                             ).status_code == 200
+        view = wait_status(http, submit(http, prompt="def main():", model="tiny-del", **GREEDY))
+        assert view["status"] == "failed" and view["error"]["code"] == "adapter_load_failed", view
+        assert "is gone" in view["error"]["message"]
+        assert polled_text(http, BASE)["status"] == "succeeded"
+        assert polled_text(http, "tiny-o0")["status"] == "succeeded"
+        assert {w["id"] for w in http.get("/v1/workers").json()} == workers  # no worker died and came back
+    finally:  # the stack is shared by the session
+        for name in names:
+            http.post("/v1/unload_lora_adapter", json={"lora_name": name})
