@@ -149,7 +149,8 @@ def adapters_for(cfg: SessionsConfig, out: Path) -> dict[str, str]:
     """``cfg.adapters`` random adapters for the config's model (its config.json gives the shapes;
     None: the built-in tiny model), written under ``out``."""
     from inferq.shared.settings import Settings
-    from inferq.worker.engine.models import build_tiny_adapter, tiny_model_dir
+    from inferq.worker.engine.models import tiny_model_dir
+    from tests.lora import build_tiny_adapter
 
     base = Path(cfg.model) if cfg.model else tiny_model_dir(Settings())
     scale = 0.01 if cfg.model else 0.5  # (a 7B shape's 32 layers would overflow at the tiny model's)

@@ -194,7 +194,8 @@ ADAPTER_SEEDS = {"tiny-a": 1, "tiny-b": 2}
 def lora_adapters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Random LoRA adapters for the built-in model, written here: name -> folder."""
     from inferq.shared.settings import Settings
-    from inferq.worker.engine.models import build_tiny_adapter, tiny_model_dir
+    from inferq.worker.engine.models import tiny_model_dir
+    from tests.lora import build_tiny_adapter
 
     base, root = tiny_model_dir(Settings()), tmp_path_factory.mktemp("adapters")
     return {name: build_tiny_adapter(root / name, base, seed) for name, seed in ADAPTER_SEEDS.items()}

@@ -16,8 +16,9 @@ import pytest
 
 from inferq.shared import keys
 from inferq.shared.settings import Settings
-from inferq.worker.engine.models import build_tiny_adapter, tiny_model_dir
+from inferq.worker.engine.models import tiny_model_dir
 from tests.helpers import submit, token_text, wait_status, ws_events
+from tests.lora import build_tiny_adapter
 from tests.wait import eventually
 
 BASE = "inferq-tiny"
