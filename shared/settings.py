@@ -210,6 +210,10 @@ class Settings(BaseSettings):
     max_model_len: int | None = Field(default=None, description="Context window; unset: the model's own.")
     gpu_memory_utilization: float = Field(default=0.90, gt=0, le=1, description="Fraction of GPU memory the "
                                           "engine takes for weights and KV cache.")
+    kv_cache_gib: float | None = Field(default=None, gt=0, description="KV cache size (GiB) on a GPU, in place of "
+                                       "what INFERQ_GPU_MEMORY_UTILIZATION leaves after the weights (vLLM's "
+                                       "kv_cache_memory_bytes): several engines on one GPU can then start at once, "
+                                       "none sizing its cache by memory another is still taking.")
     tensor_parallel_size: int = Field(default=1, ge=1, description="GPUs per worker (one engine sharded "
                                       "over them).")
     max_num_seqs: int = Field(default=128, ge=1, description="Engine batch size, and the worker's Celery job "

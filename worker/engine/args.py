@@ -40,7 +40,8 @@ def engine_args_for(settings: Settings, model_path: str, kv_events: str | None =
 
     s = settings
     cpu = current_platform.is_cpu()
-    kv_bytes = int(s.cpu_kv_cache_gib * (1 << 30)) if cpu else None
+    kv_gib = s.cpu_kv_cache_gib if cpu else s.kv_cache_gib
+    kv_bytes = int(kv_gib * (1 << 30)) if kv_gib else None
     return AsyncEngineArgs(
         model=model_path,
         served_model_name=[s.model_name],
