@@ -34,6 +34,8 @@ inferq:load:{model}             hash      worker id -> the jobs it runs right no
 inferq:kv:{model}:{hash}        zset      engines holding the prompt prefix whose last block hashes to {hash}
                                           -> the time the entry lapses (cache-affine pull's index; TTL)
 inferq:lora-demand:{model}:{w}  hash      adapter -> jobs taken for it in demand window {w} (adapter homes; TTL)
+inferq:affinity:{model}         string    cache-affine pull switched at run time: 'off' or 'prefix' (absent:
+                                          each worker's INFERQ_AFFINITY)
 inferq:cancelled:{list}         zset      job ids cancelled while queued whose message is still in the
                                           list -> cancel time: not counted in the queue's depth (TTL)
 inferq:fair:{list}              zset      job ids whose message waits in the list -> virtual finish tag
@@ -163,6 +165,12 @@ def prefix_holders(model: str, block_hash: str) -> str:
     """Sorted set: the engines that hold the prompt prefix ending with this block, each scored by
     the time its entry lapses (cache-affine pull's index, worker/jobs/prefix_index.py)."""
     return f"{PREFIX}:kv:{model}:{block_hash}"
+
+
+def affinity_mode(model: str) -> str:
+    """String: INFERQ_AFFINITY for the model's workers, set at run time ('off' or 'prefix'; absent:
+    each worker's setting)."""
+    return f"{PREFIX}:affinity:{model}"
 
 
 def adapter_demand(model: str, window: int) -> str:

@@ -16,12 +16,10 @@ Created once per process from Celery's ``worker_init`` signal.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import gc
 import logging
 import os
 import socket
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -43,8 +41,8 @@ from inferq.worker.engine.group import engine_instance, frontend_slots
 from inferq.worker.engine.host import EngineHost
 from inferq.worker.jobs import control
 from inferq.worker.jobs.affinity import Affinity
+from inferq.worker.jobs.intake import Intake
 from inferq.worker.jobs.kv_feed import KVEventFeed
-from inferq.worker.jobs.prepare import Prepared
 from inferq.worker.jobs.runner import JobRunner
 from inferq.worker.jobs.undecodable import fail_undecodable
 from inferq.worker.jobs.writer import EventWriter
@@ -80,11 +78,12 @@ class WorkerRuntime:
                                  timeout_s=settings.worker_ttl_s, exit=exit)
         fe = self.host.frontend
         self.slots = frontend_slots(settings.max_num_seqs, fe.count) if fe is not None else settings.max_num_seqs
-        self._kept, self._taking = 0, threading.Lock()  # jobs run_job runs here (taken, not passed, not ended)
+        self.intake = Intake(self.host)  # how a job Celery hands this worker is taken: placed, then run
         self.engine_id = fe.engine_id if fe is not None and fe.engine_id else engine_instance(self.id)
         max_loras = settings.max_loras if self.host.adapters.enabled else 0
-        self.affinity = Affinity(settings, celery, self.id, self.slots, self._load, self.engine_id, max_loras) \
-            if settings.affinity != "off" else None
+        self.affinity = Affinity(settings, celery, self.id, self.slots, self.intake.load, self.engine_id,
+                                 max_loras) if settings.affinity != "off" else None
+        self.intake.affinity = self.affinity
         self.kv_feed: KVEventFeed | None = None  # the engine's KV-cache events into the index (one per engine)
         if self.affinity is not None and self.host.kv_events and (fe is None or fe.index == 0):
             self.kv_feed = KVEventFeed(self.host.kv_events, self.affinity.index, self.engine_id,
@@ -131,6 +130,7 @@ class WorkerRuntime:
                                 priority_scheduling=s.scheduling_policy == "priority",
                                 on_engine_dead=self._engine_died_under, max_attempts=s.max_attempts,
                                 hand_back=self._hand_back_one, tool_call_parser=s.tool_call_parser)
+        self.intake.runner = self.runner
         self.handback = LocalHandBack(self.runner.attempts, store, self.send, self.id, s.max_attempts)
         await fleet_adapters.register(self.redis, s.model_name, s.lora_adapters)
         loop = asyncio.get_running_loop()
@@ -155,62 +155,7 @@ class WorkerRuntime:
         assert self.runner is not None, "worker runtime not started"
         if self.death.triggered:  # about to exit: leave the job (e.g. one just handed back) to another worker
             raise Reject("the engine is dead", requeue=True)
-        return self._run_or_pass(msg)
-
-    def _hold(self, n: int) -> None:
-        with self._taking:  # (published under the lock: two ends at once never write out of order)
-            self._kept += n
-            if self.affinity is not None:
-                self.affinity.publish_load(self._kept)
-
-    def _run_or_pass(self, msg: JobMessage) -> JobStatus | None:
-        assert self.runner is not None
-        self._hold(1)  # counted (and published) from the moment it is taken, placed or not yet
-        passed = False
-        try:
-            early = self._early(msg) if self.affinity is not None else None
-            if self.affinity is not None:  # passed to the worker that holds its prefix or adapter, or kept here
-                ids = early.ids if isinstance(early, Prepared) else msg.prompt_ids or msg.request.prompt_token_ids
-                passed = self.affinity.route(msg, ids, passed=lambda: self._hold(-1))
-                if passed:
-                    return None
-            return self._run(msg, early)
-        finally:
-            if not passed:
-                self._hold(-1)
-
-    def _run(self, msg: JobMessage, early: Prepared | Exception | None) -> JobStatus | None:
-        assert self.runner is not None
-        # the prompt is tokenized on this thread (it would wait anyway) while the engine loop
-        # claims the job: no hand-off to a tokenizing thread on the job's way to the engine
-        prepared: concurrent.futures.Future[Prepared] = concurrent.futures.Future()
-        claimed: concurrent.futures.Future[bool] | None = concurrent.futures.Future() if self.affinity else None
-        result = self.host.submit(self.runner.run(msg, prepared, claimed))
-        if prepared.set_running_or_notify_cancel():  # False: the run ended without waiting for it
-            try:
-                if isinstance(early, BaseException):
-                    raise early
-                prepared.set_result(early or self.runner.prepare(msg))
-            except BaseException as e:  # raised where the run reads it, after its claim
-                prepared.set_exception(e)
-                if not isinstance(e, Exception):
-                    raise
-        if claimed is not None and claimed.result() and prepared.done() and not prepared.cancelled() \
-                and prepared.exception() is None and self.affinity is not None:  # its prefix is this engine's now
-            self.affinity.ran_here(msg, prepared.result().ids)
-        return result.result()
-
-    def _early(self, msg: JobMessage) -> Prepared | Exception | None:
-        """For cache-affine pull, the prompt tokenized before the claim where neither the gateway
-        nor the client gave its token ids (None: they did); what preparing raised is kept for the
-        run to report after its claim."""
-        if msg.prompt_ids is not None or msg.request.prompt_token_ids is not None or msg.request.embed is not None:
-            return None  # (an embedding job is run where it is taken: it has no prefix to follow)
-        assert self.runner is not None
-        try:
-            return self.runner.prepare(msg)
-        except Exception as e:
-            return e
+        return self.intake.take(msg)
 
     def drain(self) -> None:
         """SIGTERM (Celery has stopped consuming): announce draining in the next beat, let held
@@ -292,12 +237,6 @@ class WorkerRuntime:
 
     def held_jobs(self) -> int:
         return len(self.runner.attempts) if self.runner is not None else 0
-
-    def _load(self) -> int:
-        """Jobs this worker holds while it decides where a job runs: those taken and not passed on
-        or ended, the one being decided included. A burst taken at once counts whole from the
-        start: other workers placing jobs meanwhile see it, not only the jobs placed so far."""
-        return self._kept
 
     def saturated(self) -> bool:
         return self.held_jobs() >= self.slots

@@ -289,7 +289,20 @@ async def test_a_worker_counts_a_burst_it_takes_before_placing_it(store, own_red
         eventually(lambda: len(rig.engine.started) == 2, 30, "the two jobs kept run here")
         eventually(lambda: any(f.done() for f in runs), 30, "the job passed on leaves this worker")
         assert [f.result() for f in runs if f.done()] == [None] and len(placed) == 3
-        assert published() == 2 and rt._load() == 2
+        assert published() == 2 and rt.intake.load() == 2
     finally:
         gate.set()
         rig.stop()
+
+
+def test_an_operator_switches_affinity_off_and_on_at_run_time(own_redis, sync_r) -> None:
+    """``SET inferq:affinity:{model} off``: every worker of the model runs what it takes (plain pull)
+    within a second; deleting the key (or 'prefix') brings cache-affine pull back."""
+    w1 = worker(own_redis, "w1", load=3)
+    assert w1.on()
+    sync_r.set(keys.affinity_mode(MODEL), "off")
+    w1._mode = (0.0, True)  # (the switch is read at most once a second)
+    assert not w1.on()
+    sync_r.delete(keys.affinity_mode(MODEL))
+    w1._mode = (0.0, False)
+    assert w1.on()

@@ -61,10 +61,24 @@ class Affinity:
         self.view = FleetView(settings, self.redis, self.index, worker_id, self.engine, max_loras)
         self.rules = Rules(slack=max(1, int(settings.affinity_slack * settings.max_num_seqs)),
                            spread=settings.affinity_spread)
+        self._mode: tuple[float, bool] = (0.0, True)  # (read at, on): the fleet's switch, read once a second
         self._deciding = threading.Lock()  # one decision at a time: each sees the ones before it
         self._transit = 0  # jobs decided to go elsewhere whose push has not ended yet
         self._passes: list[tuple[str, float | None]] = []  # (receiver, when its push ended) lately
         self.publish_load(0)  # a worker starting again under its id runs nothing yet
+
+    def on(self) -> bool:
+        """Whether cache-affine pull is on for the model now: an operator can switch every worker of a
+        model off (and on again) at run time, ``SET inferq:affinity:{model} off``, without a restart
+        (docs/operations.md); read at most once a second. A Redis error keeps the last answer."""
+        at, on = self._mode
+        if time.monotonic() - at > 1.0:
+            try:
+                on = self.redis.get(keys.affinity_mode(self.model)) != "off"
+            except Exception as e:
+                log.debug("could not read the affinity switch: %s", e)
+            self._mode = (time.monotonic(), on)
+        return on
 
     def hashes(self, msg: JobMessage, ids: Sequence[int]) -> list[str]:
         adapter = msg.adapter.name if msg.adapter is not None else None
