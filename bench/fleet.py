@@ -1,10 +1,12 @@
 """The fleet benchmark: plain pull against cache-affine pull, driven by vLLM's own client
 (``vllm bench serve``) on the workloads it makes.
 
-    python -m bench.fleet bench/configs/fleet/cpu-fleet.json --out results/fleet [--stacks off prefix]
+    python -m bench.fleet bench/configs/fleet/cpu-fleet.json --out results/fleet [--cases NAME ...]
 
-Each stack is one fleet (``workers`` workers and a gateway; INFERQ_AFFINITY as the stack names it),
-started once; every case runs on it ``repeats`` times with fresh prompts (a new seed each time):
+One fleet (``workers`` workers and a gateway) is started once; every case runs on it ``repeats``
+times in each mode (``off``: plain pull, ``prefix``: cache-affine pull, switched for the whole fleet
+at run time through ``inferq:affinity:{model}``), the modes taking turns repeat by repeat, each run
+with fresh prompts (a new seed); a case may first stop workers down to its ``workers`` (they drain):
 
 - ``prefix_repetition``: ``num_prefixes`` shared prefixes, each repeated, shuffled (the workload's
   ideal hit rate is prefix / (prefix + suffix) of the prompt tokens, less the first of each prefix);
@@ -16,8 +18,8 @@ started once; every case runs on it ``repeats`` times with fresh prompts (a new 
 
 Around each run every worker's vLLM counters are read: prefix-cache hits, requests served, busy
 time. With ``vllm_serve`` set, the same cases also run against ``vllm serve`` started with the
-fleet's total adapter slots (a reference row for the adapter mix). ``parallel``: the stacks run side
-by side, stack i on GPU i (``CUDA_VISIBLE_DEVICES``), as on a two-GPU machine.
+fleet's total sequences, adapter slots and memory, after the fleet has stopped (a reference row
+for the adapter mix).
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ import json
 import statistics
 import subprocess
 import sys
-import threading
+import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,11 +39,9 @@ import httpx
 
 from bench.config import StackSpec, Workload
 from bench.sessions import metric_sum
-from bench.stack import Procs, free_port, start_inferq
+from bench.stack import ROOT, Procs, base_env, free_port, start_inferq, start_redis
+from inferq.shared import keys
 
-#: vllm bench serve, run from Python (the CPU build's ``vllm`` command does not start)
-CLIENT = ("import argparse, sys\nfrom vllm.benchmarks.serve import add_cli_args, main\n"
-          "p = argparse.ArgumentParser(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))")
 COUNTERS = ("prefix_cache_hits_total", "prefix_cache_queries_total", "request_success_total",
             "request_inference_time_seconds_sum")
 KEPT = ("output_throughput", "completed", "failed", "mean_ttft_ms", "median_ttft_ms", "p90_ttft_ms", "p99_ttft_ms",
@@ -60,6 +61,8 @@ class Case:
     concurrency: int = 32
     adapters: int = 0  # n > 0: each request on one of the first n adapters
     zipf: bool = False
+    modes: list[str] | None = None  # None: the config's
+    workers: int | None = None  # stop workers down to this many first (None: as many as run)
 
 
 @dataclass
@@ -75,13 +78,12 @@ class FleetConfig:
     max_loras: int = 4
     max_cpu_loras: int | None = None
     adapters: int = 0  # adapters built for the cases (the most any case uses)
-    stacks: list[str] = field(default_factory=lambda: ["off", "prefix"])
+    modes: list[str] = field(default_factory=lambda: ["off", "prefix"])
     cases: list[Case] = field(default_factory=list)
     repeats: int = 3
     env: dict[str, str] = field(default_factory=dict)
     startup_timeout_s: float = 900.0
     staggered: bool = False
-    parallel: bool = False
     vllm_serve: list[str] = field(default_factory=list)  # cases also run against one `vllm serve` of the fleet's size
 
 
@@ -91,6 +93,32 @@ def lora_names(case: Case, names: list[str]) -> list[str]:
     if not case.zipf:
         return names
     return [n for k, n in enumerate(names) for _ in range(max(1, round(len(names) / (k + 1))))]
+
+
+def client(argv: list[str]) -> None:
+    """vllm bench serve with ``argv``, run from Python (the CPU build's ``vllm`` command does not
+    start); a flag the installed version does not know is left out and said so (``--temperature``:
+    sent in the request body instead)."""
+    from vllm.benchmarks.serve import add_cli_args
+    from vllm.benchmarks.serve import main as bench_main
+
+    parser = argparse.ArgumentParser()
+    add_cli_args(parser)
+    known = {o for action in parser._actions for o in action.option_strings}
+    kept: list[str] = []
+    i = 0
+    while i < len(argv):
+        j = i + 1
+        while j < len(argv) and not argv[j].startswith("--"):
+            j += 1
+        if argv[i] in known:
+            kept += argv[i:j]
+        elif argv[i] == "--temperature" and "--extra-body" in known:
+            kept += ["--extra-body", json.dumps({"temperature": float(argv[i + 1])})]
+        else:
+            print(f"vllm bench serve: {argv[i]} left out (this version has no such flag)", file=sys.stderr)
+        i = j
+    bench_main(parser.parse_args(kept))
 
 
 def client_args(case: Case, base: str, model: str, tokenizer: str, loras: list[str], seed: int,
@@ -126,9 +154,9 @@ def run_case(case: Case, base: str, model: str, tokenizer: str, loras: list[str]
     before = scrape(ports)
     log = out / "logs" / f"client-{label}.log"
     with log.open("a") as f:
-        subprocess.run([sys.executable, "-c", CLIENT, *client_args(case, base, model, tokenizer, loras, seed, out,
-                                                                    name)], stdout=f, stderr=subprocess.STDOUT,
-                       check=True, env=env, timeout=3600)
+        subprocess.run([sys.executable, "-m", "bench.fleet", "client",
+                        *client_args(case, base, model, tokenizer, loras, seed, out, name)],
+                       stdout=f, stderr=subprocess.STDOUT, check=True, env=env, timeout=3600, cwd=ROOT)
     after = scrape(ports)
     got = json.loads((out / name).read_text())
     (out / name).unlink()  # the per-request data stay out of the results
@@ -159,36 +187,60 @@ def adapters(cfg: FleetConfig, out: Path) -> dict[str, str]:
     return adapters_for(SessionsConfig(model=cfg.model, adapters=[cfg.adapters]), out) if cfg.adapters else {}
 
 
-def run_stack(cfg: FleetConfig, out: Path, mode: str, lora: dict[str, str], gpu: str | None) -> dict[str, Any]:
+def run_fleet(cfg: FleetConfig, out: Path, lora: dict[str, str],
+              saved: Callable[[dict[str, Any]], None] = lambda _: None) -> dict[str, Any]:
+    """Start the fleet, run every case in each of its modes (``saved`` gets the results so far
+    after each case), stop it."""
+    import redis
+
     ports = [free_port() for _ in range(cfg.workers)]
-    env = {"INFERQ_AFFINITY": mode, "INFERQ_MAX_LORAS": str(cfg.max_loras), **cfg.env}
+    env = {"INFERQ_MAX_LORAS": str(cfg.max_loras), **cfg.env}
     if cfg.max_cpu_loras:
         env["INFERQ_MAX_CPU_LORAS"] = str(cfg.max_cpu_loras)
     if lora:
         env["INFERQ_LORA_MODULES"] = ",".join(f"{k}={v}" for k, v in lora.items())
-    if gpu is not None:
-        env["CUDA_VISIBLE_DEVICES"] = gpu
     spec = StackSpec(workers=cfg.workers, max_num_seqs=cfg.max_num_seqs, kv_cache_gib=cfg.kv_cache_gib,
                      gpu_memory_utilization=cfg.gpu_memory_utilization, env=env,
                      worker_env=[{"INFERQ_METRICS_PORT": str(p)} for p in ports],
                      startup_timeout_s=cfg.startup_timeout_s, staggered=cfg.staggered)
     w = Workload(name=cfg.name, model=cfg.model, load_format=cfg.load_format, max_model_len=cfg.max_model_len)
-    (out / "logs" / mode).mkdir(parents=True, exist_ok=True)
-    result: dict[str, Any] = {"affinity": mode, "workers": cfg.workers, "cases": {}}
-    with Procs(out / "logs" / mode) as procs:
-        base = start_inferq(procs, w, spec, mode)
+    (out / "logs" / "fleet").mkdir(parents=True, exist_ok=True)
+    result: dict[str, Any] = {"workers": cfg.workers, "cases": {}}
+    with Procs(out / "logs" / "fleet") as procs:
+        url = procs.add(start_redis(free_port(), procs.logdir, name="redis", env=base_env())).url
+        r = redis.Redis.from_url(url, decode_responses=True)
+        base = start_inferq(procs, w, spec, "fleet", url)
         model = httpx.get(f"{base}/v1/models", timeout=30).json()["data"][0]["id"]
         tokenizer = cfg.model or httpx.get(f"{base}/v1/workers", timeout=30).json()[0]["tokenizer"]
         for case in cfg.cases:
-            loras = lora_names(case, list(lora))
-            runs = [run_case(case, base, model, tokenizer, loras, ports, seed, out, mode) for seed in
-                    range(cfg.repeats)]
-            result["cases"][case.name] = {"runs": runs, "summary": summary(runs)}
-            print(mode, case.name, json.dumps(result["cases"][case.name]["summary"]), flush=True)
+            if case.workers is not None and case.workers < len(ports):
+                shrink(procs, ports, case.workers)
+            modes = case.modes or cfg.modes
+            runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
+            for seed in range(cfg.repeats):
+                for mode in modes:
+                    r.set(keys.affinity_mode(model), mode)
+                    time.sleep(1.5)  # (workers read the switch once a second)
+                    runs[mode].append(run_case(case, base, model, tokenizer, lora_names(case, list(lora)), ports,
+                                               seed, out, mode))
+            result["cases"][case.name] = {"workers": len(ports), **{
+                m: {"runs": got, "summary": summary(got)} for m, got in runs.items()}}
+            for m in modes:
+                print(case.name, m, json.dumps(result["cases"][case.name][m]["summary"]), flush=True)
+            saved(result)
     return result
 
 
-def run_vllm_serve(cfg: FleetConfig, out: Path, lora: dict[str, str], gpu: str | None) -> dict[str, Any]:
+def shrink(procs: Procs, ports: list[int], n: int) -> None:
+    """Stop the fleet's last workers (SIGTERM: they drain) until ``n`` are left."""
+    while len(ports) > n:
+        ports.pop()
+        proc = next(p for p in procs.procs if p.name == f"worker-fleet-{len(ports)}")
+        proc.stop(grace=60)
+        procs.procs.remove(proc)
+
+
+def run_vllm_serve(cfg: FleetConfig, out: Path, lora: dict[str, str]) -> dict[str, Any]:
     """The reference: one ``vllm serve`` with the fleet's total sequences, adapter slots and memory."""
     from bench.inprocess import engine_args
     from bench.stack import ROOT, base_env, http_ok
@@ -210,7 +262,7 @@ def run_vllm_serve(cfg: FleetConfig, out: Path, lora: dict[str, str], gpu: str |
     (out / "logs" / "vllm-serve").mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {"vllm_serve": True, "cases": {}}
     with Procs(out / "logs" / "vllm-serve") as procs:
-        env = base_env(**({"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {}))
+        env = base_env()
         procs.start("vllm-serve", [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1",
                                    "--port", str(port), "--disable-uvicorn-access-log", *argv], env, cwd=ROOT)
         base = f"http://127.0.0.1:{port}"
@@ -228,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.fleet", description=__doc__.split("\n\n")[0])
     ap.add_argument("config", type=Path)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--stacks", nargs="+", default=None, help="run only these stacks (off, prefix)")
+    ap.add_argument("--no-vllm-serve", action="store_true", help="leave out the vllm serve reference")
     ap.add_argument("--cases", nargs="+", default=None, help="run only these cases")
     args = ap.parse_args(argv)
     raw = json.loads(args.config.read_text())
@@ -237,29 +289,21 @@ def main(argv: list[str] | None = None) -> int:
         cfg.cases = [c for c in cfg.cases if c.name in args.cases]
     args.out.mkdir(parents=True, exist_ok=True)
     lora = adapters(cfg, args.out / "adapters")
-    stacks = [s for s in [*cfg.stacks, *(["vllm-serve"] if cfg.vllm_serve else [])]
-              if not args.stacks or s in args.stacks]
-    result: dict[str, Any] = {"config": asdict(cfg), "stacks": {}}
-    lock = threading.Lock()
+    result: dict[str, Any] = {"config": asdict(cfg)}
 
-    def one(i: int, mode: str) -> None:
-        gpu = str(i) if cfg.parallel else None
-        got = run_vllm_serve(cfg, args.out, lora, gpu) if mode == "vllm-serve" else \
-            run_stack(cfg, args.out, mode, lora, gpu)
-        with lock:
-            result["stacks"][mode] = got
-            (args.out / "fleet.json").write_text(json.dumps(result, indent=1))
+    def save(fleet: dict[str, Any]) -> None:
+        result["fleet"] = fleet
+        (args.out / "fleet.json").write_text(json.dumps(result, indent=1))
 
-    threads = [threading.Thread(target=one, args=(i, m)) for i, m in enumerate(stacks)]
-    for t in threads:
-        t.start()
-        if not cfg.parallel:
-            t.join()
-    for t in threads:
-        t.join()
+    save(run_fleet(cfg, args.out, lora, save))
+    if cfg.vllm_serve and not args.no_vllm_serve:
+        result["vllm_serve"] = run_vllm_serve(cfg, args.out, lora)
     (args.out / "fleet.json").write_text(json.dumps(result, indent=1))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    if sys.argv[1:2] == ["client"]:
+        client(sys.argv[2:])
+    else:
+        sys.exit(main())

@@ -28,9 +28,11 @@ def base_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def start_inferq(procs: Procs, w: Workload, spec: StackSpec, tag: str) -> str:
-    """redis-server + ``spec.workers`` workers + the gateway; returns the gateway's base URL."""
-    redis_url = procs.add(start_redis(free_port(), procs.logdir, name=f"redis-{tag}", env=base_env())).url
+def start_inferq(procs: Procs, w: Workload, spec: StackSpec, tag: str, redis_url: str | None = None) -> str:
+    """redis-server (unless ``redis_url`` names one) + ``spec.workers`` workers + the gateway; returns
+    the gateway's base URL."""
+    if redis_url is None:
+        redis_url = procs.add(start_redis(free_port(), procs.logdir, name=f"redis-{tag}", env=base_env())).url
     gport = free_port()
     inferq = {"INFERQ_REDIS_URL": redis_url, "INFERQ_LOG_LEVEL": "WARNING",
               "INFERQ_MAX_NUM_SEQS": str(spec.max_num_seqs), "INFERQ_CPU_KV_CACHE_GIB": str(spec.kv_cache_gib),

@@ -7,6 +7,7 @@
 #       python -m bench.merge OUT.json refs-results.json inferq-results.json
 #   bench/gpu/run.sh sessions   # bench.sessions on h200-sessions.json (plain vs cache-affine pull);
 #       SESSIONS=h200-lora-mix bench/gpu/run.sh sessions 560 2w-prefix-1a 2w-prefix-16a: the adapter mix
+#   bench/gpu/run.sh fleet h200-lora 560   # bench.fleet: plain vs cache-affine pull under vllm bench serve
 #   bench/gpu/run.sh config NAME TARGETS TAG   # bench/configs/NAME.json, those targets only
 #   bench/gpu/run.sh table-7b-refs; bench/gpu/run.sh table-7b-inferq   # one H200, two calls of < 9 min:
 #       in-process + vllm serve with 1 and 4 API servers, then inferq WS + SSE, every OpenAI target
@@ -50,6 +51,14 @@ case "${1:-serving}" in
     cp /tmp/b-sessions$tag/sessions.json "$out/$name$tag.json" 2>/dev/null
     tail -n 40 /tmp/b-sessions$tag/logs/*/*.log > "$out/sessions$tag-logs.txt" 2>/dev/null
     cp /tmp/b-sessions.log "$out/"; tail -n 20 /tmp/b-sessions.log ;;
+  fleet)  # CONFIG [TIMEOUT_S [ARGS...]]: bench.fleet on bench/configs/fleet/CONFIG.json (one fleet, plain and
+    # cache-affine pull switched at run time, driven by vllm bench serve); fleet.json is written after each case
+    timeout "${3:-560}" python3 -m bench.fleet "bench/configs/fleet/$2.json" --out "/tmp/b-fleet-$2" "${@:4}" \
+      > "/tmp/b-fleet-$2.log" 2>&1
+    cp "/tmp/b-fleet-$2/fleet.json" "$out/fleet-$2.json" 2>/dev/null
+    tail -n 25 /tmp/b-fleet-$2/logs/fleet/worker-fleet-0.log /tmp/b-fleet-$2/logs/fleet/gateway-fleet.log \
+      /tmp/b-fleet-$2/logs/client-*.log > "$out/fleet-$2-logs.txt" 2>/dev/null
+    cp "/tmp/b-fleet-$2.log" "$out/"; tail -n 30 "/tmp/b-fleet-$2.log" ;;
   config)  # NAME TARGETS TAG [TIMEOUT_S]
     timeout "${5:-560}" python3 -m bench run --config "bench/configs/$2.json" --targets "$3" --out "/tmp/b-$4" \
       > "/tmp/b-$4.log" 2>&1
