@@ -25,9 +25,10 @@ for the adapter mix).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import re
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -39,11 +40,12 @@ import httpx
 
 from bench.config import StackSpec, Workload
 from bench.sessions import metric_sum
-from bench.stack import ROOT, Procs, base_env, free_port, start_inferq, start_redis
+from bench.stack import Procs, base_env, free_port, start_inferq, start_redis
 from inferq.shared import keys
 
 COUNTERS = ("prefix_cache_hits_total", "prefix_cache_queries_total", "request_success_total",
             "request_inference_time_seconds_sum")
+ADAPTER_JOBS = re.compile(r'^inferq_worker_adapter_jobs_total\{[^}]*adapter="([^"]+)"[^}]*\} (\S+)$', re.M)
 KEPT = ("output_throughput", "completed", "failed", "mean_ttft_ms", "median_ttft_ms", "p90_ttft_ms", "p99_ttft_ms",
         "median_itl_ms", "p99_itl_ms", "duration")
 
@@ -61,6 +63,7 @@ class Case:
     concurrency: int = 32
     adapters: int = 0  # n > 0: each request on one of the first n adapters
     zipf: bool = False
+    warmup: int = 0  # prompts run once before the repeats, not measured (kernels compiled, adapters loaded)
     modes: list[str] | None = None  # None: the config's
     workers: int | None = None  # stop workers down to this many first (None: as many as run)
 
@@ -96,9 +99,9 @@ def lora_names(case: Case, names: list[str]) -> list[str]:
 
 
 def client(argv: list[str]) -> None:
-    """vllm bench serve with ``argv``, run from Python (the CPU build's ``vllm`` command does not
-    start); a flag the installed version does not know is left out and said so (``--temperature``:
-    sent in the request body instead)."""
+    """vllm bench serve with ``argv``, run in this process (vLLM is imported once for every run;
+    the CPU build's ``vllm`` command does not start); a flag the installed version does not know is
+    left out and said so (``--temperature``: sent in the request body instead)."""
     from vllm.benchmarks.serve import add_cli_args
     from vllm.benchmarks.serve import main as bench_main
 
@@ -140,33 +143,38 @@ def client_args(case: Case, base: str, model: str, tokenizer: str, loras: list[s
 
 
 def scrape(ports: list[int]) -> list[dict[str, float]]:
+    """Each worker's vLLM counters, the jobs it passed on, and the jobs it ran per adapter."""
     out = []
     for port in ports:
         text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
-        out.append({k: metric_sum(text, f"vllm:{k}") for k in COUNTERS})
+        got = {k: metric_sum(text, f"vllm:{k}") for k in COUNTERS}
+        got["passed"] = metric_sum(text, "inferq_worker_jobs_passed_total")
+        for name, n in ADAPTER_JOBS.findall(text):
+            got[f"adapter:{name}"] = float(n)
+        out.append(got)
     return out
 
 
 def run_case(case: Case, base: str, model: str, tokenizer: str, loras: list[str], ports: list[int], seed: int,
-             out: Path, label: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+             out: Path, label: str) -> dict[str, Any]:
     """One run of ``case``: vLLM's figures and, per worker, what its counters moved by."""
     name = f"{label}-{case.name}-{seed}.json"
     before = scrape(ports)
     log = out / "logs" / f"client-{label}.log"
-    with log.open("a") as f:
-        subprocess.run([sys.executable, "-m", "bench.fleet", "client",
-                        *client_args(case, base, model, tokenizer, loras, seed, out, name)],
-                       stdout=f, stderr=subprocess.STDOUT, check=True, env=env, timeout=3600, cwd=ROOT)
+    with log.open("a") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
+        client(client_args(case, base, model, tokenizer, loras, seed, out, name))  # (vLLM imported once)
     after = scrape(ports)
     got = json.loads((out / name).read_text())
     (out / name).unlink()  # the per-request data stay out of the results
-    moved = [{k: a[k] - b[k] for k in COUNTERS} for a, b in zip(after, before, strict=True)]
+    moved = [{k: a[k] - b.get(k, 0.0) for k in a} for a, b in zip(after, before, strict=True)]
     hits = sum(m["prefix_cache_hits_total"] for m in moved)
     queries = sum(m["prefix_cache_queries_total"] for m in moved)
     served = [m["request_success_total"] for m in moved]
     busy = [m["request_inference_time_seconds_sum"] for m in moved]
     run = {k: got.get(k) for k in KEPT}
+    adapters = [sorted(k[8:] for k, v in m.items() if k.startswith("adapter:") and v > 0) for m in moved]
     run.update(hit_rate=hits / queries if queries else None, requests=served, busy_s=busy,
+               passed=[m["passed"] for m in moved], adapters_per_worker=[len(a) for a in adapters],
                busiest_over_mean=max(served) / statistics.mean(served) if served and sum(served) else None)
     return run
 
@@ -212,15 +220,20 @@ def run_fleet(cfg: FleetConfig, out: Path, lora: dict[str, str],
         base = start_inferq(procs, w, spec, "fleet", url)
         model = httpx.get(f"{base}/v1/models", timeout=30).json()["data"][0]["id"]
         tokenizer = cfg.model or httpx.get(f"{base}/v1/workers", timeout=30).json()[0]["tokenizer"]
-        for case in cfg.cases:
+        for index, case in enumerate(cfg.cases):
             if case.workers is not None and case.workers < len(ports):
                 shrink(procs, ports, case.workers)
             modes = case.modes or cfg.modes
             runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
-            for seed in range(cfg.repeats):
-                for mode in modes:
+            if case.warmup:
+                warm = Case(**{**asdict(case), "num_prompts": case.warmup})
+                run_case(warm, base, model, tokenizer, lora_names(case, list(lora)), ports, 999_999 - index, out,
+                         "warmup")
+            for repeat in range(cfg.repeats):
+                for k, mode in enumerate(modes):
                     r.set(keys.affinity_mode(model), mode)
                     time.sleep(1.5)  # (workers read the switch once a second)
+                    seed = 1000 * index + len(modes) * repeat + k  # prompts no other run sent: no stray hits
                     runs[mode].append(run_case(case, base, model, tokenizer, lora_names(case, list(lora)), ports,
                                                seed, out, mode))
             result["cases"][case.name] = {"workers": len(ports), **{
@@ -303,7 +316,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["client"]:
-        client(sys.argv[2:])
-    else:
-        sys.exit(main())
+    sys.exit(main())

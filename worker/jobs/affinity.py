@@ -64,6 +64,7 @@ class Affinity:
         self._mode: tuple[float, bool] = (0.0, True)  # (read at, on): the fleet's switch, read once a second
         self._deciding = threading.Lock()  # one decision at a time: each sees the ones before it
         self._transit = 0  # jobs decided to go elsewhere whose push has not ended yet
+        self._undecided = 0  # jobs taken and being placed, not yet decided
         self._passes: list[tuple[str, float | None]] = []  # (receiver, when its push ended) lately
         self.publish_load(0)  # a worker starting again under its id runs nothing yet
 
@@ -106,13 +107,20 @@ class Affinity:
     def decide(self, msg: JobMessage, ids: Sequence[int]) -> Decision | None:
         """Read the fleet, then (one decision at a time) choose. None: the read failed."""
         adapter = msg.adapter.name if msg.adapter is not None else None
+        with self._deciding:
+            self._undecided += 1
         try:
             reading = self.view.read(self.hashes(msg, ids), adapter, count_demand=msg.passed_by is None)
         except Exception as e:
             log.warning("job %s: cache-affine placement failed (%s); running it here", msg.id, e)
+            with self._deciding:
+                self._undecided -= 1
             return None
         with self._deciding:
-            me = Peer(self.worker_id, self.engine, self.own_load() - self._transit, self.slots)
+            # this worker's load as it decides: the jobs it runs and this one, not the rest of a burst it
+            # has taken and not placed yet (other workers count those: its published load has them)
+            self._undecided -= 1
+            me = Peer(self.worker_id, self.engine, self.own_load() - self._transit - self._undecided, self.slots)
             decision = choose(reading.snapshot(me, msg.passed_by is not None, self._unseen(reading.started_at)),
                               self.rules)
             if decision.to is not None:
