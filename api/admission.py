@@ -87,6 +87,33 @@ def allowed_priority(caller: Principal, req: JobRequest) -> JobRequest:
     return req.model_copy(update={"priority": min(max(req.priority, allowed[0]), allowed[-1])})
 
 
+def classed(caller: Principal, req: JobRequest, settings: Settings, streamed: bool, param: str) -> JobRequest:
+    """``req`` in its service class: batch work (asked for as ``param``, or every job of a key with
+    ``class=batch``) runs at ``INFERQ_BATCH_PRIORITY``, the batch lane; a streamed request cannot be
+    batch work (400 naming ``param``, or ``stream`` for a batch key's); a batch key's request that
+    asks for interactive work, or a batch job that asks for another priority, is a 400 naming it."""
+    asked = "service_class" in req.model_fields_set
+    if caller.batch_only:
+        if asked and req.service_class == "interactive":
+            raise InvalidRequest("this API key runs batch work only (class=batch in the keys file)", param=param,
+                                 code="service_class_not_allowed")
+        if streamed:
+            raise InvalidRequest("this API key runs batch work only (class=batch in the keys file), which is "
+                                 "not streamed: ask without stream", param="stream", code="service_class_not_allowed")
+        req = req.model_copy(update={"service_class": "batch"})
+    if req.service_class != "batch":
+        return req
+    if streamed:
+        raise InvalidRequest(f"{param}: a streamed request is interactive work; batch work runs on the capacity "
+                             "interactive work leaves (ask without stream, or use /v1/jobs, a background "
+                             "response or the Batch API)", param=param)
+    lane = settings.batch_priority
+    if "priority" in req.model_fields_set and req.priority != lane:
+        raise InvalidRequest(f"priority {req.priority}: batch work runs at priority {lane} (INFERQ_BATCH_PRIORITY, "
+                             "the batch lane); leave priority out", param="priority")
+    return req.model_copy(update={"priority": lane})
+
+
 class Admission:
     def __init__(self, settings: Settings, redis: Redis, service: JobService,
                  replay_wait_s: float = 10.0, shares: Callable[[str | None], Share] | None = None) -> None:
@@ -101,15 +128,18 @@ class Admission:
 
     async def submit(self, caller: Principal, reqs: list[JobRequest], *, idempotency_key: str | None = None,
                      fingerprint: Callable[[], str] | None = None,
-                     response: ResponseOptions | None = None) -> Admitted:
+                     response: ResponseOptions | None = None, streamed: bool = False,
+                     class_param: str = "service_class") -> Admitted:
         """Admit and queue one job per request, owned by ``caller``; all or none of them.
         ``fingerprint`` is called only with an Idempotency-Key, and only once the requests passed
         their limits (it serializes them: their free-form JSON must be known to be shallow).
-        ``response``: a ``/v1/responses`` request's options, kept on its job's record."""
+        ``response``: a ``/v1/responses`` request's options, kept on its job's record. ``streamed``:
+        the answer is streamed (no batch work); ``class_param``: the field that asks for batch work."""
         for req in reqs:  # before anything is counted or claimed: a refused request leaves no trace
             check_limits(req, self.settings)
             check_min_tokens(req, self.settings.default_max_tokens)
-        reqs = [allowed_priority(caller, req) for req in reqs]
+        reqs = [classed(caller, req, self.settings, streamed, class_param) for req in reqs]
+        reqs = [req if req.service_class == "batch" else allowed_priority(caller, req) for req in reqs]
         if idempotency_key is None:
             return Admitted(await self._admit(caller, reqs, [new_job_id() for _ in reqs], response), False)
         digest = hashlib.sha256(check_idempotency_key(idempotency_key).encode()).hexdigest()[:32]

@@ -1,10 +1,11 @@
 """API keys: who is calling.
 
 Keys come from ``INFERQ_API_KEYS`` (comma-separated) and ``INFERQ_API_KEYS_FILE`` (one
-``KEY [name] [tenant=T] [weight=W] [priority=LO[-HI]] [role=operator]`` a line; blank lines and ``#``
-comments are skipped). A key's tenant (default: the key itself) and weight (default 1) set its fair
-share of the queue (shared/fairshare.py); its priorities (default: the default priority and later,
-5-9) are the ones its requests may ask for; an operator key may replace or unload any key's run-time
+``KEY [name] [tenant=T] [weight=W] [priority=LO[-HI]] [class=batch] [role=operator]`` a line; blank lines
+and ``#`` comments are skipped). A key's tenant (default: the key itself) and weight (default 1) set its
+fair share of the queue (shared/fairshare.py); its priorities (default: the default priority and later,
+5-9) are the ones its requests may ask for; ``class=batch`` makes every job of the key batch work
+(docs/design.md, "Service classes"); an operator key may replace or unload any key's run-time
 LoRA adapters (others only their own). With no key configured, auth is off and every caller is anonymous
 (and may use every priority). The gateway never keeps or logs a raw key after start-up: a key is known by
 its SHA-256 digest, compared in constant time, and identified by :func:`key_id` (a digest prefix),
@@ -27,7 +28,7 @@ from inferq.api.errors import to_response
 from inferq.shared.errors import Unauthenticated
 from inferq.shared.fairshare import TENANT_PATTERN, Share
 from inferq.shared.keys import PRIORITIES
-from inferq.shared.schemas import DEFAULT_PRIORITY
+from inferq.shared.schemas import DEFAULT_PRIORITY, SERVICE_CLASSES
 from inferq.shared.settings import Settings
 
 #: The priorities a key may ask for unless its keys-file line says otherwise: the default one and
@@ -51,6 +52,7 @@ class Principal:
     ip: str
     priorities: range = ALL_PRIORITIES  # those its requests may ask for
     operator_key: bool = False  # the keys file's ``operator`` option
+    batch_only: bool = False  # the keys file's ``class=batch``: its jobs are batch work
 
     @property
     def operator(self) -> bool:
@@ -77,6 +79,7 @@ class KeySpec:
     weight: float = 1.0
     priorities: range = DEFAULT_PRIORITIES
     operator: bool = False  # role=operator: may manage what any key made (run-time LoRA adapters)
+    batch_only: bool = False  # class=batch: every job of the key is batch work
 
 
 @dataclass(frozen=True)
@@ -87,13 +90,15 @@ class _Key:
     share: Share
     priorities: range
     operator: bool
+    batch_only: bool
 
 
 class KeyRing:
     def __init__(self, keys: dict[str, KeySpec]) -> None:
         """``keys`` maps each raw key to what the keys file says of it."""
         self._keys = [_Key(hashlib.sha256(k.encode()).digest(), key_id(k), spec.name,
-                           Share(spec.tenant or key_id(k), spec.weight), spec.priorities, spec.operator)
+                           Share(spec.tenant or key_id(k), spec.weight), spec.priorities, spec.operator,
+                           spec.batch_only)
                       for k, spec in keys.items()]
         self._shares = {k.id: k.share for k in self._keys}
 
@@ -141,7 +146,7 @@ class KeyRing:
         found = self.lookup(token)
         if found is None:
             raise Unauthenticated("invalid API key", code="invalid_api_key")
-        return Principal(found.id, found.name, ip, found.priorities, found.operator)
+        return Principal(found.id, found.name, ip, found.priorities, found.operator, found.batch_only)
 
 
 class KeyBeforeBody:
@@ -162,8 +167,8 @@ class KeyBeforeBody:
 
 
 def read_keys_file(path: Path) -> dict[str, KeySpec]:
-    """``KEY [name] [tenant=T] [weight=W] [priority=LO[-HI]] [role=operator]`` per line; blank lines and
-    lines starting with ``#`` are skipped. A bad option is a ValueError naming its line (never the key)."""
+    """``KEY [name] [tenant=T] [weight=W] [priority=LO[-HI]] [class=batch] [role=operator]`` per line; blank
+    lines and lines starting with ``#`` are skipped. A bad option is a ValueError naming its line (never the key)."""
     out: dict[str, KeySpec] = {}
     for number, line in enumerate(path.read_text().splitlines(), 1):
         line = line.strip()
@@ -176,11 +181,20 @@ def read_keys_file(path: Path) -> dict[str, KeySpec]:
             words.pop()
         where = f"{path}, line {number}"
         out[key] = KeySpec(" ".join(words) or None, *_options(options, where), _priorities(options, where),
-                           _operator(options, where))
+                           _operator(options, where), _batch_only(options, where))
     return out
 
 
-_OPTION = re.compile(r"(tenant|weight|priority|role)=(\S*)")
+_OPTION = re.compile(r"(tenant|weight|priority|class|role)=(\S*)")
+
+
+def _batch_only(options: dict[str, str], where: str) -> bool:
+    """``class=batch``: every job of the key is batch work; ``class=interactive`` (the default): its
+    requests choose."""
+    value = options.get("class", "interactive")
+    if value not in SERVICE_CLASSES:
+        raise ValueError(f"{where}: class= must be one of {', '.join(SERVICE_CLASSES)}")
+    return value == "batch"
 
 
 def _operator(options: dict[str, str], where: str) -> bool:

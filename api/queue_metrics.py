@@ -20,6 +20,7 @@ from prometheus_client.registry import Collector
 from redis.asyncio import Redis
 
 from inferq.shared import keys, lua
+from inferq.shared.fairshare import FairShare
 from inferq.shared.redis import text_map
 from inferq.shared.schemas import WorkerInfo
 from inferq.shared.store import queue_depths
@@ -93,7 +94,7 @@ async def _tenants(redis: Redis, snap: QueueSnapshot, model: str, lists: list[st
                 snap.tenants[k] = snap.tenants.get(k, 0) + int(n)
     for fair in got[len(lists):]:
         if fair:
-            k = (model, json.loads(fair)["b"], "running")
+            k = (model, FairShare.model_validate_json(fair).tenant, "running")
             snap.tenants[k] = snap.tenants.get(k, 0) + 1
 
 

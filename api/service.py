@@ -25,7 +25,7 @@ from inferq.api.prompt_ids import Published, tokenize
 from inferq.shared import keys, tracing
 from inferq.shared.celery_app import job_message
 from inferq.shared.errors import ContextLengthExceeded, InvalidRequest, NotFound, RateLimited, job_not_found
-from inferq.shared.fairshare import Share, job_cost, share_json
+from inferq.shared.fairshare import Share, fair_share, job_cost
 from inferq.shared.pooling import check_task
 from inferq.shared.redis import texts
 from inferq.shared.request_limits import check_vocabulary
@@ -167,15 +167,16 @@ class JobService:
         whose fair share of the queue the job takes (shared/fairshare.py; default: anonymous)."""
         model, info, adapter = await self.resolve(req.model)
         ids = await self.check_context(req, info) if info is not None else None
+        share = share or Share()
         record = JobRecord(id=job_id or new_job_id(), model=model, request=req, owner=owner, adapter=adapter,
-                           response=response)
+                           response=response, tenant=share.tenant)
         record.deadline = record.created_at + (req.timeout or self.settings.default_timeout_s)
         limit = self.settings.max_queue_depth if max_depth is None else max_depth
         with tracing.span("inferq.submit", job_id=record.id, model=model, priority=req.priority) as span:
             record.traceparent = span.traceparent
             queue_list, message = job_message(self.celery, record.message(ids))
             cost = job_cost(req, len(ids) if ids is not None else None, self.settings.default_max_tokens)
-            fair = share_json(share or Share(), cost, queue_list, self.settings.fair_share)
+            fair = fair_share(share, cost, self.settings.fair_share)
             try:
                 depth = await self.store.submit(record, queue_list, message, limit, fair)
             except AlreadyQueued:

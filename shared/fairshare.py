@@ -12,14 +12,17 @@ by more than the jobs ahead of it in tag order. A job that ends having cost less
 charged gives the difference back to its tenant (shared/lua/job_finish.lua).
 
 Nothing else changes: messages stay in Celery's lists (queue depth, KEDA triggers, cancels,
-redelivery and hand-backs, which go to the front as before, see them as they were).
+redelivery and hand-backs see them as they were). The share crosses into the Lua scripts as one
+schema, :class:`FairShare` (the record's ``fair`` field), and every key a script touches for it is
+declared in the script's KEYS (:func:`fair_keys`), never named in ARGV or in the record.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from inferq.shared import keys
 from inferq.shared.schemas import JobRequest
@@ -30,6 +33,10 @@ TENANT_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,63}")
 ANONYMOUS = "anonymous"
 #: Prompt characters counted as one token when the gateway could not count the prompt's tokens.
 CHARS_PER_TOKEN = 4
+#: The farthest from an end of its list that a submit places a message (job_submit.lua walks the
+#: list from its nearer end): a message whose place is deeper goes this far from the nearer end. It
+#: bounds a submit's Redis time whatever the queue's depth (bench/submit_cost.py; docs/design.md).
+MAX_WALK = 2048
 
 
 @dataclass(frozen=True)
@@ -38,6 +45,29 @@ class Share:
 
     tenant: str = ANONYMOUS
     weight: float = 1.0
+
+
+class FairShare(BaseModel):
+    """A job's fair share, as job_submit.lua takes it and the job's record keeps it (``fair``);
+    job_claim, job_finish, job_cancel and job_fail_queued read it back there."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tenant: str = Field(description="Whose share the job takes.")
+    weight: float = Field(gt=0, description="The tenant's weight: its tags grow by cost / weight.")
+    cost: int = Field(ge=1, description="Tokens the job is charged when queued (job_cost).")
+    ordered: bool = Field(description="Placed in its list by virtual finish tag (fair share on); false: "
+                          "pushed as it came (first in, first out).")
+    tag: str | None = Field(default=None, description="Its virtual finish tag, set by job_submit.lua when "
+                            "ordered; a string of every digit of the double (tags are compared and added to).")
+
+
+def fair_keys(queue_list: str) -> list[str]:
+    """The keys a script touches for the fair share of a job queued on ``queue_list`` (the list of its
+    model's queue at its priority), in the order every script declares them: the list's tag order
+    (zset), its state (hash: the virtual time ``v`` and each tenant's last tag ``t|{tenant}``), its
+    tenants' queued jobs (hash)."""
+    return [keys.fair_order(queue_list), keys.fair_state(queue_list), keys.fair_queued(queue_list)]
 
 
 def job_cost(req: JobRequest, prompt_tokens: int | None, default_max_tokens: int) -> int:
@@ -57,8 +87,6 @@ def job_cost(req: JobRequest, prompt_tokens: int | None, default_max_tokens: int
     return max(1, prompt_tokens + output)
 
 
-def share_json(share: Share, cost: int, queue_list: str, ordered: bool) -> str:
-    """The job's share as job_submit.lua takes it (and the record keeps it, as ``fair``)."""
-    return json.dumps({"b": share.tenant, "w": share.weight, "c": cost, "o": int(ordered),
-                       "z": keys.fair_order(queue_list), "s": keys.fair_state(queue_list),
-                       "n": keys.fair_queued(queue_list)}, separators=(",", ":"))
+def fair_share(share: Share, cost: int, ordered: bool) -> FairShare:
+    """The job's share as job_submit.lua takes it (its tag is the script's to set)."""
+    return FairShare(tenant=share.tenant, weight=share.weight, cost=cost, ordered=ordered)

@@ -206,6 +206,26 @@ class Settings(BaseSettings):
     batch_lease_s: float = Field(default=15.0, gt=0, description="How long a gateway holds a batch it "
                                  "advances without renewing; another gateway takes it over after that.")
 
+    # --- interactive and batch work on one fleet (docs/design.md, "Service classes") ----------
+    service_classes: bool = Field(
+        default=True, description="Two service classes. Batch work (Batch API lines, requests with service_tier "
+        "'flex' or service_class 'batch', keys with class=batch) is queued at INFERQ_BATCH_PRIORITY, the batch "
+        "lane, which a worker pops only while it holds fewer than INFERQ_MAX_NUM_SEQS jobs and fewer batch jobs "
+        "than its batch limit; interactive work may also take INFERQ_INTERACTIVE_RESERVE more sequences. Off: "
+        "a worker takes INFERQ_MAX_NUM_SEQS jobs of any class, by priority alone.")
+    interactive_reserve: int | None = Field(
+        default=None, ge=0, description="Engine sequences (and job slots) beyond INFERQ_MAX_NUM_SEQS that only "
+        "interactive work takes, so that an interactive job starts at once while batch work fills the engine "
+        "(the engine runs up to INFERQ_MAX_NUM_SEQS + this; vLLM's priority scheduler preempts batch first when "
+        "the KV cache runs short). Unset: a quarter of INFERQ_MAX_NUM_SEQS, at least 1; 0 with classes off.")
+    interactive_ttft_p99_ms: float = Field(
+        default=0.0, ge=0, description="Interactive time to first token (from submission) a worker keeps its "
+        "p99 under, over each heartbeat: above it, the worker halves the batch jobs it takes; below, it takes "
+        "one more per heartbeat, up to INFERQ_MAX_NUM_SEQS. 0: no target.")
+    interactive_itl_p99_ms: float = Field(
+        default=0.0, ge=0, description="Interactive time between tokens a worker keeps its p99 under, as "
+        "INFERQ_INTERACTIVE_TTFT_P99_MS. 0: no target.")
+
     # --- worker / engine ----------------------------------------------------------------------
     max_model_len: int | None = Field(default=None, description="Context window; unset: the model's own.")
     gpu_memory_utilization: float = Field(default=0.90, gt=0, le=1, description="Fraction of GPU memory the "
@@ -417,6 +437,20 @@ class Settings(BaseSettings):
             if name == self.model_name:
                 raise ValueError(f"LoRA adapter name {name!r} is the model's own name")
         return self
+
+    @property
+    def reserve(self) -> int:
+        """Sequences beyond ``max_num_seqs`` that only interactive work takes (0 with classes off)."""
+        if not self.service_classes:
+            return 0
+        if self.interactive_reserve is not None:
+            return self.interactive_reserve
+        return max(1, self.max_num_seqs // 4)
+
+    @property
+    def engine_max_num_seqs(self) -> int:
+        """The engine's ``max_num_seqs``: the sequences any work fills and the interactive reserve."""
+        return self.max_num_seqs + self.reserve
 
     @property
     def reaper_budget(self) -> float:

@@ -21,8 +21,10 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError, ResponseError
 
 from inferq.shared import keys, lua
+from inferq.shared.fairshare import MAX_WALK, FairShare, fair_keys
 from inferq.shared.redis import stream_entries, text_map
 from inferq.shared.schemas import (
+    DEFAULT_PRIORITY,
     DoneEvent,
     ErrorEvent,
     ErrorInfo,
@@ -67,6 +69,13 @@ _ENGINE_FAILURES = lua.event_json(ErrorEvent(seq=0, error=ErrorInfo(
     message=f"the engine died {MAX_ENGINE_FAILURES} times while running this job; it is not run again")))
 
 
+def list_keys(queue_list: str) -> list[str]:
+    """The keys of a list of a model's queue that the scripts of a job queued on it may touch, in the
+    order they declare them: its fair share's (shared/fairshare.py: ``fair_keys``), then its
+    cancelled jobs' zset. (None of them is named in a record or passed as an argument.)"""
+    return [*fair_keys(queue_list), keys.queue_cancelled(queue_list)]
+
+
 class AlreadyQueued(Exception):
     """A job with this id was queued before (:meth:`JobStore.submit` wrote nothing)."""
 
@@ -84,6 +93,7 @@ class JobStore:
     def __init__(self, redis: Redis, ttl_s: int) -> None:
         self.redis = redis
         self.ttl_s = ttl_s
+        self.max_walk = MAX_WALK  # how far into a list a submit walks to place a message (fair share)
         self._claim = lua.register(redis, "job_claim")
         self._cancel = lua.register(redis, "job_cancel")
         self._finish = lua.register(redis, "job_finish")
@@ -99,26 +109,27 @@ class JobStore:
         await self._write(record)
 
     async def submit(self, record: JobRecord, queue_list: str, message: str, max_depth: int,
-                     share: str = "") -> int | None:
+                     share: FairShare | None = None) -> int | None:
         """Write the job's record and put its Celery message on ``queue_list`` in one step, unless
         the model's queue already holds ``max_depth`` jobs (as :func:`queue_depths` counts them): then
         nothing is written and the depth is returned. :class:`AlreadyQueued` when a job with the
         record's id exists: nothing is written then either. ``share``: the job's fair share
-        (:func:`shared.fairshare.share_json`), which places the message in the list."""
+        (shared/fairshare.py), which places the message in the list."""
         return await self._write(record, queue_list, message, max_depth, share)
 
     async def _write(self, record: JobRecord, queue_list: str | None = None, message: str = "",
-                     max_depth: int | None = None, share: str = "") -> int | None:
+                     max_depth: int | None = None, share: FairShare | None = None) -> int | None:
         lists = keys.queue_lists(record.model)
         queue_list = queue_list or lists[record.request.priority]  # where its messages go (job_message)
         # the record names the zset its job joins if it is cancelled while its message waits in that list
         fields = [x for kv in record.to_hash().items() for x in kv] + ["queue_cancelled",
                                                                         keys.queue_cancelled(queue_list)]
         depth = int(await self._submit(
-            keys=[keys.job(record.id), keys.QUEUED, keys.STATS, queue_list, *lists,
+            keys=[keys.job(record.id), keys.QUEUED, keys.STATS, queue_list, *list_keys(queue_list), *lists,
                   *map(keys.queue_cancelled, lists)],
             args=["" if max_depth is None else max_depth, self.queued_ttl(record), record.id, repr(record.created_at),
-                  keys.stat("submitted", record.model), message, share, *fields]))
+                  keys.stat("submitted", record.model), message, share.model_dump_json() if share else "",
+                  self.max_walk, *fields]))
         if depth == -2:
             raise AlreadyQueued(record.id)
         return None if depth < 0 else depth
@@ -152,11 +163,24 @@ class JobStore:
         h = dict(zip(flat[::2], flat[1::2], strict=False))
         return JobRecord.from_hash(text_map(h)) if h else None
 
-    async def claim(self, job_id: str, worker_id: str, token: str = "") -> Claim | None:
+    async def list_keys(self, job_id: str, queue_list: str | None = None) -> list[str]:
+        """The keys of the list the job was queued on (:func:`list_keys`) that its scripts are given:
+        ``queue_list``'s (as the worker's message says it: its model's list at its priority), else
+        the list its record says (one more read); none for a job without a record."""
+        if queue_list is None:
+            model, request = await self.redis.hmget(keys.job(job_id), ["model", "request"])
+            if model is None or request is None:
+                return []
+            priority = json.loads(request).get("priority", DEFAULT_PRIORITY)
+            queue_list = keys.queue_lists(json.loads(model))[priority]
+        return list_keys(queue_list)
+
+    async def claim(self, job_id: str, worker_id: str, token: str = "", queue_list: str | None = None) -> Claim | None:
         """queued -> running for ``worker_id`` (a new attempt). None: no such job. A call repeated
-        with the same ``token`` after its answer was lost gets the answer the first call had."""
+        with the same ``token`` after its answer was lost gets the answer the first call had.
+        ``queue_list``: the list the job was queued on (its fair share's keys; else read from its record)."""
         res = await self._claim(keys=[keys.job(job_id), keys.job_log(job_id), keys.worker_jobs(worker_id),
-                                      keys.QUEUED],
+                                      keys.QUEUED, *await self.list_keys(job_id, queue_list)],
                                 args=[_Q(worker_id), str(time.time()), job_id, token, self.ttl_s])
         if res is None:
             return None
@@ -165,7 +189,7 @@ class JobStore:
     async def request_cancel(self, job_id: str) -> JobStatus | None:
         """Cancel: a queued job ends now; a running one is flagged (its worker aborts it)."""
         st = await self._cancel(keys=[keys.job(job_id), keys.job_log(job_id), keys.job_channel(job_id), keys.QUEUED,
-                                      keys.STATS],
+                                      keys.STATS, *await self.list_keys(job_id)],
                                 args=[str(time.time()), job_id, self.ttl_s, _CANCELLED])
         return JobStatus(json.loads(st)) if st else None
 
@@ -176,16 +200,17 @@ class JobStore:
         return bool(await self._update(keys=[keys.job(job_id)], args=flat))
 
     async def finish(self, job_id: str, worker_id: str, attempt: int, event: Event, *, check_log: bool = True,
-                     **fields: object) -> JobStatus | None:
+                     queue_list: str | None = None, **fields: object) -> JobStatus | None:
         """Write the job's end (terminal fields and final event) atomically, while this attempt
         still owns the running job. ``check_log``: ``event.seq`` must directly follow the last
         logged event (the log holds everything the attempt wrote), or the job ends failed with
         ``log_incomplete`` instead; without it the event is written after whatever the log holds
-        (a failure's end). Returns the status written, or None (fenced out)."""
+        (a failure's end); ``queue_list`` as for :meth:`claim`. Returns the status written, or None
+        (fenced out)."""
         flat: list[str] = [x for kv in hash_fields(**fields).items() for x in kv]
         res = await self._finish(
             keys=[keys.job(job_id), keys.worker_jobs(worker_id), keys.job_log(job_id), keys.job_channel(job_id),
-                  keys.STATS],
+                  keys.STATS, *await self.list_keys(job_id, queue_list)],
             args=[str(attempt), job_id, event.seq if check_log else "",
                   event.model_dump_json(exclude_none=True), self.ttl_s, _log_incomplete(attempt), *flat])
         if not res:
@@ -222,7 +247,8 @@ class JobStore:
         nothing changes. ``message_waits``: its message is still in its queue's list (a worker will
         pop and skip it): it leaves the queue's depth as a cancelled job's does."""
         return bool(await self._fail_queued(
-            keys=[keys.job(job_id), keys.job_log(job_id), keys.job_channel(job_id), keys.QUEUED, keys.STATS],
+            keys=[keys.job(job_id), keys.job_log(job_id), keys.job_channel(job_id), keys.QUEUED, keys.STATS,
+                  *await self.list_keys(job_id)],
             args=[str(time.time()), job_id, lua.event_json(ErrorEvent(seq=0, error=error)), self.ttl_s,
                   "1" if message_waits else ""]))
 

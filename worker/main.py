@@ -18,18 +18,19 @@ def run_worker(loglevel: str = "INFO") -> int:
         from inferq.worker.engine.group import run_group
 
         return run_group(s, loglevel, frontend_main)
-    consume(s, s.max_num_seqs, loglevel)
+    consume(s, s.max_num_seqs, s.reserve, loglevel)
     return 0
 
 
 def frontend_main(frontend: Frontend, loglevel: str) -> None:
     """Entry point of a frontend process of an engine group (spawned): a worker whose engine is the group's."""
     s = get_settings()
-    consume(s, become_frontend(frontend, s), loglevel)
+    consume(s, become_frontend(frontend, s), -(-s.reserve // frontend.count), loglevel)
 
 
-def consume(s: Settings, slots: int, loglevel: str) -> None:
-    """Run the Celery worker with ``slots`` job slots (one per engine sequence it may fill)."""
+def consume(s: Settings, slots: int, reserve: int, loglevel: str) -> None:
+    """Run the Celery worker with ``slots`` job slots (one per engine sequence any work may fill) and
+    ``reserve`` more that only interactive work takes (worker/kombu_gate.py)."""
     from inferq.worker.tasks import app  # imports the task and the engine life-cycle signals
 
     sys.setswitchinterval(s.gil_switch_interval_ms / 1000)
@@ -37,7 +38,7 @@ def consume(s: Settings, slots: int, loglevel: str) -> None:
     app.worker_main([
         "worker",
         "--pool=threads",
-        f"--concurrency={slots}",
+        f"--concurrency={slots + reserve}",
         f"--queues={keys.queue(s.model_name)}",
         f"--loglevel={loglevel}",
         f"--hostname=inferq@%h-{os.getpid()}",  # unique among the frontends of a group

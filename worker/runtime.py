@@ -41,6 +41,7 @@ from inferq.worker.engine.group import engine_instance, frontend_slots
 from inferq.worker.engine.host import EngineHost
 from inferq.worker.jobs import control
 from inferq.worker.jobs.affinity import Affinity
+from inferq.worker.jobs.classes import ServiceClasses
 from inferq.worker.jobs.intake import Intake
 from inferq.worker.jobs.kv_feed import KVEventFeed
 from inferq.worker.jobs.runner import JobRunner
@@ -79,6 +80,7 @@ class WorkerRuntime:
         fe = self.host.frontend
         self.slots = frontend_slots(settings.max_num_seqs, fe.count) if fe is not None else settings.max_num_seqs
         self.intake = Intake(self.host)  # how a job Celery hands this worker is taken: placed, then run
+        self.classes = ServiceClasses.of(settings, self.slots, fe.count if fe is not None else 1)
         self.engine_id = fe.engine_id if fe is not None and fe.engine_id else engine_instance(self.id)
         max_loras = settings.max_loras if self.host.adapters.enabled else 0
         self.affinity = Affinity(settings, celery, self.id, self.slots, self.intake.load, self.engine_id,
@@ -129,7 +131,8 @@ class WorkerRuntime:
         self.runner = JobRunner(self.host, store, writer, self.id, s.default_max_tokens,
                                 priority_scheduling=s.scheduling_policy == "priority",
                                 on_engine_dead=self._engine_died_under, max_attempts=s.max_attempts,
-                                hand_back=self._hand_back_one, tool_call_parser=s.tool_call_parser)
+                                hand_back=self._hand_back_one, tool_call_parser=s.tool_call_parser,
+                                latency=self.classes.limit if self.classes is not None else None)
         self.intake.runner = self.runner
         self.handback = LocalHandBack(self.runner.attempts, store, self.send, self.id, s.max_attempts)
         await fleet_adapters.register(self.redis, s.model_name, s.lora_adapters)
@@ -155,7 +158,10 @@ class WorkerRuntime:
         assert self.runner is not None, "worker runtime not started"
         if self.death.triggered:  # about to exit: leave the job (e.g. one just handed back) to another worker
             raise Reject("the engine is dead", requeue=True)
-        return self.intake.take(msg)
+        if self.classes is None:
+            return self.intake.take(msg)
+        with self.classes.holding(msg):
+            return self.intake.take(msg)
 
     def drain(self) -> None:
         """SIGTERM (Celery has stopped consuming): announce draining in the next beat, let held
@@ -227,6 +233,7 @@ class WorkerRuntime:
             adapters=self.host.adapters.loaded(),
             engine=self.engine_id, lane=self.affinity is not None, tasks=self.host.tasks,
             max_loras=self.settings.max_loras if self.host.adapters.enabled else 0,
+            classes=self.classes.beat() if self.classes is not None else None,
         )
 
     def ready(self) -> bool:

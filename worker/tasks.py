@@ -20,7 +20,7 @@ from inferq.shared import keys
 from inferq.shared.celery_app import make_celery
 from inferq.shared.schemas import JobMessage, JobStatus
 from inferq.shared.settings import get_settings
-from inferq.worker import kombu_fix, kombu_pipeline
+from inferq.worker import kombu_fix, kombu_gate, kombu_pipeline
 from inferq.worker.engine import group
 from inferq.worker.engine.host import EngineHost
 from inferq.worker.jobs.undecodable import undecodable_job_id
@@ -30,6 +30,7 @@ from inferq.worker.runtime import WorkerRuntime
 log = logging.getLogger(__name__)
 kombu_pipeline.install()  # first: kombu_fix's guards wrap what it installs
 kombu_fix.install()
+kombu_gate.install()  # which lists the consumer pops: the runtime gives it its gate (service classes)
 app = make_celery(get_settings())
 _runtime: WorkerRuntime | None = None
 
@@ -43,6 +44,7 @@ def _start_engine(**_: Any) -> None:
         settings = get_settings()
         _runtime = WorkerRuntime(settings, app, EngineHost(settings, group.FRONTEND))
         _runtime.start()
+        kombu_gate.use(_runtime.classes)  # before Celery consumes: batch work only where it fits
     except BaseException:
         log.critical("the engine could not start; exiting", exc_info=True)
         kill_children()  # an engine core left behind would keep holding the GPU's memory

@@ -104,7 +104,7 @@ class Prepared:
 
 
 def prepare(raw: str, settings: Settings) -> Prepared:
-    """The line's jobs at the batch priority; raises what its endpoint would answer instead."""
+    """The line's jobs, batch work at the batch priority; raises what its endpoint would answer instead."""
     line = InputLine.model_validate_json(raw)
     body = {k: v for k, v in line.body.items() if k not in ("stream", "stream_options")}
     chat = completion = embedding = None
@@ -118,7 +118,7 @@ def prepare(raw: str, settings: Settings) -> Prepared:
     else:
         completion = CompletionRequest.model_validate(body)
         jobs = oc.completion_jobs(completion)
-    jobs = [j.model_copy(update={"priority": settings.batch_priority}) for j in jobs]
+    jobs = [j.model_copy(update={"priority": settings.batch_priority, "service_class": "batch"}) for j in jobs]
     for j in jobs:
         check_limits(j, settings)
     return Prepared(line, chat, completion, jobs, embedding)

@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from inferq.api.openai import tools
-from inferq.api.openai.params import ChatCompletionRequest, CompletionRequest
+from inferq.api.openai.params import ChatCompletionRequest, CompletionRequest, tier_class
 from inferq.shared.request_limits import check_json
 from inferq.shared.schemas import JobRequest
 from inferq.shared.settings import Settings
@@ -43,7 +43,7 @@ def chat_job(req: ChatCompletionRequest) -> JobRequest:
         fields["parse_tool_calls"] = tools.parsed(req)
     return JobRequest(messages=[m.to_chat() for m in req.messages], model=req.model, user=req.user,
                       add_generation_prompt=req.add_generation_prompt,
-                      continue_final_message=req.continue_final_message, **fields)
+                      continue_final_message=req.continue_final_message, **fields, **tier_class(req.service_tier))
 
 
 #: ``max_tokens`` of a text completion that sets none: 16, as OpenAI's and vLLM's completions API.
@@ -52,7 +52,8 @@ COMPLETION_MAX_TOKENS = 16
 
 def completion_jobs(req: CompletionRequest) -> list[JobRequest]:
     """The jobs of a text completion, one per prompt (text, or token ids), in order."""
-    fields = {"max_tokens": COMPLETION_MAX_TOKENS, **req.sampling_fields(), "echo": req.echo}
+    fields = {"max_tokens": COMPLETION_MAX_TOKENS, **req.sampling_fields(), "echo": req.echo,
+              **tier_class(req.service_tier)}
     if req.logprobs is not None:
         fields["logprobs"] = req.logprobs
     return [JobRequest(**({"prompt": p} if isinstance(p, str) else {"prompt_token_ids": p}),

@@ -7,8 +7,11 @@ continuous_usage_stats: true``: usage is sent once, at the end; ``max_tokens: 0`
 takes with ``echo`` to return the prompt alone: a job generates at least one token). What SDKs and
 frameworks send as a matter of course is accepted with the meaning vLLM gives it: ``null`` for
 any field (its default), ``best_of`` up to ``n``, and the bookkeeping fields ``store``,
-``metadata``, ``service_tier`` and ``reasoning_effort``, which change nothing here (README,
-"OpenAI SDK"). Messages and tools: api/openai/messages.py; tool calling: api/openai/tools.py.
+``metadata`` and ``reasoning_effort``, which change nothing here (README, "OpenAI SDK").
+``service_tier`` picks the job's service class as OpenAI's tiers read: ``flex`` (slower, for work
+nobody waits on) is batch work, ``default``, ``priority`` and ``scale`` interactive, ``auto`` the
+key's class (docs/design.md, "Service classes"). Messages and tools: api/openai/messages.py; tool
+calling: api/openai/tools.py.
 
 vLLM's request extras are served as ``vllm serve`` serves them: a completions ``prompt`` of token
 ids (or a list of such prompts), ``echo`` (with ``logprobs``, the prompt's tokens come first, the
@@ -134,6 +137,18 @@ class NullIsDefault(BaseModel):
         return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
 
 
+#: OpenAI's service tiers (another value is a 400 naming ``service_tier``).
+ServiceTier = Literal["auto", "default", "flex", "priority", "scale"]
+
+
+def tier_class(tier: ServiceTier | None) -> dict[str, Any]:
+    """The job fields a service tier asks for: ``flex`` is batch work, ``default``, ``priority`` and
+    ``scale`` interactive; ``auto`` (or none) leaves the class to the key (interactive by default)."""
+    if tier is None or tier == "auto":
+        return {}
+    return {"service_class": "batch" if tier == "flex" else "interactive"}
+
+
 class _Common(NullIsDefault):
     """Fields chat and completions share; sampling bounds are the same as ``POST /v1/jobs``."""
 
@@ -167,7 +182,8 @@ class _Common(NullIsDefault):
     # accepted as SDKs send them; they change nothing here
     store: bool | None = None
     metadata: dict[str, str] | None = Field(default=None, max_length=16)
-    service_tier: str | None = Field(default=None, max_length=32)
+    service_tier: ServiceTier | None = Field(default=None, description="'flex': batch work, run on the "
+                                             "capacity interactive work leaves (not with stream).")
 
     @field_validator("logit_bias")
     @classmethod

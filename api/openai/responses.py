@@ -20,7 +20,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from inferq.api.openai.params import NullIsDefault
+from inferq.api.openai.params import NullIsDefault, ServiceTier, tier_class
 from inferq.api.openai.sent_events import sent_batches
 from inferq.api.sse import Payload
 from inferq.api.streams import StreamHub
@@ -85,7 +85,8 @@ class ResponsesRequest(NullIsDefault):
     parallel_tool_calls: bool | None = None
     include: list[str] | None = Field(default=None, max_length=0, description="Empty only.")
     truncation: Literal["disabled"] | None = None
-    service_tier: str | None = Field(default=None, max_length=32)
+    service_tier: ServiceTier | None = Field(default=None, description="'flex': batch work, run on the "
+                                             "capacity interactive work leaves (not with stream).")
 
     def job(self, history: list[ChatMessage]) -> JobRequest:
         """The job: ``history`` (a previous response's conversation), then the input."""
@@ -94,7 +95,7 @@ class ResponsesRequest(NullIsDefault):
         fields: dict[str, Any] = {k: v for k, v in (("max_tokens", self.max_output_tokens), ("temperature",
                                   self.temperature), ("top_p", self.top_p)) if v is not None}
         return JobRequest(messages=[*history, *given], instructions=self.instructions, model=self.model,
-                          user=self.user, metadata=self.metadata, **fields)
+                          user=self.user, metadata=self.metadata, **fields, **tier_class(self.service_tier))
 
 
 def response_id(job_id: str) -> str:
@@ -160,7 +161,8 @@ def response(rec: JobRecord, text: str | None = None, status: str | None = None)
         "previous_response_id": opts.previous_response_id if opts else None, "metadata": req.metadata or {},
         "user": req.user, "parallel_tool_calls": True, "tool_choice": "auto", "tools": [],
         "text": {"format": {"type": "text"}}, "truncation": "disabled",
-        "background": opts.background if opts else None, "service_tier": "auto",
+        "background": opts.background if opts else None,
+        "service_tier": "flex" if req.service_class == "batch" else "default",
         "incomplete_details": incomplete, "usage": usage,
         "error": {"code": err.code or err.type, "message": err.message} if err is not None and done else None,
     }

@@ -37,7 +37,8 @@ async def chat_completions(req: ChatBody, request: Request, service: Service, hu
     does not cancel it (it is expected to come back)."""
     oc.check_chat(req, admission.settings)  # what the job request cannot name as the client did
     admitted = await admission.submit(caller, [oc.chat_job(req)], idempotency_key=idempotency_key,
-                                      fingerprint=lambda: fingerprint("chat", oc.job_fields(req)))
+                                      fingerprint=lambda: fingerprint("chat", oc.job_fields(req)),
+                                      streamed=req.stream, class_param="service_tier")
     rec = admitted.records[0]
     cancel = partial(service.cancel_soon, [] if idempotency_key else [rec.id])
     headers = oc.answer_headers(rec.id, admitted.replayed)
@@ -53,7 +54,8 @@ async def completions(req: CompletionBody, request: Request, service: Service, h
                       caller: Caller, admission: Admit, idempotency_key: IdempotencyKey = None) -> Response:
     """One job per prompt, admitted all or none; ``Idempotency-Key`` as for chat completions."""
     admitted = await admission.submit(caller, oc.completion_jobs(req), idempotency_key=idempotency_key,
-                                      fingerprint=lambda: fingerprint("completions", oc.job_fields(req)))
+                                      fingerprint=lambda: fingerprint("completions", oc.job_fields(req)),
+                                      streamed=req.stream, class_param="service_tier")
     ids, model = [r.id for r in admitted.records], admitted.records[0].served_name
     cancel = partial(service.cancel_soon, [] if idempotency_key else ids)
     headers = oc.answer_headers(ids[0], admitted.replayed)

@@ -50,7 +50,7 @@ async def create_response(req: rs.ResponsesRequest, request: Request, service: S
     options = ResponseOptions(background=req.background, previous_response_id=req.previous_response_id)
     admitted = await admission.submit(caller, [req.job(history)], idempotency_key=idempotency_key,
                                       fingerprint=lambda: fingerprint("responses", oc.job_fields(req)),
-                                      response=options)
+                                      response=options, streamed=req.stream, class_param="service_tier")
     rec = admitted.records[0]
     cancel = partial(service.cancel_soon, [] if req.background or idempotency_key else [rec.id])
     headers = oc.answer_headers(rec.id, admitted.replayed)

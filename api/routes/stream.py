@@ -36,7 +36,7 @@ async def generate(ws: WebSocket, hub: Hub, service: Service, admission: Admit, 
         return
     try:
         req = JobRequest.model_validate_json(msg.get("text") or msg.get("bytes") or b"")
-        rec = (await admission.submit(principal, [req])).records[0]
+        rec = (await admission.submit(principal, [req], streamed=True)).records[0]
     except Exception as e:  # invalid, refused, or Redis away
         return await fail(ws, typed(e))
     try:

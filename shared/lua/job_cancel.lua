@@ -1,5 +1,6 @@
 -- Cancel: queued -> cancelled at once (with its final event); running -> flag it; else nothing.
--- KEYS: job hash, log, channel, queued zset, stats. ARGV: now, job id, ttl, the final event (JSON).
+-- KEYS: job hash, log, channel, queued zset, stats, then the keys of the list the job was queued on
+-- (list_keys in shared/store.py). ARGV: now, job id, ttl, the final event (JSON).
 -- Returns the status before (JSON).
 -- A queued job's message stays in its queue's list until a worker pops it (its claim then finds the
 -- job cancelled): the job goes into the zset the record names (`queue_cancelled`, written at submit,
@@ -13,9 +14,10 @@ if st == STATUS.queued then
   log_event(KEYS[1], KEYS[2], KEYS[3], event(ARGV[4], last_seq(KEYS[2]) + 1), ARGV[3])
   redis.call('ZREM', KEYS[4], ARGV[2])
   local fair = fair_of(KEYS[1])
-  if fair_unqueue(KEYS[1], fair) then fair_refund(fair, fair.c) end
+  local fk = list_keys(6, fair)
+  if fair_unqueue(KEYS[1], fair, fk) then fair_refund(fair, fk, fair.cost) end
   count(KEYS[5], KEYS[1], 'end', 'cancelled', '')
-  local cancelled = redis.call('HGET', KEYS[1], 'queue_cancelled')
+  local cancelled = waits_in(KEYS[1], fk)
   if cancelled then
     redis.call('ZADD', cancelled, ARGV[1], ARGV[2])
     redis.call('ZREMRANGEBYSCORE', cancelled, '-inf', tonumber(ARGV[1]) - tonumber(ARGV[3]))

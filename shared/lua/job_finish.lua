@@ -2,7 +2,8 @@
 -- a worker that lost the job is fenced out. The end check: the final event must directly follow
 -- the last logged one, i.e. the log holds every event the attempt wrote; if not, its stream would
 -- not replay to its text, so the job ends failed with the caller's log_incomplete event instead.
--- KEYS: job hash, worker's job set, log, channel, stats. ARGV: attempt, job id, final event seq
+-- KEYS: job hash, worker's job set, log, channel, stats, then the keys of the list the job was queued
+-- on (list_keys in shared/store.py). ARGV: attempt, job id, final event seq
 -- ('': right after the last logged event), final event JSON, ttl, the log_incomplete event (JSON;
 -- {last} and {wrote} in its message), field, value, ... Returns 0 (fenced out), 1 (written) or
 -- 2 (log_incomplete). The end is counted by status (a failure for the client's input, an
@@ -33,14 +34,15 @@ count(KEYS[5], KEYS[1], 'end', label, code)
 -- fair share: the tokens its tenant was served; a job that cost less than its tag assumed gives
 -- the difference back to the tenant's last tag (never below the virtual time)
 local fair = fair_of(KEYS[1])
+local fk = list_keys(6, fair)
 if fair then
   local u, used = redis.call('HGET', KEYS[1], 'usage'), 0
   if u and u ~= 'null' then
     u = cjson.decode(u)
     used = (tonumber(u.prompt_tokens) or 0) + (tonumber(u.completion_tokens) or 0)
   end
-  if used > 0 then count(KEYS[5], KEYS[1], 'served', fair.b, nil, used) end
-  fair_refund(fair, fair.c - used)
+  if used > 0 then count(KEYS[5], KEYS[1], 'served', fair.tenant, nil, used) end
+  fair_refund(fair, fk, fair.cost - used)
 end
 redis.call('SREM', KEYS[2], ARGV[2])
 redis.call('XADD', KEYS[3], seq .. '-0', 'e', data)

@@ -15,23 +15,51 @@ local function count(stats, h, kind, a, b, by)
   redis.call('HINCRBY', stats, f, by or 1)
 end
 
+-- items[from], items[from - 1], ..., items[to] (from >= to) as a list
+local function reversed(items, from, to)
+  local out = {}
+  for i = from, to, -1 do out[#out + 1] = items[i] end
+  return out
+end
+
 -- a virtual finish tag as stored (every digit of the double: tags are compared and added to)
 local function tagstr(x)
   return string.format('%.17g', x)
 end
 
--- the job's fair share (the record's `fair`, see job_submit.lua), or nil
+-- the job's fair share (the record's `fair`: shared/fairshare.py's FairShare), or nil (none, or one
+-- written before the share had its full names: that job's share is not counted)
 local function fair_of(h)
   local f = redis.call('HGET', h, 'fair')
-  if f then return cjson.decode(f) end
-  return nil
+  if not f then return nil end
+  f = cjson.decode(f)
+  if type(f) ~= 'table' or f.tenant == nil then return nil end
+  return f
+end
+
+-- the keys of the list a job's message was queued on, as the script declares them from KEYS[i]
+-- (list_keys in shared/store.py): the fair share's tag order, state and tenants' queued counts
+-- (fair_keys in shared/fairshare.py), then the zset of the list's cancelled jobs. An error when the job
+-- has a share and they were not declared: a script touches no key it was not given
+local function list_keys(i, fair)
+  if fair and not KEYS[i + 2] then error('fair share: the keys of the share were not declared') end
+  return {order = KEYS[i], state = KEYS[i + 1], queued = KEYS[i + 2], cancelled = KEYS[i + 3]}
+end
+
+-- the zset of cancelled jobs of the list the job's message waits in, if it waits in one (the record's
+-- `queue_cancelled`, written at submit, names it): the key declared for it, which must be that one
+local function waits_in(h, lk)
+  local named = redis.call('HGET', h, 'queue_cancelled')
+  if not named then return nil end
+  if named ~= lk.cancelled then error('the list of the job was not declared: ' .. tostring(lk.cancelled)) end
+  return named
 end
 
 -- a queued job of that share is no longer waiting (taken, cancelled or failed): it leaves its
 -- tenant's count of queued jobs, once (`fair_q` is set at submit only); true if it was counted
-local function fair_unqueue(h, fair)
+local function fair_unqueue(h, fair, fk)
   if fair and redis.call('HDEL', h, 'fair_q') == 1 then
-    redis.call('HINCRBY', fair.n, fair.b, -1)
+    redis.call('HINCRBY', fk.queued, fair.tenant, -1)
     return true
   end
   return false
@@ -39,12 +67,12 @@ end
 
 -- give `tokens` of a job's charge back to its tenant (a job that cost less than charged, or never
 -- ran): its last tag moves back by tokens / weight, never below the virtual time
-local function fair_refund(fair, tokens)
-  if not (fair and fair.t and tokens > 0) then return end
-  local k = 't|' .. fair.b
-  local last, v = redis.call('HGET', fair.s, k), redis.call('HGET', fair.s, 'v')
+local function fair_refund(fair, fk, tokens)
+  if not (fair and fair.tag and tokens > 0) then return end
+  local k = 't|' .. fair.tenant
+  local last, v = redis.call('HGET', fk.state, k), redis.call('HGET', fk.state, 'v')
   if last then
-    redis.call('HSET', fair.s, k, tagstr(math.max(tonumber(last) - tokens / fair.w, tonumber(v or '0'))))
+    redis.call('HSET', fk.state, k, tagstr(math.max(tonumber(last) - tokens / fair.weight, tonumber(v or '0'))))
   end
 end
 

@@ -35,18 +35,21 @@ from inferq.shared.schemas.fleet import (
     AdapterCommand,
     AdapterInfo,
     AdapterReply,
+    ClassesInfo,
     EngineStats,
     WorkerInfo,
 )
 from inferq.shared.schemas.jobs import (
     DEFAULT_PRIORITY,
     NO_CONTROL_CHARS,
+    SERVICE_CLASSES,
     STRUCTURE_MAX_CHARS,
     TERMINAL_STATUSES,
     ChatMessage,
     JobRequest,
     JobStatus,
     SamplingOptions,
+    ServiceClass,
     ToolCall,
     ToolCallFunction,
 )
@@ -64,9 +67,9 @@ from inferq.shared.schemas.records import (
 
 __all__ = [
     "AcceptedMessage", "AdapterCommand", "AdapterInfo", "AdapterRef", "AdapterReply", "ChatMessage", "ChoiceEnd",
-    "ChoiceView", "ControlMessage", "DoneEvent", "EngineStats", "ErrorEvent", "ErrorInfo", "JobAccepted",
+    "ChoiceView", "ClassesInfo", "ControlMessage", "DoneEvent", "EngineStats", "ErrorEvent", "ErrorInfo", "JobAccepted",
     "DEFAULT_PRIORITY", "JobLinks", "JobMessage", "JobRecord", "JobRequest", "JobStatus", "JobView", "NO_CONTROL_CHARS",
-    "PromptLogprob", "PromptLogprobs", "ResponseOptions", "RestartEvent", "STRUCTURE_MAX_CHARS",
-    "SamplingOptions", "StreamEvent", "TERMINAL_STATUSES", "TokenEvent", "TokenLogprob", "ToolCall",
+    "PromptLogprob", "PromptLogprobs", "ResponseOptions", "RestartEvent", "SERVICE_CLASSES", "STRUCTURE_MAX_CHARS",
+    "SamplingOptions", "ServiceClass", "StreamEvent", "TERMINAL_STATUSES", "TokenEvent", "TokenLogprob", "ToolCall",
     "ToolCallFunction", "ToolCallPiece", "TopLogprob", "Usage", "WorkerInfo", "hash_fields", "parse_event"
 ]

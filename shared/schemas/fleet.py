@@ -27,6 +27,20 @@ class EngineStats(BaseModel):
         default=None, description="Unix time of the engine's last step: a busy engine moves it, a stuck one does not.")
 
 
+class ClassesInfo(BaseModel):
+    """A worker's service classes (worker/jobs/classes.py): its gate and the jobs it holds."""
+
+    slots: int = Field(description="Job slots any work fills (its share of INFERQ_MAX_NUM_SEQS).")
+    reserve: int = Field(description="Job slots beyond them that only interactive work takes.")
+    batch_limit: int = Field(description="Batch-lane jobs it takes at most now (the latency targets lower it).")
+    running: dict[str, dict[str, int]] = Field(default_factory=dict, description="Jobs it holds: class -> "
+                                               "tenant -> jobs.")
+    ttft_p99_ms: float | None = Field(default=None, description="Interactive time to first token, p99 over the "
+                                      "last heartbeat (with a target set).")
+    itl_p99_ms: float | None = Field(default=None, description="Interactive time between tokens, p99 over the "
+                                     "last heartbeat (with a target set).")
+
+
 class WorkerInfo(BaseModel):
     """What a worker publishes about itself on every heartbeat."""
 
@@ -62,6 +76,8 @@ class WorkerInfo(BaseModel):
                        "only then may other workers pass jobs to it.")
     tasks: list[str] = Field(default_factory=lambda: ["generate"], description="What its engine serves: "
                              "'generate' (text), or pooling tasks such as 'embed' (INFERQ_RUNNER=pooling).")
+    classes: ClassesInfo | None = Field(default=None, description="Its service classes (None: "
+                                        "INFERQ_SERVICE_CLASSES off).")
 
 
 class AdapterInfo(BaseModel):

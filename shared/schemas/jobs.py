@@ -18,6 +18,10 @@ NO_CONTROL_CHARS = r"^[^\x00-\x1f\x7f]*$"
 STRUCTURE_MAX_CHARS = 16_384
 #: A job's priority when its request gives none (0 runs first, 9 last).
 DEFAULT_PRIORITY = 5
+#: What a job is to the fleet: interactive work (someone waits on it) or batch work (it runs on the
+#: capacity interactive work leaves: docs/design.md, "Service classes").
+ServiceClass = Literal["interactive", "batch"]
+SERVICE_CLASSES: tuple[ServiceClass, ...] = ("interactive", "batch")
 
 
 class JobStatus(str, Enum):  # noqa: UP042 (StrEnum would change str() and f-strings of it)
@@ -190,6 +194,10 @@ class JobRequest(SamplingOptions):
     priority: int = Field(default=DEFAULT_PRIORITY, ge=0, le=9, description="0 runs first, 9 last (queue and "
                           "engine). With API keys, each key may use the priorities its keys-file line gives it "
                           "(default: 5 to 9; docs/security.md); another is refused (400).")
+    service_class: ServiceClass = Field(
+        default="interactive", description="'batch': bulk work, run on the capacity interactive work leaves, at "
+        "INFERQ_BATCH_PRIORITY (the batch lane); not for a streamed request. Default 'interactive' (a key with "
+        "class=batch in the keys file: 'batch').")
     timeout: float | None = Field(default=None, gt=0, description="Seconds from submit until the job is "
                                   "abandoned; default INFERQ_DEFAULT_TIMEOUT_S, at most "
                                   "INFERQ_MAX_TIMEOUT_S.")

@@ -40,6 +40,8 @@ class JobMessage(BaseModel):
                                        "the base model.")
     passed_by: str | None = Field(default=None, description="The worker that passed the job to this one's lane "
                                   "(cache-affine pull, worker/jobs/affinity.py): it is run, never passed again.")
+    tenant: str | None = Field(default=None, description="The tenant whose fair share the job takes "
+                               "(shared/fairshare.py); None: a message sent before tenants were named.")
 
 
 class ChoiceView(ChoiceEnd):
@@ -81,6 +83,8 @@ class JobRecord(BaseModel):
                                        "(``model`` is then its base model, whose queue the job is on).")
     response: ResponseOptions | None = Field(default=None, description="A response's own options (the job "
                                              "of a ``/v1/responses`` request); None for any other job.")
+    tenant: str | None = Field(default=None, description="The tenant whose fair share the job takes (an API "
+                               "key, or the tenant= its keys-file line names; shared/fairshare.py).")
 
     @property
     def served_name(self) -> str:
@@ -92,7 +96,7 @@ class JobRecord(BaseModel):
         where the gateway tokenized it; a job re-sent from its record is tokenized by the worker)."""
         return JobMessage(id=self.id, model=self.model, request=self.request, created_at=self.created_at,
                           deadline=self.deadline, traceparent=self.traceparent, prompt_ids=prompt_ids,
-                          adapter=self.adapter)
+                          adapter=self.adapter, tenant=self.tenant)
 
     def to_hash(self) -> dict[str, str]:
         return hash_fields(**self.model_dump(mode="json", exclude_none=True))

@@ -205,3 +205,113 @@ async def test_jobs_cancelled_while_queued_cost_their_tenant_nothing(own_redis: 
     got = await take(adm)
     assert sorted(got) == ["A"] * 10 + ["B"] * 10
     assert got[:10].count("A") in (4, 5, 6), got
+
+
+class Monitor:
+    """Every command Redis runs, as MONITOR reports it, read on a thread of its own."""
+
+    def __init__(self, url: str) -> None:
+        import threading
+
+        self.client = redis.Redis.from_url(url)
+        self.lines: list[dict] = []
+        self.ready, self.stop = threading.Event(), threading.Event()
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+        self.ready.wait(5)
+
+    def _read(self) -> None:
+        with self.client.monitor() as m:
+            self.ready.set()
+            for cmd in m.listen():
+                self.lines.append(cmd)
+                if self.stop.is_set() and "inferq:monitor:end" in cmd["command"]:
+                    return
+
+    def scripts(self) -> list[tuple[str, set[str], list[list[str]]]]:
+        """Each script run: its sha, the keys it declared, and the commands it ran (as argument lists)."""
+        import shlex
+
+        runs: list[tuple[str, set[str], list[list[str]]]] = []
+        for cmd in self.lines:
+            args = shlex.split(cmd["command"])
+            if args[0].upper() in ("EVALSHA", "EVAL"):
+                n = int(args[2])
+                runs.append((args[1], set(args[3:3 + n]), []))
+            elif cmd.get("client_type") == "lua" and runs:
+                runs[-1][2].append(args)
+        return runs
+
+
+#: Commands whose first argument is not a key.
+NOT_KEYED = {"PUBLISH"}
+
+
+async def test_every_key_a_job_script_touches_is_declared(own_redis: str, r: redis.asyncio.Redis) -> None:
+    """Submit (fair share on), claim, finish, cancel and fail queued jobs with MONITOR on: every key a
+    script's commands name is one the script was given in KEYS (the fair share's keys included:
+    none is read from the record or ARGV)."""
+    adm = admission(own_redis, r, {"A": Share("acme", 2.0)})
+    store = adm.service.store
+    mon = Monitor(own_redis)
+    [a1, a2, a3] = await submit(adm, "A", 3)
+    [b1] = await submit(adm, "B", 1)
+    await store.claim(a1, "w")
+    await store.finish(a1, "w", 1, DoneEvent(seq=1, status=JobStatus.succeeded), check_log=False,
+                       status=JobStatus.succeeded, usage=Usage(prompt_tokens=1, completion_tokens=3))
+    await store.claim(b1, "w", queue_list=keys.queue_lists(adm.settings.model_name)[5])
+    await store.request_cancel(a2)
+    from inferq.shared.schemas import ErrorInfo
+
+    await store.fail_queued(a3, ErrorInfo(type="invalid_request_error", code="undecodable_job", message="x"))
+    mon.stop.set()
+    await r.get("inferq:monitor:end")
+    mon.thread.join(10)
+    runs = mon.scripts()
+    assert len(runs) >= 8
+    undeclared = [(sha[:8], c) for sha, declared, cmds in runs for c in cmds
+                  if len(c) > 1 and c[0].upper() not in NOT_KEYED and c[1] not in declared]
+    assert undeclared == []
+    touched = {c[1] for _, _, cmds in runs for c in cmds if len(c) > 1}
+    assert any(k.startswith("inferq:fair:") for k in touched)  # the share's keys were touched, declared
+
+
+async def test_a_script_refuses_a_share_whose_keys_were_not_declared(own_redis: str, r: redis.asyncio.Redis) -> None:
+    adm = admission(own_redis, r, {})
+    [a1] = await submit(adm, "A", 1)
+    store = adm.service.store
+    with pytest.raises(redis.exceptions.ResponseError, match="keys of the share were not declared"):
+        await store._claim(keys=[keys.job(a1), keys.job_log(a1), keys.worker_jobs("w"), keys.QUEUED],
+                           args=['"w"', "1", a1, "", 60])
+
+
+async def test_the_record_keeps_the_share_by_its_full_names(own_redis: str, r: redis.asyncio.Redis) -> None:
+    from inferq.shared.fairshare import FairShare
+
+    adm = admission(own_redis, r, {"A": Share("acme", 2.0)})
+    [a1] = await submit(adm, "A", 1)
+    fair = FairShare.model_validate_json(await r.hget(keys.job(a1), "fair"))
+    assert (fair.tenant, fair.weight, fair.cost, fair.ordered) == ("acme", 2.0, 11, True)
+    assert float(fair.tag or 0) == 5.5 and set(fair.model_dump()) == {"tenant", "weight", "cost", "ordered", "tag"}
+
+
+@pytest.mark.parametrize(("walk", "at"), [(8, 5), (5, 5), (3, 3), (1, 1)])
+async def test_a_message_is_placed_exactly_within_the_walk_of_either_end(own_redis: str, r: redis.asyncio.Redis,
+                                                                          walk: int, at: int) -> None:
+    """A's 10 jobs have tags 11 ... 110; B's one job, charged 55 tokens, belongs after A's fifth: placed
+    there when that is within the walk of an end of the list, else the walk from the nearer end."""
+    adm = admission(own_redis, r, {})
+    adm.service.store.max_walk = walk
+    await submit(adm, "A", 10)
+    await submit(adm, "B", max_tokens=54)  # a 4-character prompt (1 token) and 54 out
+    got = await take(adm)
+    assert got.index("B") == at and got.count("A") == 10, got
+
+
+async def test_a_message_placed_from_the_pushing_end_keeps_the_order(own_redis: str, r: redis.asyncio.Redis) -> None:
+    """B's job belongs 3 from the pushing end of A's 10 (tags 11 ... 110: its 80 goes after A's 7th)."""
+    adm = admission(own_redis, r, {})
+    await submit(adm, "A", 10)
+    await submit(adm, "B", max_tokens=79)
+    got = await take(adm)
+    assert got.index("B") == 7, got

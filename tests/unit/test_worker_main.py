@@ -1,4 +1,5 @@
-"""A worker process sets the GIL switch interval before Celery starts consuming."""
+"""A worker process sets the GIL switch interval before Celery starts consuming, and gives Celery one
+thread per job slot and per slot of the interactive reserve."""
 
 from __future__ import annotations
 
@@ -15,7 +16,27 @@ def test_consume_sets_the_switch_interval_first(monkeypatch) -> None:
     monkeypatch.setattr(tasks.app, "worker_main", lambda argv: seen.append(sys.getswitchinterval()))
     before = sys.getswitchinterval()
     try:
-        main.consume(Settings(gil_switch_interval_ms=0.25), 4, "WARNING")
+        main.consume(Settings(gil_switch_interval_ms=0.25), 4, 0, "WARNING")
     finally:
         sys.setswitchinterval(before)
     assert seen == [0.00025]
+
+
+def test_celery_gets_a_thread_per_slot_and_per_reserved_slot(monkeypatch) -> None:
+    from inferq.worker import tasks
+
+    argv: list[list[str]] = []
+    monkeypatch.setattr(tasks.app, "worker_main", argv.append)
+    before = sys.getswitchinterval()
+    try:
+        main.consume(Settings(), 8, 2, "WARNING")
+    finally:
+        sys.setswitchinterval(before)
+    assert "--concurrency=10" in argv[0]
+
+
+def test_the_reserve_is_on_top_of_the_engines_sequences_only_with_classes() -> None:
+    assert Settings(max_num_seqs=8).reserve == 2 and Settings(max_num_seqs=8).engine_max_num_seqs == 10
+    assert Settings(max_num_seqs=8, interactive_reserve=5).engine_max_num_seqs == 13
+    off = Settings(max_num_seqs=8, interactive_reserve=5, service_classes=False)
+    assert off.reserve == 0 and off.engine_max_num_seqs == 8

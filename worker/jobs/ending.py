@@ -139,7 +139,8 @@ class Ending:
         # the end check (in Redis): a `succeeded` or `cancelled` end must directly follow every event
         # this attempt wrote; a failure's end goes after whatever its log holds
         write: Callable[[], Awaitable[JobStatus | None]] = lambda: self.store.finish(  # noqa: E731
-            job_id, self.worker_id, attempt, event, check_log=status is not JobStatus.failed, **fields)
+            job_id, self.worker_id, attempt, event, check_log=status is not JobStatus.failed,
+            queue_list=p.queue_list, **fields)
         try:
             written = await persist(write, f"record the end of job {job_id} ({status.value})", self.writer.budget_s)
         except Exception:

@@ -51,6 +51,7 @@ class Progress:
     tokens: dict[int, int] = field(default_factory=dict)
     finish: dict[int, ChoiceEnd] = field(default_factory=dict)
     embeddings: list[str] | None = None  # an embedding job's packed vectors, in input order
+    queue_list: str | None = None  # the list the job was queued on: its fair share's keys (claim, end)
 
     def usage(self) -> Usage:
         done = sum(self.tokens.values())

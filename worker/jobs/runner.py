@@ -23,24 +23,24 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from contextlib import aclosing
-from functools import partial
 from typing import Any
 
-from inferq.shared import tracing
-from inferq.shared.errors import DeadlineExceeded, EngineError, InvalidRequest
+from inferq.shared import keys, tracing
+from inferq.shared.errors import DeadlineExceeded, EngineError
 from inferq.shared.logs import job_context
 from inferq.shared.pooling import check_task
 from inferq.shared.schemas import ErrorInfo, JobMessage, JobStatus
 from inferq.shared.store import JobStore
 from inferq.worker.engine.host import EngineHost
 from inferq.worker.jobs.attempts import Attempt, AttemptTable
+from inferq.worker.jobs.classes import BatchLimit, Watch
 from inferq.worker.jobs.ending import Ending, HandBack, Outcome, outcome_of, persist
 from inferq.worker.jobs.outputs import OutputEvents, Progress
 from inferq.worker.jobs.pooling import embed, fitted
 from inferq.worker.jobs.prepare import Prepared, Preparer
 from inferq.worker.jobs.prompt import PromptReturn
 from inferq.worker.jobs.sampling import sampling_params
-from inferq.worker.jobs.toolcalls import ToolCallStream, parser_class
+from inferq.worker.jobs.toolcalls import parser_class, tool_streams
 from inferq.worker.jobs.writer import AttemptSink, EventWriter
 from inferq.worker.metrics import ADAPTER_JOBS, JOBS_CLAIMED, JOBS_FINISHED
 
@@ -52,7 +52,7 @@ class JobRunner:
                  default_max_tokens: int, priority_scheduling: bool = False,
                  on_engine_dead: Callable[[str, int], Awaitable[None]] | None = None,
                  hand_back: HandBack | None = None, max_attempts: int = 3,
-                 tool_call_parser: str | None = None) -> None:
+                 tool_call_parser: str | None = None, latency: BatchLimit | None = None) -> None:
         self.host = host
         # vLLM's tool-call parser for tool_choice "auto" (an unknown name fails the worker's start)
         self.tool_parser = parser_class(tool_call_parser) if tool_call_parser else None
@@ -62,6 +62,7 @@ class JobRunner:
         self.default_max_tokens = default_max_tokens
         self.priority_scheduling = priority_scheduling
         self.on_engine_dead = on_engine_dead
+        self.latency = latency  # interactive jobs' latencies, which the batch limit follows (service classes)
         self.attempts = AttemptTable()
         self.preparer = Preparer(host)
         self.ending = Ending(store, writer, worker_id, host.stats, hand_back, max_attempts)
@@ -115,7 +116,7 @@ class JobRunner:
 
     async def _run(self, msg: JobMessage, run: Attempt, prepared: concurrent.futures.Future[Prepared] | None,
                    claimed: concurrent.futures.Future[bool] | None = None) -> JobStatus | None:
-        progress = Progress()
+        progress = Progress(queue_list=keys.queue_lists(msg.model)[msg.request.priority])  # its fair share's
         outcome = Outcome(None)
         sink: AttemptSink | None = None  # set once the claim is won
         try:
@@ -150,8 +151,8 @@ class JobRunner:
         token = secrets.token_hex(8)  # a retried claim whose answer was lost (or never came) is still ours
         self.attempts.claiming(msg.id, run)
         try:  # until Redis answers: a claim given up on may have taken the job, which nobody would run
-            claim = await persist(lambda: self.store.claim(msg.id, self.worker_id, token), f"claim job {msg.id}",
-                                  self.writer.budget_s)
+            claim = await persist(lambda: self.store.claim(msg.id, self.worker_id, token, progress.queue_list),
+                                  f"claim job {msg.id}", self.writer.budget_s)
         finally:
             self.attempts.claimed(msg.id, run)
         if claim is None or claim.previous is not JobStatus.queued:
@@ -190,8 +191,10 @@ class JobRunner:
                 req = msg.request
                 params = sampling_params(req, len(pre.ids), self.host.max_model_len, self.default_max_tokens)
                 events = OutputEvents(progress, PromptReturn(pre.ids, pre.echo, req.logprobs, self.host.tokenizer),
-                                      self.host.tokenizer, params.logprobs, sink, self._tool_calls(msg))
-                await self._generate(msg.id, run, pre.ids, params, events, sink, extra)
+                                      self.host.tokenizer, params.logprobs, sink,
+                                      tool_streams(self.tool_parser, self.host.tokenizer, req))
+                watch = Watch(self.latency if req.service_class == "interactive" else None, msg.created_at)
+                await self._generate(msg.id, run, pre.ids, params, events, sink, extra, watch)
         except TimeoutError:
             raise DeadlineExceeded("the job ran past its deadline and was aborted") from None
 
@@ -204,17 +207,8 @@ class JobRunner:
             await asyncio.wrap_future(fut)
         return fut.result()
 
-    def _tool_calls(self, msg: JobMessage) -> Callable[[], ToolCallStream] | None:
-        """For tool_choice "auto": a maker of one parser stream per completion; else None."""
-        if not msg.request.parse_tool_calls:
-            return None
-        if self.tool_parser is None:
-            raise InvalidRequest('tool_choice "auto" needs a tool-call parser, and this worker has none '
-                                 "(INFERQ_TOOL_CALL_PARSER)", param="tool_choice")
-        return partial(ToolCallStream, self.tool_parser, self.host.tokenizer, msg.request)
-
     async def _generate(self, job_id: str, run: Attempt, ids: list[int], params: Any, events: OutputEvents,
-                        sink: AttemptSink, extra: dict[str, Any]) -> None:
+                        sink: AttemptSink, extra: dict[str, Any], watch: Watch) -> None:
         """``extra``: the engine request's priority and LoRA adapter, where it has them."""
         from vllm.inputs import TokensPrompt
 
@@ -229,6 +223,7 @@ class JobRunner:
             async with aclosing(self.host.engine.generate(TokensPrompt(prompt_token_ids=ids), params,
                                                           request_id=job_id, **extra)) as outputs:
                 async for out in outputs:
+                    watch.output()  # an interactive job's latencies, for the batch limit
                     if first:
                         sink.first_output()
                     sink.check()
@@ -240,6 +235,7 @@ class JobRunner:
         finally:
             del self._engine_busy[job_id]
             done.set()
+            watch.flush()
 
     async def _engine_died(self, job_id: str, run: Attempt, e: BaseException) -> Outcome:
         """The engine died under the job: hand it back (its exit path starts) or, with nobody to tell, fail it."""

@@ -10,6 +10,8 @@ functions: importing this module loads nothing.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from inferq.shared.errors import InvalidRequest
@@ -73,3 +75,14 @@ def _piece(tc: Any) -> ToolCallPiece:
     fn = getattr(tc, "function", None)
     return ToolCallPiece(index=tc.index, id=getattr(tc, "id", None), name=getattr(fn, "name", None),
                          arguments=getattr(fn, "arguments", None))
+
+
+def tool_streams(parser: Any, tokenizer: Any, req: JobRequest) -> Callable[[], ToolCallStream] | None:
+    """For tool_choice "auto": a maker of one parser stream per completion (``parser``: the worker's
+    parser class, None without one: a 400 naming tool_choice); None for a job that parses none."""
+    if not req.parse_tool_calls:
+        return None
+    if parser is None:
+        raise InvalidRequest('tool_choice "auto" needs a tool-call parser, and this worker has none '
+                             "(INFERQ_TOOL_CALL_PARSER)", param="tool_choice")
+    return partial(ToolCallStream, parser, tokenizer, req)

@@ -1,0 +1,167 @@
+"""Service classes on a worker: how much batch work it takes, and what it runs of each class.
+
+A worker has ``slots`` job slots that work of any class fills (INFERQ_MAX_NUM_SEQS) and a
+``reserve`` more that only interactive work takes (INFERQ_INTERACTIVE_RESERVE); its engine runs
+``slots + reserve`` sequences. Batch work waits on its own list, the batch lane (the list of
+INFERQ_BATCH_PRIORITY), which the worker pops only while it holds fewer than ``slots`` jobs and
+fewer lane jobs than its batch limit (worker/kombu_gate.py). So:
+
+- an interactive job always finds a free slot while interactive work holds fewer than ``reserve``
+  beyond what batch left: it starts at once, in the engine's next step, whatever batch runs;
+- batch grows into whatever interactive work leaves of the ``slots``, and gives way as its jobs
+  end (a batch job that ends is not replaced while the worker holds ``slots`` jobs);
+- with latency targets set, the batch limit follows them: every heartbeat, a p99 of interactive
+  time to first token or time between tokens above its target halves it, one under every target
+  adds one job, up to ``slots`` (:class:`BatchLimit`).
+
+The engine orders its own waiting requests by priority, batch last, and when its KV cache runs
+short vLLM's priority scheduler preempts batch first (it recomputes them later: a request
+preempted inside the engine stays the worker's, and its output continues where it stopped).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from inferq.shared.fairshare import ANONYMOUS
+from inferq.shared.schemas import ClassesInfo, JobMessage
+from inferq.shared.settings import Settings
+
+#: Samples of each latency a worker keeps between two adjustments of its batch limit.
+SAMPLES = 4096
+
+
+def p99(xs: list[float]) -> float:
+    """The 99th percentile of ``xs`` (nearest rank); 0 for none."""
+    if not xs:
+        return 0.0
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(0.99 * len(xs)))]
+
+
+class BatchLimit:
+    """How many batch-lane jobs the worker may hold: ``slots`` without targets; with them, halved
+    each heartbeat an interactive p99 passes its target, one more each heartbeat under it."""
+
+    def __init__(self, slots: int, ttft_ms: float = 0.0, itl_ms: float = 0.0) -> None:
+        self.slots = slots
+        self.ttft_s, self.itl_s = ttft_ms / 1000, itl_ms / 1000
+        self.value = slots
+        self._ttft: deque[float] = deque(maxlen=SAMPLES)
+        self._itl: deque[float] = deque(maxlen=SAMPLES)
+        self._lock = threading.Lock()
+        self.last: tuple[float, float] = (0.0, 0.0)  # the p99s the last adjustment saw (s)
+
+    @property
+    def targets(self) -> bool:
+        return bool(self.ttft_s or self.itl_s)
+
+    def first_token(self, seconds: float) -> None:
+        if self.ttft_s:
+            with self._lock:
+                self._ttft.append(seconds)
+
+    def gaps(self, seconds: list[float]) -> None:
+        if self.itl_s and seconds:
+            with self._lock:
+                self._itl.extend(seconds)
+
+    def adjust(self) -> int:
+        """One step (each heartbeat): the new limit, from the samples since the last step."""
+        if not self.targets:
+            return self.value
+        with self._lock:
+            ttft, itl = p99(list(self._ttft)), p99(list(self._itl))
+            self._ttft.clear()
+            self._itl.clear()
+        self.last = (ttft, itl)
+        over = (self.ttft_s and ttft > self.ttft_s) or (self.itl_s and itl > self.itl_s)
+        self.value = self.value // 2 if over else min(self.slots, self.value + 1)
+        return self.value
+
+
+class Watch:
+    """One generation's latencies, as its outputs come, for the batch limit (``limit`` None: not
+    watched, a batch job's or with classes off)."""
+
+    FLUSH = 64  # gaps kept before they go to the limit
+
+    def __init__(self, limit: BatchLimit | None, created_at: float) -> None:
+        self.limit, self.created_at = limit, created_at
+        self._last: float | None = None
+        self._gaps: list[float] = []
+
+    def output(self) -> None:
+        if self.limit is None:
+            return
+        now = time.monotonic()
+        if self._last is None:
+            self.limit.first_token(max(0.0, time.time() - self.created_at))  # since it was queued
+        else:
+            self._gaps.append(now - self._last)
+            if len(self._gaps) >= self.FLUSH:
+                self.flush()
+        self._last = now
+
+    def flush(self) -> None:
+        if self.limit is not None and self._gaps:
+            self.limit.gaps(self._gaps)
+            self._gaps = []
+
+
+class ServiceClasses:
+    """The worker's gate (worker/kombu_gate.py) and what it runs, by class and tenant."""
+
+    def __init__(self, slots: int, reserve: int, lane: int, limit: BatchLimit) -> None:
+        self.slots, self.reserve, self.lane, self.limit = slots, reserve, lane, limit
+        self._running: Counter[tuple[str, str]] = Counter()  # (class, tenant) -> jobs held
+        self._lock = threading.Lock()
+
+    def lane_open(self, held: int, lane_held: int) -> bool:
+        """Batch work may grow: the worker holds fewer than ``slots`` jobs and fewer lane jobs than its limit."""
+        return held < self.slots and lane_held < self.limit.value
+
+    @contextmanager
+    def holding(self, msg: JobMessage) -> Iterator[None]:
+        """Count the job as held (by class and tenant) while the block runs: from the moment it is
+        taken until it ended or was passed on."""
+        held = (msg.request.service_class, msg.tenant or ANONYMOUS)
+        with self._lock:
+            self._running[held] += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._running[held] -= 1
+                if self._running[held] <= 0:
+                    del self._running[held]
+
+    def running(self) -> dict[str, dict[str, int]]:
+        """Jobs held now: class -> tenant -> count."""
+        out: dict[str, dict[str, int]] = {}
+        with self._lock:
+            for (cls, tenant), n in self._running.items():
+                out.setdefault(cls, {})[tenant] = n
+        return out
+
+    def beat(self) -> ClassesInfo:
+        """Once a heartbeat: move the batch limit a step (latency targets) and say what is held."""
+        self.limit.adjust()
+        ttft, itl = self.limit.last
+        return ClassesInfo(slots=self.slots, reserve=self.reserve, batch_limit=self.limit.value,
+                           running=self.running(),
+                           ttft_p99_ms=round(ttft * 1000, 1) if self.limit.ttft_s else None,
+                           itl_p99_ms=round(itl * 1000, 1) if self.limit.itl_s else None)
+
+    @classmethod
+    def of(cls, settings: Settings, slots: int, frontends: int) -> ServiceClasses | None:
+        """A worker's (one frontend's: its share of slots and reserve), or None with classes off."""
+        if not settings.service_classes:
+            return None
+        reserve = -(-settings.reserve // frontends)  # ceil, as the slots are split
+        limit = BatchLimit(slots, settings.interactive_ttft_p99_ms, settings.interactive_itl_p99_ms)
+        return cls(slots, reserve, settings.batch_priority, limit)
