@@ -178,7 +178,8 @@ class JobService:
             cost = job_cost(req, len(ids) if ids is not None else None, self.settings.default_max_tokens)
             fair = fair_share(share, cost, self.settings.fair_share)
             try:
-                depth = await self.store.submit(record, queue_list, message, limit, fair)
+                depth = await self.store.submit(record, queue_list, message, limit, fair,
+                                                announce=req.service_class == "interactive")
             except AlreadyQueued:
                 if (prior := await self.store.get(record.id)) is None:  # ended and expired meanwhile
                     raise job_not_found(record.id) from None

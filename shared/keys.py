@@ -43,6 +43,9 @@ inferq:fair:{list}              zset      job ids whose message waits in the lis
 inferq:fair:{list}:state        hash      ``v``: the virtual time (the tag last claimed); ``t|{tenant}``:
                                           the tenant's last finish tag (TTL)
 inferq:fair:{list}:queued       hash      tenant -> its jobs queued in the list, not yet taken (TTL)
+inferq:waiting:{model}          pub/sub   a tenant's first job queued (interactive): workers make room for it
+                                          (running-slot fair share, worker/jobs/room.py)
+inferq:room:{model}:{tenant}    string    jobs handed back for a waiting tenant lately, by any worker (TTL)
 unacked, unacked_index          hash,zset kombu's delivered-but-unacked messages (the reaper sweeps)
 inferq:rate:{subject}           zset      submission times of the last minute (sliding window; TTL)
 inferq:active:{subject}         zset      the subject's unfinished job ids -> submit time (TTL)
@@ -197,6 +200,16 @@ def fair_order(queue_list: str) -> str:
 def fair_state(queue_list: str) -> str:
     """The list's virtual time (``v``) and each tenant's last finish tag (``t|{tenant}``)."""
     return f"{PREFIX}:fair:{queue_list}:state"
+
+
+def waiting(model: str) -> str:
+    """Pub/sub: a tenant with no job queued in an interactive list of ``model`` queued one (its name)."""
+    return f"{PREFIX}:waiting:{model}"
+
+
+def room(model: str, tenant: str) -> str:
+    """Counter: jobs workers of ``model`` handed back lately to make room for ``tenant`` (TTL)."""
+    return f"{PREFIX}:room:{model}:{tenant}"
 
 
 def fair_queued(queue_list: str) -> str:

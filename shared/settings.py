@@ -218,6 +218,11 @@ class Settings(BaseSettings):
         "interactive work takes, so that an interactive job starts at once while batch work fills the engine "
         "(the engine runs up to INFERQ_MAX_NUM_SEQS + this; vLLM's priority scheduler preempts batch first when "
         "the KV cache runs short). Unset: a quarter of INFERQ_MAX_NUM_SEQS, at least 1; 0 with classes off.")
+    running_fair_share: bool = Field(
+        default=True, description="With service classes: a worker whose every slot is held hands a job back "
+        "(restart event, reason 'preempted', not counted against its attempts) when interactive work waits "
+        "that runs below its tenant's share of the worker (slots x weight / the weights of the tenants queued "
+        "or running there): its youngest batch job, else the youngest job of the tenant most above its share.")
     interactive_ttft_p99_ms: float = Field(
         default=0.0, ge=0, description="Interactive time to first token (from submission) a worker keeps its "
         "p99 under, over each heartbeat: above it, the worker halves the batch jobs it takes; below, it takes "

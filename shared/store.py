@@ -109,16 +109,18 @@ class JobStore:
         await self._write(record)
 
     async def submit(self, record: JobRecord, queue_list: str, message: str, max_depth: int,
-                     share: FairShare | None = None) -> int | None:
+                     share: FairShare | None = None, announce: bool = False) -> int | None:
         """Write the job's record and put its Celery message on ``queue_list`` in one step, unless
         the model's queue already holds ``max_depth`` jobs (as :func:`queue_depths` counts them): then
         nothing is written and the depth is returned. :class:`AlreadyQueued` when a job with the
         record's id exists: nothing is written then either. ``share``: the job's fair share
-        (shared/fairshare.py), which places the message in the list."""
-        return await self._write(record, queue_list, message, max_depth, share)
+        (shared/fairshare.py), which places the message in the list; ``announce``: a tenant's first
+        queued job is announced to the model's workers (``keys.waiting``: interactive work)."""
+        return await self._write(record, queue_list, message, max_depth, share, announce)
 
     async def _write(self, record: JobRecord, queue_list: str | None = None, message: str = "",
-                     max_depth: int | None = None, share: FairShare | None = None) -> int | None:
+                     max_depth: int | None = None, share: FairShare | None = None,
+                     announce: bool = False) -> int | None:
         lists = keys.queue_lists(record.model)
         queue_list = queue_list or lists[record.request.priority]  # where its messages go (job_message)
         # the record names the zset its job joins if it is cancelled while its message waits in that list
@@ -129,7 +131,7 @@ class JobStore:
                   *map(keys.queue_cancelled, lists)],
             args=["" if max_depth is None else max_depth, self.queued_ttl(record), record.id, repr(record.created_at),
                   keys.stat("submitted", record.model), message, share.model_dump_json() if share else "",
-                  self.max_walk, *fields]))
+                  self.max_walk, keys.waiting(record.model) if announce else "", *fields]))
         if depth == -2:
             raise AlreadyQueued(record.id)
         return None if depth < 0 else depth

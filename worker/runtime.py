@@ -44,6 +44,7 @@ from inferq.worker.jobs.affinity import Affinity
 from inferq.worker.jobs.classes import ServiceClasses
 from inferq.worker.jobs.intake import Intake
 from inferq.worker.jobs.kv_feed import KVEventFeed
+from inferq.worker.jobs.room import Room
 from inferq.worker.jobs.runner import JobRunner
 from inferq.worker.jobs.undecodable import fail_undecodable
 from inferq.worker.jobs.writer import EventWriter
@@ -81,6 +82,7 @@ class WorkerRuntime:
         self.slots = frontend_slots(settings.max_num_seqs, fe.count) if fe is not None else settings.max_num_seqs
         self.intake = Intake(self.host)  # how a job Celery hands this worker is taken: placed, then run
         self.classes = ServiceClasses.of(settings, self.slots, fe.count if fe is not None else 1)
+        self.room: Room | None = None  # running-slot fair share (with classes)
         self.engine_id = fe.engine_id if fe is not None and fe.engine_id else engine_instance(self.id)
         max_loras = settings.max_loras if self.host.adapters.enabled else 0
         self.affinity = Affinity(settings, celery, self.id, self.slots, self.intake.load, self.engine_id,
@@ -141,6 +143,10 @@ class WorkerRuntime:
             loop.create_task(control.listen(self.redis, self.runner.cancel)),
             loop.create_task(fleet_adapters.listen(self.redis, self.host.adapters, s.model_name, self.id)),
             loop.create_task(self.host.adapters.keep_synced())]
+        if self.classes is not None and s.running_fair_share:  # full: hand back for work waiting below its share
+            self.room = Room(self.redis, s.model_name, self.classes, self.runner.attempts.attempts,
+                             self.handback.preempt, s.heartbeat_s)
+            self._listeners.append(loop.create_task(self.room.run()))
         if (files := tokenizer_files.files_of(self.host.tokenizer)) is not None:
             try:
                 self.tokenizer_key = await tokenizer_files.publish(self.redis, files)

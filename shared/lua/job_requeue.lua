@@ -11,6 +11,9 @@
 -- running job at all (a stale entry); a newer attempt of the same worker, or a job it claimed after
 -- the caller looked (`started_at` above ARGV[8]), stays. A reaper passes the beat it judged
 -- (ARGV[9]): if the worker has beaten since, nothing changes and the answer is 'alive'.
+-- A job preempted (reason 'preempted': its tenant ran more than its share while another waited,
+-- worker/jobs/room.py) is queued again whatever its attempts: its attempts counted against max
+-- attempts are those that were not preempted (the record's `preemptions`).
 -- A job queued again is also marked unsent (KEYS[8]) until its caller has sent its new message:
 -- a message that could not be sent (or a caller that died first) is the reaper's to send.
 if ARGV[9] ~= '' then
@@ -43,7 +46,7 @@ elseif ARGV[5] == 'engine_failure'
   redis.call('HSET', KEYS[1], 'status', STATUS.failed, 'finished_at', ARGV[4], 'error', cjson.encode(ev.error))
   outcome = 'failed'
   count(KEYS[7], KEYS[1], 'end', 'failed', ev.error.code)
-elseif attempt >= tonumber(ARGV[3]) then
+elseif attempt - tonumber(redis.call('HGET', KEYS[1], 'preemptions') or '0') >= tonumber(ARGV[3]) then
   ev = event(ARGV[12], seq, {attempt = attempt})
   redis.call('HSET', KEYS[1], 'status', STATUS.failed, 'finished_at', ARGV[4], 'error', cjson.encode(ev.error))
   outcome = 'failed'
@@ -55,6 +58,7 @@ else
   redis.call('ZADD', KEYS[5], ARGV[4], ARGV[6])
   redis.call('ZADD', KEYS[8], ARGV[4], ARGV[6])
   redis.call('HDEL', KEYS[1], 'worker')
+  if ARGV[5] == 'preempted' then redis.call('HINCRBY', KEYS[1], 'preemptions', 1) end
   outcome = 'requeued'
   count(KEYS[7], KEYS[1], 'requeue', ARGV[5])
 end

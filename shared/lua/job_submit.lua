@@ -4,7 +4,8 @@
 -- list of the model's queue, then each list's zset of cancelled jobs whose message is still in it.
 -- ARGV: most jobs the queue may hold ('' : no limit), ttl, job id, created_at, stats field, the
 -- message ('': none), the job's fair share ('': none; FairShare JSON, below), the farthest from an end
--- of the list a message is placed (messages), then the record's fields and values. Returns the queue's depth when it is full, -2 when a message comes with a job that
+-- of the list a message is placed (messages), the channel a tenant's first queued job is announced on
+-- ('': none; an interactive job's: worker/jobs/room.py), then the record's fields and values. Returns the queue's depth when it is full, -2 when a message comes with a job that
 -- already exists (a job is queued once: its record is never overwritten), else -1.
 -- The depth counts the jobs really queued: each list's length less its cancelled jobs (their
 -- messages wait there for a worker to pop and skip them; job_cancel.lua, job_claim.lua). Cancels
@@ -38,7 +39,7 @@ end
 local list, msg, fair = KEYS[4], ARGV[6], nil
 if ARGV[7] ~= '' then fair = cjson.decode(ARGV[7]) end
 local fk = list_keys(5, fair)
-redis.call('HSET', KEYS[1], unpack(ARGV, 9))
+redis.call('HSET', KEYS[1], unpack(ARGV, 10))
 redis.call('EXPIRE', KEYS[1], ARGV[2])
 redis.call('ZADD', KEYS[2], ARGV[4], ARGV[3])
 redis.call('HINCRBY', KEYS[3], ARGV[5], 1)
@@ -74,7 +75,12 @@ elseif msg ~= '' then
 end
 if fair then
   redis.call('HSET', KEYS[1], 'fair', cjson.encode(fair), 'fair_q', '1')
-  redis.call('HINCRBY', fk.queued, fair.tenant, 1)
+  local waiting = redis.call('HINCRBY', fk.queued, fair.tenant, 1)
   redis.call('EXPIRE', fk.queued, ARGV[2])
+  redis.call('HSET', fk.state, 'w|' .. fair.tenant, fair.weight)  -- what the workers weigh its share by
+  redis.call('EXPIRE', fk.state, ARGV[2])
+  if waiting == 1 and ARGV[9] ~= '' then
+    redis.call('PUBLISH', ARGV[9], cjson.encode({tenant = fair.tenant, weight = fair.weight}))
+  end
 end
 return -1

@@ -315,3 +315,26 @@ async def test_a_message_placed_from_the_pushing_end_keeps_the_order(own_redis: 
     await submit(adm, "B", max_tokens=79)
     got = await take(adm)
     assert got.index("B") == 7, got
+
+
+async def test_a_tenants_first_interactive_job_is_announced_to_the_workers(own_redis: str,
+                                                                          r: redis.asyncio.Redis) -> None:
+    """The submit script publishes on the model's waiting channel when a tenant's queued interactive
+    jobs go from none to one (worker/jobs/room.py makes room for it), with the tenant's weight."""
+    import asyncio
+
+    adm = admission(own_redis, r, {"A": Share("acme", 2.0)})
+    got: list[dict] = []
+    async with r.pubsub() as ps:
+        await ps.subscribe(keys.waiting(adm.settings.model_name))
+        await ps.get_message(timeout=1)  # the subscription's confirmation
+        await submit(adm, "A", 2)  # announced once: the second job finds one queued
+        await adm.queue("B", "B", [JobRequest(prompt="abcd", max_tokens=10, service_class="batch", priority=9)],
+                        [f"job-{uuid.uuid4().hex}"])  # batch work is not announced
+        await submit(adm, "C")
+        for _ in range(20):
+            msg = await ps.get_message(ignore_subscribe_messages=True, timeout=0.1)
+            if msg is not None:
+                got.append(json.loads(msg["data"]))
+            await asyncio.sleep(0)
+    assert got == [{"tenant": "acme", "weight": 2}, {"tenant": "C", "weight": 1}]

@@ -26,6 +26,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from inferq.shared.fairshare import ANONYMOUS
 from inferq.shared.schemas import ClassesInfo, JobMessage
@@ -84,6 +85,16 @@ class BatchLimit:
         return self.value
 
 
+@dataclass(frozen=True)
+class Held:
+    """A job the worker holds: its class and tenant, and since when (monotonic)."""
+
+    job_id: str
+    service_class: str
+    tenant: str
+    since: float
+
+
 class Watch:
     """One generation's latencies, as its outputs come, for the batch limit (``limit`` None: not
     watched, a batch job's or with classes off)."""
@@ -119,6 +130,7 @@ class ServiceClasses:
     def __init__(self, slots: int, reserve: int, lane: int, limit: BatchLimit) -> None:
         self.slots, self.reserve, self.lane, self.limit = slots, reserve, lane, limit
         self._running: Counter[tuple[str, str]] = Counter()  # (class, tenant) -> jobs held
+        self._held: dict[str, Held] = {}  # job id -> what it is, since when (the latest taking of it)
         self._lock = threading.Lock()
 
     def lane_open(self, held: int, lane_held: int) -> bool:
@@ -129,16 +141,25 @@ class ServiceClasses:
     def holding(self, msg: JobMessage) -> Iterator[None]:
         """Count the job as held (by class and tenant) while the block runs: from the moment it is
         taken until it ended or was passed on."""
-        held = (msg.request.service_class, msg.tenant or ANONYMOUS)
+        held = Held(msg.id, msg.request.service_class, msg.tenant or ANONYMOUS, time.monotonic())
+        kind = (held.service_class, held.tenant)
         with self._lock:
-            self._running[held] += 1
+            self._running[kind] += 1
+            self._held[msg.id] = held
         try:
             yield
         finally:
             with self._lock:
-                self._running[held] -= 1
-                if self._running[held] <= 0:
-                    del self._running[held]
+                self._running[kind] -= 1
+                if self._running[kind] <= 0:
+                    del self._running[kind]
+                if self._held.get(msg.id) is held:
+                    del self._held[msg.id]
+
+    def held(self) -> list[Held]:
+        """The jobs held now."""
+        with self._lock:
+            return list(self._held.values())
 
     def running(self) -> dict[str, dict[str, int]]:
         """Jobs held now: class -> tenant -> count."""

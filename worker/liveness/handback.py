@@ -113,6 +113,11 @@ class LocalHandBack:
                              return_exceptions=True)
         await self.settle()
 
+    async def preempt(self, job_id: str, attempt: int) -> None:
+        """Hand back one running attempt to make room for work with a better claim on its slot (reason
+        ``preempted``: not counted against the job's attempts) and end its run (worker/jobs/room.py)."""
+        await self._give_up(job_id, attempt, "preempted")
+
     async def _give_up(self, job_id: str, attempt: int, reason: str) -> None:
         fresh = self.jobs.release(job_id, attempt)  # False: it hands itself back already, leave its run be
         try:

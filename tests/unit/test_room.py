@@ -1,0 +1,128 @@
+"""Running-slot fair share (worker/jobs/room.py): a full worker hands back a job when interactive
+work waits below its tenant's share, and a preempted job is queued again whatever its attempts
+(job_requeue.lua). A Redis of its own; the worker's holdings are written as the runtime keeps them."""
+
+from __future__ import annotations
+
+import uuid
+
+import redis.asyncio
+
+from inferq.shared import keys
+from inferq.shared.schemas import JobMessage, JobRecord, JobRequest, JobStatus
+from inferq.shared.store import JobStore
+from inferq.worker.jobs.classes import BatchLimit, ServiceClasses
+from inferq.worker.jobs.room import Room
+
+LANE = 9
+
+
+class Worker:
+    """A worker's holdings (slots + reserve = 4) and what it hands back."""
+
+    def __init__(self, r: redis.asyncio.Redis, model: str, slots: int = 3, reserve: int = 1) -> None:
+        self.classes = ServiceClasses(slots, reserve, LANE, BatchLimit(slots))
+        self.given: list[str] = []
+        self._holding: list[object] = []
+        self._attempts: dict[str, int] = {}
+        self.room = Room(r, model, self.classes, lambda: dict(self._attempts), self._give_back, period_s=1.0)
+
+    def hold(self, tenant: str, service_class: str = "interactive", n: int = 1) -> list[str]:
+        ids = []
+        for _ in range(n):
+            msg = JobMessage(id=f"job-{uuid.uuid4().hex}", model="m", created_at=0.0, tenant=tenant,
+                             request=JobRequest(prompt="x", service_class=service_class))
+            cm = self.classes.holding(msg)
+            cm.__enter__()
+            self._holding.append(cm)
+            self._attempts[msg.id] = 1
+            ids.append(msg.id)
+        return ids
+
+    async def _give_back(self, job_id: str, attempt: int) -> None:
+        assert attempt == 1
+        self.given.append(job_id)
+
+
+async def waiting(r: redis.asyncio.Redis, model: str, tenant: str, n: int = 1, weight: float = 1.0,
+                  priority: int = 5) -> None:
+    name = keys.queue_lists(model)[priority]
+    await r.hset(keys.fair_queued(name), tenant, n)
+    await r.hset(keys.fair_state(name), f"w|{tenant}", weight)
+
+
+def model() -> str:
+    return f"room-{uuid.uuid4().hex[:6]}"
+
+
+async def test_a_worker_with_a_free_slot_hands_nothing_back(r: redis.asyncio.Redis) -> None:
+    m = model()
+    w = Worker(r, m)
+    w.hold("heavy", n=3)
+    await waiting(r, m, "light")
+    assert await w.room.check() == 0 and w.given == []
+
+
+async def test_interactive_work_waiting_takes_the_youngest_batch_jobs_slot(r: redis.asyncio.Redis) -> None:
+    m = model()
+    w = Worker(r, m)
+    w.hold("anonymous", "batch", 2)
+    young = w.hold("anonymous", "batch")
+    w.hold("anonymous")
+    await waiting(r, m, "anonymous")
+    assert await w.room.check() == 1 and w.given == young
+
+
+async def test_queued_batch_work_makes_no_room(r: redis.asyncio.Redis) -> None:
+    m = model()
+    w = Worker(r, m)
+    w.hold("anonymous", "batch", 3)
+    w.hold("anonymous")
+    await waiting(r, m, "anonymous", priority=LANE)
+    assert await w.room.check() == 0
+
+
+async def test_a_tenant_over_its_share_gives_its_youngest_job_to_one_waiting_below_it(r: redis.asyncio.Redis) -> None:
+    m = model()
+    w = Worker(r, m)
+    w.hold("heavy", n=3)
+    young = w.hold("heavy")
+    await waiting(r, m, "light")
+    assert await w.room.check() == 1 and w.given == young
+    other = Worker(r, m)  # another full worker: the light tenant's one job needs one room, made already
+    other.hold("heavy", n=4)
+    assert await other.room.check() == 0 and other.given == []
+
+
+async def test_a_tenant_at_its_share_waits_for_a_slot(r: redis.asyncio.Redis) -> None:
+    """Weights 3 : 1 of 4 slots: the light tenant runs 1, its share; nothing is handed back for it."""
+    m = model()
+    w = Worker(r, m)
+    w.hold("heavy", n=3)
+    w.hold("light")
+    await waiting(r, m, "heavy", weight=3.0)
+    await waiting(r, m, "light", weight=1.0)
+    assert await w.room.check() == 0
+    equal = Worker(r, m)  # equal weights: 2 each, and the light tenant runs 1
+    equal.hold("heavy", n=3)
+    equal.hold("light")
+    await waiting(r, m, "heavy", weight=1.0)
+    await waiting(r, m, "light", weight=1.0)
+    assert await equal.room.check() == 1
+
+
+async def test_a_preempted_job_is_queued_again_whatever_its_attempts(r: redis.asyncio.Redis) -> None:
+    store = JobStore(r, 600)
+    rec = JobRecord(id=f"job-{uuid.uuid4().hex}", model="m", request=JobRequest(prompt="x"))
+    await store.create(rec)
+    for attempt in (1, 2, 3):
+        claim = await store.claim(rec.id, "w")
+        assert claim is not None and claim.attempt == attempt
+        assert await store.requeue(rec.id, "w", attempt, "preempted", max_attempts=2) == "requeued"
+    got = await store.get(rec.id)
+    assert got is not None and got.status is JobStatus.queued
+    assert await r.hget(keys.job(rec.id), "preemptions") == "3"
+    await store.claim(rec.id, "w")
+    assert await store.requeue(rec.id, "w", 4, "worker_lost", max_attempts=2) == "requeued"  # 1 of 2 counted
+    await store.claim(rec.id, "w")
+    assert await store.requeue(rec.id, "w", 5, "worker_lost", max_attempts=2) == "failed"

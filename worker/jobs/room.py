@@ -1,0 +1,159 @@
+"""Making room: a full worker hands a job back when interactive work waits that has a better claim
+on one of its slots (running-slot fair share; docs/design.md, "Service classes").
+
+Fair share orders the queue (shared/fairshare.py), so a slot that frees goes to the tenant served
+least; but a running job keeps its slot, and long jobs of one tenant that filled a worker would make
+another tenant's first job wait for one of them to end. So, when every slot of a worker is held
+(its ``slots`` and its interactive ``reserve``) and a tenant has interactive jobs queued while it
+runs fewer than its share here (``(slots + reserve) × weight / Σ weights`` of the tenants queued
+or running here), the worker hands back one job for it: its youngest batch job, else the youngest
+job of the tenant most above its share (by a whole job). The job goes back to the queue with a
+``restart`` event (reason ``preempted``, not counted against its attempts: job_requeue.lua) and runs
+again later from its start; the freed slot takes the queue's next job, the waiting tenant's.
+
+It checks when a tenant's first interactive job is queued (the submit script announces it on
+``keys.waiting``) and every ``period_s``. Across workers, the jobs handed back for a tenant within
+two periods are counted in Redis (``keys.room``) and stay within its queued jobs: a tenant's one
+job does not make every full worker give one back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from collections import Counter
+from collections.abc import Awaitable, Callable
+
+from redis.asyncio import Redis
+
+from inferq.shared import keys
+from inferq.shared.redis import listen
+from inferq.worker.jobs.classes import Held, ServiceClasses
+
+log = logging.getLogger(__name__)
+
+GiveBack = Callable[[str, int], Awaitable[None]]  # (job id, attempt): hand it back, end its run
+
+
+def victim(held: list[Held], attempts: dict[str, int], counts: Counter[str], share: dict[str, float]) -> Held | None:
+    """The job to hand back: the youngest claimed batch job, else the youngest claimed interactive
+    job of the tenant most above its share by a whole job; None when no tenant is."""
+    claimed = [h for h in held if h.job_id in attempts]
+    batch = [h for h in claimed if h.service_class == "batch"]
+    if batch:
+        return max(batch, key=lambda h: h.since)
+    over = {t: n - share.get(t, 0.0) for t, n in counts.items() if n - share.get(t, 0.0) >= 1}
+    if not over:
+        return None
+    tenant = max(over, key=lambda t: over[t])
+    mine = [h for h in claimed if h.tenant == tenant and h.service_class == "interactive"]
+    return max(mine, key=lambda h: h.since) if mine else None
+
+
+def shares(tenants: set[str], weights: dict[str, float], total: int) -> dict[str, float]:
+    """Each tenant's share of ``total`` slots, by weight (1 where unknown)."""
+    weight = sum(weights.get(t, 1.0) for t in tenants)
+    return {t: total * weights.get(t, 1.0) / weight for t in tenants}
+
+
+def needy(waiting: dict[str, int], counts: Counter[str], share: dict[str, float]) -> list[str]:
+    """The tenants with interactive jobs queued that run fewer than their share (one more job of
+    theirs still within it): most below their share first."""
+    below = [t for t in waiting if counts[t] + 1 <= share[t] + 1e-9]
+    return sorted(below, key=lambda t: counts[t] - share[t])
+
+
+class Room:
+    def __init__(self, redis: Redis, model: str, classes: ServiceClasses, attempts: Callable[[], dict[str, int]],
+                 give_back: GiveBack, period_s: float) -> None:
+        self.redis, self.model, self.classes = redis, model, classes
+        self.attempts, self.give_back, self.period_s = attempts, give_back, period_s
+        self.handed_back = 0  # jobs this worker gave back to make room, since it started
+        self._lists = [name for p, name in enumerate(keys.queue_lists(model)) if p != classes.lane]
+
+    async def run(self) -> None:
+        """Check on each announcement of a waiting tenant and every ``period_s``, until cancelled."""
+        wake = asyncio.Event()
+
+        async def woken(_data: str) -> None:
+            wake.set()
+
+        listener = asyncio.get_running_loop().create_task(listen(self.redis, keys.waiting(self.model), woken))
+        try:
+            while True:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wake.wait(), self.period_s)
+                wake.clear()
+                try:
+                    await self.check()
+                except Exception as e:  # Redis away: the next check
+                    log.warning("could not check for tenants waiting on this worker's slots: %s", e)
+        finally:
+            listener.cancel()
+            await asyncio.gather(listener, return_exceptions=True)
+
+    async def check(self) -> int:
+        """Hand back what the tenants waiting below their share need (when every slot is held);
+        the number of jobs handed back."""
+        held, total = self.classes.held(), self.classes.slots + self.classes.reserve
+        if len(held) < total:  # a free slot: the queue gives it to the tenant served least
+            return 0
+        waiting = await self._waiting()
+        if not waiting:
+            return 0
+        counts = Counter(h.tenant for h in held if h.service_class == "interactive")
+        active = set(waiting) | set(counts)
+        share = shares(active, await self._weights(active), total)
+        handed = 0
+        for tenant in needy(waiting, counts, share):
+            job = victim(held, self.attempts(), counts, share)
+            if job is None or not await self._room_for(tenant, waiting[tenant]):
+                continue
+            log.info("job %s (%s, tenant %s) handed back: tenant %s waits below its share of this worker's %d slots",
+                     job.job_id, job.service_class, job.tenant, tenant, total, extra={"job_id": job.job_id})
+            await self.give_back(job.job_id, self.attempts().get(job.job_id, 0))
+            held = [h for h in held if h.job_id != job.job_id]
+            if job.service_class == "interactive":
+                counts[job.tenant] -= 1
+            counts[tenant] += 1  # the slot is its next job's
+            handed += 1
+        self.handed_back += handed
+        return handed
+
+    async def _waiting(self) -> dict[str, int]:
+        """Tenant -> its interactive jobs queued on the model's queue (fair share's counts)."""
+        async with self.redis.pipeline(transaction=False) as p:
+            for name in self._lists:
+                p.hgetall(keys.fair_queued(name))
+            rows = await p.execute()
+        out: Counter[str] = Counter()
+        for row in rows:
+            for tenant, n in row.items():
+                out[tenant] += int(n)
+        return {t: n for t, n in out.items() if n > 0}
+
+    async def _weights(self, tenants: set[str]) -> dict[str, float]:
+        """Each tenant's weight, as its last submit wrote it (``w|{tenant}`` in a list's state)."""
+        names = sorted(tenants)
+        async with self.redis.pipeline(transaction=False) as p:
+            for name in self._lists:
+                p.hmget(keys.fair_state(name), [f"w|{t}" for t in names])
+            rows = await p.execute()
+        out: dict[str, float] = {}
+        for row in rows:
+            for tenant, w in zip(names, row, strict=True):
+                if w is not None and tenant not in out and math.isfinite(float(w)) and float(w) > 0:
+                    out[tenant] = float(w)
+        return out
+
+    async def _room_for(self, tenant: str, queued: int) -> bool:
+        """Count one job handed back for ``tenant`` fleet-wide; False when its queued jobs have as
+        many already (another worker made room for it within two periods)."""
+        key = keys.room(self.model, tenant)
+        async with self.redis.pipeline(transaction=True) as p:
+            p.incr(key)
+            p.pexpire(key, int(2000 * self.period_s))
+            made, _ = await p.execute()
+        return int(made) <= queued
