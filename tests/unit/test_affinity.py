@@ -194,7 +194,7 @@ def test_an_adapter_goes_to_its_home_and_homes_split_the_adapters(own_redis, syn
     assert Counter(homes.values()) == dict.fromkeys(names, 4)
     for adapter, home in homes.items():  # every worker agrees, and a home keeps its own adapter's jobs
         assert where(takers[home], job([1], adapter=adapter), [1]).here
-    beat(sync_r, "w1", running=3)  # a home busier than the least loaded by more than the slack (1)
+    beat(sync_r, "w1", running=4)  # a home with no free slot
     mine = next(a for a, h in homes.items() if h == "w1")
     for t in takers.values():
         t.view.invalidate()
@@ -222,7 +222,7 @@ def test_new_prefixes_start_on_the_least_loaded_worker_and_each_decision_sees_th
         beat(sync_r, w)
     sync_r.hset(keys.worker_loads(MODEL), "w2", 1)  # w2 has taken one job on since its last beat
     held = [4]
-    w1 = worker(own_redis, "w1")
+    w1 = worker(own_redis, "w1")  # (slack 1 of 4 sequences: spread when busier by more than one)
     w1.own_load = lambda: held[0]  # w1 took four new sessions' first turns at once
     for i in range(4):
         ids = [1000 * i + k for k in range(16)]

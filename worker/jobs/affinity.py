@@ -106,11 +106,13 @@ class Affinity:
 
     def decide(self, msg: JobMessage, ids: Sequence[int]) -> Decision | None:
         """Read the fleet, then (one decision at a time) choose. None: the read failed."""
+        if msg.passed_by is not None:  # passed here once: it runs here, nothing to read
+            return Decision(None, "passed")
         adapter = msg.adapter.name if msg.adapter is not None else None
         with self._deciding:
             self._undecided += 1
         try:
-            reading = self.view.read(self.hashes(msg, ids), adapter, count_demand=msg.passed_by is None)
+            reading = self.view.read(self.hashes(msg, ids), adapter, count_demand=True)
         except Exception as e:
             log.warning("job %s: cache-affine placement failed (%s); running it here", msg.id, e)
             with self._deciding:
@@ -121,8 +123,7 @@ class Affinity:
             # has taken and not placed yet (other workers count those: its published load has them)
             self._undecided -= 1
             me = Peer(self.worker_id, self.engine, self.own_load() - self._transit - self._undecided, self.slots)
-            decision = choose(reading.snapshot(me, msg.passed_by is not None, self._unseen(reading.started_at)),
-                              self.rules)
+            decision = choose(reading.snapshot(me, False, self._unseen(reading.started_at)), self.rules)
             if decision.to is not None:
                 self._transit += 1
                 self._passes.append((decision.to, None))

@@ -15,9 +15,13 @@ row of a table test (tests/unit/test_placement.py). The rules, in order:
    it becomes one more holder ("sticky until saturated": a hot prefix spreads instead of piling up).
 3. **An adapter goes home.** A job with a LoRA adapter and no prefix to follow goes to one of its
    adapter's home engines (worker/jobs/homes.py): here if this worker is a home and no busier than
-   the least loaded home by more than one job, else that home. Saturated homes (as in 2): rule 4.
-4. **A new prefix starts where it keeps loads even** (``spread``): on the least loaded worker when
-   this one is busier by more than one job, else here.
+   the least loaded home by more than ``slack``, else that home, as long as a home has a free slot
+   (elsewhere the adapter would need one of the engine's adapter slots, and wait for it); homes
+   with no free slot: rule 4.
+4. **A new prefix starts where it was taken** unless this worker is busier than the least loaded by
+   more than ``slack`` (``spread``): then it goes there. A job no engine holds anything of has
+   nothing to gain from a hop (a passed job joins its engine's batch a step later, on a busy GPU
+   tens of milliseconds); only a load that has drifted apart is worth one.
 
 Only a worker with a free slot ever receives a job, so a passed job starts at that worker's next
 free slot, and a job never waits on a busy worker while it could run where it was taken.
@@ -58,8 +62,8 @@ class Snapshot:
 
 @dataclass(frozen=True)
 class Rules:
-    slack: int = 1  # jobs a holder may be busier than the least loaded worker and still draw its prefix
-    spread: bool = True  # rule 4: new prefixes start on the least loaded worker
+    slack: int = 1  # jobs a worker may be busier than the least loaded and still draw (or keep) a job
+    spread: bool = True  # rule 4: a new prefix on a worker busier than the least loaded by more than slack moves
 
 
 @dataclass(frozen=True)
@@ -87,22 +91,23 @@ def choose(snap: Snapshot, rules: Rules) -> Decision:
             break  # saturated: placed as a new prefix
     if snap.homes:
         homes = [w for w in workers if w.engine in snap.homes]
-        got = _among(homes, snap.me, floor, rules.slack, keep=1)
+        got = _among(homes, snap.me, floor, None, keep=rules.slack)
         if got is not None:
             return Decision(got.to, "adapter")
     return _spread(snap, rules)
 
 
-def _among(cands: Sequence[Peer], me: Peer, floor: int, slack: int, keep: int) -> Decision | None:
+def _among(cands: Sequence[Peer], me: Peer, floor: int, slack: int | None, keep: int) -> Decision | None:
     """Of the candidates with a free slot (``me`` always qualifies: it holds the job already), the
     one to run the job: ``me`` if it is one and no busier than the least loaded by more than
-    ``keep``, else the least loaded; None if every candidate is busier than ``floor`` (the least
-    loaded worker of the fleet) by more than ``slack`` (saturated) or none has room."""
+    ``keep``, else the least loaded; None if none has room, or every candidate is busier than
+    ``floor`` (the least loaded worker of the fleet) by more than ``slack`` (saturated; None: no
+    such limit)."""
     open_ = [w for w in cands if w is me or w.room]
     if not open_:
         return None
     least = min(open_, key=lambda w: (w.load, w is not me, w.id))
-    if least.load > floor + slack:
+    if slack is not None and least.load > floor + slack:
         return None
     if me in open_ and me.load <= least.load + keep:
         return Decision(None, "here")
@@ -114,6 +119,6 @@ def _spread(snap: Snapshot, rules: Rules) -> Decision:
         open_ = [w for w in snap.peers if w.room]
         if open_:
             least = min(open_, key=lambda w: (w.load, w.id))
-            if least.load + 1 < snap.me.load:
+            if least.load + rules.slack < snap.me.load:
                 return Decision(least.id, "spread")
     return Decision(None, "here")
