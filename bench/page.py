@@ -154,7 +154,37 @@ def embeddings_table(spec: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-RENDERERS = {"sessions": sessions_table, "embeddings": embeddings_table}
+FLEET_HEADER = ("| case | pull | out tok/s | vs plain pull | TTFT p50 / mean / p99 ms | prefix-cache hit rate "
+                "| busiest worker / mean |\n|---|---|---|---|---|---|---|")
+CASE_NAMES = {"lora-1": "1 LoRA adapter", "lora-16-uniform": "16 adapters, uniform",
+              "lora-16-zipf": "16 adapters, Zipf", "lora-16-uniform-2w": "16 adapters, uniform, 2 workers",
+              "random": "nothing shared", "prefix": "shared prefixes", "hot-prefix": "one hot prefix"}
+
+
+def fleet_table(spec: dict[str, Any]) -> str:
+    """A ``python -m bench.fleet`` result (or its summary in docs/results): per case and pull, the
+    medians (range) of vLLM's client's figures over the repeats."""
+    doc = json.loads((HERE / spec["file"]).read_text())
+    cases = doc["cases"] if "cases" in doc else doc["fleet"]["cases"]
+    lines = [spec["line"], "", FLEET_HEADER]
+    for name, case in cases.items():
+        plain = case.get("off", {}).get("summary", {}).get("output_throughput")
+        for mode in ("off", "prefix"):
+            if mode not in case:
+                continue
+            s = case[mode]["summary"]
+            vs = f"{s['output_throughput']['median'] / plain['median']:.2f}×" if plain else "—"
+            ttft = " / ".join(f"{s[k]['median']:,.0f}" for k in ("median_ttft_ms", "mean_ttft_ms", "p99_ttft_ms"))
+            hit = _range(s.get("hit_rate"), ".1f", 100) + " %" if s.get("hit_rate") else "—"
+            label = CASE_NAMES.get(name, name) + (f" ({case['workers']} workers)" if "2w" in name else "")
+            lines.append(f"| {label} | {'cache-affine' if mode == 'prefix' else 'plain'} "
+                         f"| {_range(s['output_throughput'], ',.0f')} | {vs} | {ttft} | {hit} "
+                         f"| {_range(s.get('busiest_over_mean'), '.2f')} |")
+    lines += ["", "Runs: " + "; ".join(f"**{k}** {v}" for k, v in spec["runs"].items()) + "."]
+    return "\n".join(lines)
+
+
+RENDERERS = {"sessions": sessions_table, "embeddings": embeddings_table, "fleet": fleet_table}
 
 
 def render(page: str, specs: list[dict[str, Any]]) -> str:
