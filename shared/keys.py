@@ -45,7 +45,8 @@ inferq:fair:{list}:state        hash      ``v``: the virtual time (the tag last 
 inferq:fair:{list}:queued       hash      tenant -> its jobs queued in the list, not yet taken (TTL)
 inferq:waiting:{model}          pub/sub   a tenant's first job queued (interactive): workers make room for it
                                           (running-slot fair share, worker/jobs/room.py)
-inferq:room:{model}:{tenant}    string    jobs handed back for a waiting tenant lately, by any worker (TTL)
+inferq:room:{model}:{tenant}    string    rooms workers made for a waiting tenant (jobs handed back) that no claim
+                                          of its jobs has used yet (TTL)
 unacked, unacked_index          hash,zset kombu's delivered-but-unacked messages (the reaper sweeps)
 inferq:rate:{subject}           zset      submission times of the last minute (sliding window; TTL)
 inferq:active:{subject}         zset      the subject's unfinished job ids -> submit time (TTL)
@@ -208,7 +209,7 @@ def waiting(model: str) -> str:
 
 
 def room(model: str, tenant: str) -> str:
-    """Counter: jobs workers of ``model`` handed back lately to make room for ``tenant`` (TTL)."""
+    """Counter: rooms workers of ``model`` made for ``tenant`` that no claim of its jobs used yet (TTL)."""
     return f"{PREFIX}:room:{model}:{tenant}"
 
 

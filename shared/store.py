@@ -177,12 +177,15 @@ class JobStore:
             queue_list = keys.queue_lists(json.loads(model))[priority]
         return list_keys(queue_list)
 
-    async def claim(self, job_id: str, worker_id: str, token: str = "", queue_list: str | None = None) -> Claim | None:
+    async def claim(self, job_id: str, worker_id: str, token: str = "", queue_list: str | None = None,
+                    room: str | None = None) -> Claim | None:
         """queued -> running for ``worker_id`` (a new attempt). None: no such job. A call repeated
         with the same ``token`` after its answer was lost gets the answer the first call had.
-        ``queue_list``: the list the job was queued on (its fair share's keys; else read from its record)."""
+        ``queue_list``: the list the job was queued on (its fair share's keys; else read from its
+        record); ``room``: its tenant's room counter (``keys.room``: one room made for it is used up)."""
+        listed = await self.list_keys(job_id, queue_list)
         res = await self._claim(keys=[keys.job(job_id), keys.job_log(job_id), keys.worker_jobs(worker_id),
-                                      keys.QUEUED, *await self.list_keys(job_id, queue_list)],
+                                      keys.QUEUED, *listed, *([room] if room and listed else [])],
                                 args=[_Q(worker_id), str(time.time()), job_id, token, self.ttl_s])
         if res is None:
             return None

@@ -1,6 +1,7 @@
 -- queued -> running, attempt + 1.
 -- KEYS: job hash, log, worker's job set, queued zset, then the keys of the list the job was queued on
--- (list_keys in shared/store.py: its fair share's three and its cancelled jobs' zset). ARGV: worker id (JSON), now,
+-- (list_keys in shared/store.py: its fair share's three and its cancelled jobs' zset), then (optional)
+-- its tenant's room counter (room_take.lua: a claim of a tenant's job uses up one room made for it). ARGV: worker id (JSON), now,
 -- job id, claim token ('' : none), ttl. Returns {status before (JSON), attempt, last seq in the log}. The same token
 -- again (a retry whose first call took the job but whose answer was lost) gets the same answer,
 -- not "running": else the job would stay running with nobody on it.
@@ -33,4 +34,5 @@ redis.call('EXPIRE', KEYS[2], ARGV[5])
 redis.call('SADD', KEYS[3], ARGV[3])
 redis.call('ZREM', KEYS[4], ARGV[3])
 fair_unqueue(KEYS[1], fair, fk)
+if KEYS[9] and tonumber(redis.call('GET', KEYS[9]) or '0') > 0 then redis.call('DECR', KEYS[9]) end
 return {st, attempt, last_seq(KEYS[2])}

@@ -92,6 +92,19 @@ async def test_a_tenant_over_its_share_gives_its_youngest_job_to_one_waiting_bel
     other = Worker(r, m)  # another full worker: the light tenant's one job needs one room, made already
     other.hold("heavy", n=4)
     assert await other.room.check() == 0 and other.given == []
+    assert await r.get(keys.room(m, "light")) == "1"  # a claim of the light tenant's job uses the room up:
+    await r.decr(keys.room(m, "light"))  # (as job_claim.lua does) its next job waiting gets one again
+    assert await other.room.check() == 1
+
+
+async def test_a_claim_uses_up_a_room_made_for_its_tenant(r: redis.asyncio.Redis) -> None:
+    store = JobStore(r, 600)
+    rec = JobRecord(id=f"job-{uuid.uuid4().hex}", model="m", request=JobRequest(prompt="x"), tenant="light")
+    await store.create(rec)
+    room = keys.room("m", "light")
+    await r.set(room, 2)
+    assert (await store.claim(rec.id, "w", queue_list=keys.queue_lists("m")[5], room=room)).attempt == 1
+    assert await r.get(room) == "1"
 
 
 async def test_a_tenant_at_its_share_waits_for_a_slot(r: redis.asyncio.Redis) -> None:

@@ -12,9 +12,9 @@ job of the tenant most above its share (by a whole job). The job goes back to th
 again later from its start; the freed slot takes the queue's next job, the waiting tenant's.
 
 It checks when a tenant's first interactive job is queued (the submit script announces it on
-``keys.waiting``) and every ``period_s``. Across workers, the jobs handed back for a tenant within
-two periods are counted in Redis (``keys.room``) and stay within its queued jobs: a tenant's one
-job does not make every full worker give one back.
+``keys.waiting``) and every ``period_s``. Across workers, the rooms made for a tenant and not yet
+used by a claim of one of its jobs are counted in Redis (``keys.room``; room_take.lua, job_claim.lua)
+and stay within its queued jobs: a tenant's one job does not make every full worker give one back.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable
 
 from redis.asyncio import Redis
 
-from inferq.shared import keys
+from inferq.shared import keys, lua
 from inferq.shared.redis import listen
 from inferq.worker.jobs.classes import Held, ServiceClasses
 
@@ -72,6 +72,7 @@ class Room:
         self.attempts, self.give_back, self.period_s = attempts, give_back, period_s
         self.handed_back = 0  # jobs this worker gave back to make room, since it started
         self._lists = [name for p, name in enumerate(keys.queue_lists(model)) if p != classes.lane]
+        self._take = lua.register(redis, "room_take")
 
     async def run(self) -> None:
         """Check on each announcement of a waiting tenant and every ``period_s``, until cancelled."""
@@ -149,11 +150,6 @@ class Room:
         return out
 
     async def _room_for(self, tenant: str, queued: int) -> bool:
-        """Count one job handed back for ``tenant`` fleet-wide; False when its queued jobs have as
-        many already (another worker made room for it within two periods)."""
-        key = keys.room(self.model, tenant)
-        async with self.redis.pipeline(transaction=True) as p:
-            p.incr(key)
-            p.pexpire(key, int(2000 * self.period_s))
-            made, _ = await p.execute()
-        return int(made) <= queued
+        """Take one room for ``tenant`` fleet-wide; False when as many rooms as it has jobs queued are
+        in flight already (made by another worker, and not yet used by a claim of its jobs)."""
+        return bool(await self._take(keys=[keys.room(self.model, tenant)], args=[queued, int(10_000 * self.period_s)]))

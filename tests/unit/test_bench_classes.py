@@ -1,0 +1,47 @@
+"""bench/classes.py: its configs parse, and each tenant's service over time is counted where its
+tokens streamed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench.classes import STACKS, load_config
+from bench.classes_tenants import served, service_windows
+
+CONFIGS = sorted((Path(__file__).resolve().parents[2] / "bench" / "configs" / "classes").glob("*.json"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_the_classes_config_parses(path: Path) -> None:
+    cfg = load_config(path)
+    assert cfg.name == path.stem and set(cfg.stacks) <= set(STACKS) and cfg.repeats >= 3
+    assert cfg.batch_lines >= 1000 and 0 < cfg.load < 1
+
+
+def test_tokens_are_spread_over_the_time_they_streamed() -> None:
+    spans = [(0.0, 10.0, 100), (5.0, 5.0, 7)]
+    assert served(spans, 0.0, 5.0) == pytest.approx(50.0)
+    assert served(spans, 5.0, 10.0) == pytest.approx(57.0)
+
+
+def requests(start: float, n: int, every: float, ttft: float, lat: float, tokens: int) -> dict:
+    starts = [start + k * every for k in range(n)]
+    return {"start_times": starts, "ttfts": [ttft] * n, "latencies": [lat] * n, "output_lens": [tokens] * n}
+
+
+def test_windows_slide_over_the_time_both_tenants_ran() -> None:
+    heavy = requests(0.0, 12, 10.0, 0.0, 10.0, 1000)  # 100 tokens/s from 0 to 120 s
+    light = requests(20.0, 100, 1.0, 0.0, 1.0, 50)  # 50 tokens/s from 20 to 120 s
+    got = service_windows({"heavy": heavy, "light": light}, window_s=60.0, step_s=20.0)
+    assert got["overlap_s"] == 100.0 and [w["from_s"] for w in got["windows"]] == [0.0, 20.0, 40.0]
+    assert got["windows"][0] == {"from_s": 0.0, "heavy": 6000, "light": 3000}
+    assert got["ratio_max"] == pytest.approx(2.0)
+    assert got["total_tok_s"] == pytest.approx((12000 + 5000) / 120.0)
+    weighted = service_windows({"heavy": heavy, "light": light}, 60.0, 20.0, weights={"heavy": 2.0})
+    assert weighted["ratio_max"] == pytest.approx(1.0)
+
+
+def test_a_tenant_that_never_ran_has_no_windows() -> None:
+    assert service_windows({"a": requests(0.0, 3, 1.0, 0.0, 1.0, 5), "b": {}}, 60.0, 10.0)["windows"] == []
