@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.chaos import bookkeeping, failover, fairness, scenarios, slowloris
+from tests.chaos import bookkeeping, caches, failover, fairness, scenarios, slowloris
 from tests.chaos.client import Client
 from tests.fleet import Fleet
 
@@ -30,7 +30,7 @@ KEYS = ("chaos-key-a", "chaos-key-b")
 TIMINGS = {"INFERQ_HEARTBEAT_S": "0.5", "INFERQ_WORKER_TTL_S": "3", "INFERQ_MAX_NUM_SEQS": "32",
            "INFERQ_API_KEYS": ",".join(KEYS), "INFERQ_MAX_QUEUE_DEPTH": "200"}
 ORDER = ["poison", *slowloris.SCENARIOS, "expiry", "load", "sigstop", "redis_down", "faults", "hot_prefix",
-         *bookkeeping.SCENARIOS, *failover.SCENARIOS, *fairness.SCENARIOS]
+         *caches.SCENARIOS, *bookkeeping.SCENARIOS, *failover.SCENARIOS, *fairness.SCENARIOS]
 OWN_FLEET = {*failover.SCENARIOS, *fairness.SCENARIOS}
 
 
@@ -68,6 +68,8 @@ def _module_problems(name: str, r: dict[str, Any]) -> list[str]:
         return failover.problems(r)
     if name in fairness.SCENARIOS:
         return fairness.problems(r)
+    if name in caches.SCENARIOS:
+        return caches.problems(r)
     return []
 
 
@@ -81,6 +83,8 @@ def _cell(name: str, r: dict[str, Any]) -> str:
         return failover.cell(r)
     if name in fairness.SCENARIOS:
         return fairness.cell(r)
+    if name in caches.SCENARIOS:
+        return caches.cell(r)
     if name == "load":
         return f"{r['max_tokens']} tokens each, all at once; reaped {r['reaped']}; wall {r['wall_s']} s"
     if name == "sigstop":
@@ -140,7 +144,7 @@ async def run(fleet: Fleet, only: list[str], sizes: dict[str, dict[str, Any]]) -
         for name in only:
             await settle(fleet)
             t0 = time.time()
-            module = next((m for m in (bookkeeping, slowloris) if name in m.SCENARIOS), scenarios)
+            module = next((m for m in (bookkeeping, slowloris, caches) if name in m.SCENARIOS), scenarios)
             fn = getattr(module, name)
             r = await (fn(fleet, a, b) if name == "expiry" else fn(fleet, a, **sizes.get(name, {})))
             r["scenario_s"] = round(time.time() - t0, 1)
