@@ -306,3 +306,22 @@ def test_an_operator_switches_affinity_off_and_on_at_run_time(own_redis, sync_r)
     sync_r.delete(keys.affinity_mode(MODEL))
     w1._mode = (0.0, False)
     assert w1.on()
+
+
+def test_an_engines_event_socket_is_its_own_and_a_dead_ones_is_swept(tmp_path, monkeypatch) -> None:
+    """Each worker's engine publishes its KV events on an ipc socket named after the worker's
+    process; sockets of processes that died without removing theirs are removed at the next start."""
+    import os
+
+    from inferq.worker.engine.args import kv_events_endpoint
+
+    monkeypatch.setattr("tempfile.gettempdir", lambda: str(tmp_path))
+    dead = tmp_path / "inferq-kv-999999999-abcd"
+    alive = tmp_path / f"inferq-kv-{os.getpid()}-beef"
+    dead.touch()
+    alive.touch()
+    endpoint = kv_events_endpoint(Settings())
+    assert endpoint is not None and endpoint.startswith(f"ipc://{tmp_path}/inferq-kv-{os.getpid()}-")
+    assert not dead.exists() and alive.exists()
+    assert kv_events_endpoint(Settings(affinity="off")) is None
+    assert kv_events_endpoint(Settings(affinity_index="writes")) is None

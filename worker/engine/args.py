@@ -4,8 +4,10 @@ Shared by a lone worker's engine (``host``) and an engine group's EngineCore (``
 
 from __future__ import annotations
 
+import os
 import tempfile
 import uuid
+from pathlib import Path
 from typing import Any
 
 from inferq.shared.settings import Settings
@@ -25,10 +27,16 @@ def engine_dtype(settings: Settings, cpu: bool) -> str:
 
 def kv_events_endpoint(settings: Settings) -> str | None:
     """Where the engine publishes its KV-cache events for cache-affine pull's index (an ``ipc://``
-    socket private to this worker), or None where the index is not fed by events."""
+    socket private to this worker, named after its process), or None where the index is not fed by
+    events. The sockets of processes that are gone (killed before they could remove theirs) go first."""
     if settings.affinity == "off" or settings.affinity_index != "events" or settings.runner == "pooling":
         return None
-    return f"ipc://{tempfile.gettempdir()}/inferq-kv-{uuid.uuid4().hex[:12]}"
+    folder = Path(tempfile.gettempdir())
+    for old in folder.glob("inferq-kv-*-*"):
+        pid = old.name.split("-")[2]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            old.unlink(missing_ok=True)
+    return f"ipc://{folder}/inferq-kv-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
 def engine_args_for(settings: Settings, model_path: str, kv_events: str | None = None) -> Any:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from inferq.worker.jobs.prefix_index import ChainTracker, PrefixIndex
@@ -57,6 +58,8 @@ class KVEventFeed:
         if self._thread.is_alive():
             self._thread.join(timeout)
         self._sock.close(linger=0)
+        if self.endpoint.startswith("ipc://"):  # (the engine's socket file: its process bound it and is gone)
+            Path(self.endpoint.removeprefix("ipc://")).unlink(missing_ok=True)
         try:  # what the engine held is not held by anyone now
             self.index.drop(self.engine, self.tracker.cleared())
         except Exception as e:
