@@ -22,9 +22,11 @@ from redis.asyncio import Redis
 from inferq.shared import keys, lua
 from inferq.shared.fairshare import FairShare
 from inferq.shared.redis import text_map
-from inferq.shared.schemas import WorkerInfo
+from inferq.shared.schemas import SERVICE_CLASSES, WorkerInfo
 from inferq.shared.store import queue_depths
 
+#: The batch lane's priority when the caller names none (INFERQ_BATCH_PRIORITY's default).
+DEFAULT_LANE = 9
 #: labels of each kind of keys.stat()
 _ARITY = {"submitted": 1, "end": 3, "requeue": 2, "reaped": 1, "batch_line": 1, "served": 2}
 
@@ -41,10 +43,13 @@ class QueueSnapshot:
     stats: dict[str, int] = field(default_factory=dict)  # inferq:stats
     batches: int = 0  # batches not yet ended
     tenants: dict[tuple[str, str, str], int] = field(default_factory=dict)  # (model, tenant, status) -> jobs
+    classes: dict[tuple[str, str, str], int] = field(default_factory=dict)  # (model, class, status) -> jobs
 
 
-async def snapshot(redis: Redis, default_model: str, ttl_s: float, window_s: float) -> QueueSnapshot:
-    """Read the queues of the default model and of every model served within ``window_s``."""
+async def snapshot(redis: Redis, default_model: str, ttl_s: float, window_s: float,
+                   lane: int = DEFAULT_LANE) -> QueueSnapshot:
+    """Read the queues of the default model and of every model served within ``window_s``
+    (``lane``: the batch lane's priority, INFERQ_BATCH_PRIORITY: its depth is batch work queued)."""
     now = time.time()
     models = {default_model, *await redis.zrangebyscore(keys.MODELS, now - window_s, "+inf")}
     snap = QueueSnapshot(now, stats={k: int(v) for k, v in text_map(await redis.hgetall(keys.STATS)).items()},
@@ -66,7 +71,19 @@ async def snapshot(redis: Redis, default_model: str, ttl_s: float, window_s: flo
         running = await _running(redis, wids)
         snap.running[model] = len(running)
         await _tenants(redis, snap, model, lists, running)
+        _classes(snap, model, lengths, lane, infos)
     return snap
+
+
+def _classes(snap: QueueSnapshot, model: str, lengths: list[int], lane: int, infos: list[WorkerInfo]) -> None:
+    """Each service class's jobs: queued (the batch lane's depth is batch work's) and held by the
+    model's workers (as their heartbeats say: worker/jobs/classes.py)."""
+    batch = lengths[lane] if 0 <= lane < len(lengths) else 0
+    snap.classes[(model, "interactive", "queued")] = sum(lengths) - batch
+    snap.classes[(model, "batch", "queued")] = batch
+    for cls in SERVICE_CLASSES:
+        snap.classes[(model, cls, "running")] = sum(sum((w.classes.running.get(cls) or {}).values())
+                                                    for w in infos if w.classes is not None)
 
 
 async def _running(redis: Redis, wids: list[str]) -> list[str]:
@@ -93,8 +110,12 @@ async def _tenants(redis: Redis, snap: QueueSnapshot, model: str, lists: list[st
                 k = (model, tenant, "queued")
                 snap.tenants[k] = snap.tenants.get(k, 0) + int(n)
     for fair in got[len(lists):]:
-        if fair:
-            k = (model, FairShare.model_validate_json(fair).tenant, "running")
+        try:
+            tenant = FairShare.model_validate_json(fair).tenant if fair else None
+        except ValueError:  # a share written before it had its full names
+            tenant = None
+        if tenant is not None:
+            k = (model, tenant, "running")
             snap.tenants[k] = snap.tenants.get(k, 0) + 1
 
 
@@ -133,6 +154,11 @@ class QueueCollector(Collector):
         for (model, tenant, status), n in sorted(s.tenants.items()):
             tenants.add_metric([model, tenant, status], n)
         yield tenants
+        classes = GaugeMetricFamily("inferq_class_jobs", "Jobs of each service class queued (batch: the batch "
+                                    "lane's) and held by live workers.", labels=["model", "class", "status"])
+        for (model, cls, status), n in sorted(s.classes.items()):
+            classes.add_metric([model, cls, status], n)
+        yield classes
         yield GaugeMetricFamily("inferq_batches_active", "Batches (the Batch API) not yet ended.", value=s.batches)
         yield from self._counters()
 
@@ -145,7 +171,7 @@ class QueueCollector(Collector):
                                        "unless failed or invalid).", labels=["model", "status", "code"]),
             "requeue": CounterMetricFamily("inferq_job_redeliveries", "Jobs sent to the queue again, by "
                                            "reason (worker_lost, engine_failure, worker_shutdown, "
-                                           "event_write_failed, message_lost, message_stranded).",
+                                           "event_write_failed, message_lost, message_stranded, preempted).",
                                            labels=["model", "reason"]),
             "reaped": CounterMetricFamily("inferq_workers_reaped", "Workers found dead (no heartbeat for "
                                           "INFERQ_WORKER_TTL_S) and removed by a reaper.", labels=["model"]),

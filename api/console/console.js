@@ -290,6 +290,14 @@
     if (ids.includes(chosen)) select.value = chosen;
   }
 
+  // one line of name: queued / running pairs (a model's classes, or its tenants)
+  function loads(kind, title, byName) {
+    return el("div", { class: "loads " + kind, title },
+      ...Object.entries(byName).map(([name, n]) =>
+        el("span", { "data-name": name, class: n.queued || n.running ? "busy" : "" },
+          `${name}: ${n.queued} / ${n.running}`)));
+  }
+
   async function refreshQueue() {
     const q = await api("GET", "/v1/queue");
     const blocks = q.models.map((m) => {
@@ -304,10 +312,20 @@
           el("span", {}, "running ", el("b", { class: "running" }, m.running)),
           el("span", {}, "workers ", el("b", { class: "live" }, m.workers),
             m.draining ? ` (+${m.draining} draining)` : "")),
+        loads("classes", "by service class: queued / running", m.classes || {}),
+        loads("tenants", "by tenant (fair share): queued / running", m.tenants || {}),
         prio);
     });
     $("queue").replaceChildren(...blocks);
     $("updated").textContent = "updated " + new Date(q.at * 1000).toLocaleTimeString();
+  }
+
+  // what a worker holds by class, and its gate: "interactive 3 · batch 5 (limit 8 of 8 +2)"
+  function classesOf(c) {
+    if (!c) return "—";
+    const held = Object.entries(c.running).map(([cls, byTenant]) =>
+      `${cls} ${Object.values(byTenant).reduce((a, b) => a + b, 0)}`);
+    return `${held.join(" · ") || "idle"} (limit ${c.batch_limit} of ${c.slots} +${c.reserve})`;
   }
 
   async function refreshWorkers() {
@@ -329,6 +347,8 @@
             : "—"),
         el("td", { class: "adapters", title: "LoRA adapters loaded in this worker's engine" },
           (w.adapters || []).join(", ") || "—"),
+        el("td", { class: "classes", title: "jobs it holds by service class; its batch limit of its slots (and "
+          + "the slots only interactive work takes)" }, classesOf(w.classes)),
         el("td", { class: "state" }, w.draining ? "draining" : "live"));
     });
     $("workers").tBodies[0].replaceChildren(...rows);

@@ -48,6 +48,11 @@ async def console_asset(name: str) -> FileResponse:
     return FileResponse(CONSOLE_DIR / name, media_type=ASSETS[name], headers=HEADERS)
 
 
+class Load(BaseModel):
+    queued: int = 0
+    running: int = 0
+
+
 class ModelQueue(BaseModel):
     model: str
     queued: int = Field(description="Jobs waiting in the model's queue, all priorities.")
@@ -57,6 +62,10 @@ class ModelQueue(BaseModel):
                                        "null when none waits.")
     workers: int = Field(description="Live workers (not draining).")
     draining: int = Field(description="Workers finishing their jobs before they stop.")
+    classes: dict[str, Load] = Field(default_factory=dict, description="Each service class's jobs: queued "
+                                     "(batch: the batch lane's) and held by live workers.")
+    tenants: dict[str, Load] = Field(default_factory=dict, description="Each tenant's jobs queued and running "
+                                     "(fair share).")
 
 
 class QueueView(BaseModel):
@@ -74,13 +83,25 @@ def queue_view(snap: queue_metrics.QueueSnapshot) -> QueueView:
         models.append(ModelQueue(
             model=model, queued=sum(depth.values()), running=snap.running.get(model, 0), by_priority=depth,
             oldest_age_s=None if oldest is None else max(0.0, snap.now - oldest),
-            workers=snap.workers.get((model, "live"), 0), draining=snap.workers.get((model, "draining"), 0)))
+            workers=snap.workers.get((model, "live"), 0), draining=snap.workers.get((model, "draining"), 0),
+            classes=_loads(snap.classes, model), tenants=_loads(snap.tenants, model)))
     return QueueView(at=snap.now, models=models)
+
+
+def _loads(counts: dict[tuple[str, str, str], int], model: str) -> dict[str, Load]:
+    """(model, name, status) -> jobs, as name -> its queued and running jobs, for one model."""
+    out: dict[str, Load] = {}
+    for (m, name, status), n in sorted(counts.items()):
+        if m == model and status in ("queued", "running"):
+            setattr(out.setdefault(name, Load()), status, n)
+    return out
 
 
 @router.get("/v1/queue", response_model=QueueView, tags=["health"])
 async def queue(service: Service, _: Caller) -> QueueView:
-    """Queued and running jobs of the default model and of every model served lately, and the
-    depth of each priority: what ``/metrics`` exports as ``inferq_queue_jobs`` and ``inferq_jobs``."""
+    """Queued and running jobs of the default model and of every model served lately, the depth of
+    each priority, and each service class's and tenant's jobs: what ``/metrics`` exports as
+    ``inferq_queue_jobs``, ``inferq_jobs``, ``inferq_class_jobs`` and ``inferq_tenant_jobs``."""
     s = service.settings
-    return queue_view(await queue_metrics.snapshot(service.redis, s.model_name, s.worker_ttl_s, s.job_ttl_s))
+    return queue_view(await queue_metrics.snapshot(service.redis, s.model_name, s.worker_ttl_s, s.job_ttl_s,
+                                                   s.batch_priority))

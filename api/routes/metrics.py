@@ -22,7 +22,7 @@ async def prometheus_metrics(service: Service) -> Response:
     a job id. Redis unreachable: the gateway's own metrics still come, with inferq_redis_up 0."""
     s = service.settings
     try:
-        snap = await queue_metrics.snapshot(service.redis, s.model_name, s.worker_ttl_s, s.job_ttl_s)
+        snap = await queue_metrics.snapshot(service.redis, s.model_name, s.worker_ttl_s, s.job_ttl_s, s.batch_priority)
         extra = queue_metrics.exposition(snap) + _REDIS_UP
     except Exception as e:  # a scrape must still say something: that the queue could not be read
         log.warning("queue metrics unavailable: %s", e)

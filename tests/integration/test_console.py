@@ -223,6 +223,7 @@ def test_workers_and_queue_are_live(stack: Stack, browser: WebDriver) -> None:
                 running: tr.querySelector('.running').textContent,
                 waiting: tr.querySelector('.waiting').textContent,
                 adapters: tr.querySelector('.adapters').textContent,
+                classes: tr.querySelector('.classes').textContent,
                 hits: tr.querySelector('.hits').textContent};
             }
             return out;""")
@@ -233,6 +234,7 @@ def test_workers_and_queue_are_live(stack: Stack, browser: WebDriver) -> None:
         assert re.fullmatch(r"\d+\.\d%", row["kv_text"]), (wid, row)
         assert int(row["running"]) >= 0 and int(row["waiting"]) >= 0, (wid, row)
         assert re.fullmatch(r"\d+\.\d%|—", row["hits"]), (wid, row)
+        assert re.search(r"\(limit \d+ of \d+ \+\d+\)$", row["classes"]), (wid, row)  # its service classes
     with stack.http() as http:  # each worker's LoRA adapters, as its heartbeat says (they change as jobs use them)
         assert wait_status(http, submit(http, prompt="x", model="tiny-a", max_tokens=2))["status"] == "succeeded"
         page.wait(lambda: any("tiny-a" in row["adapters"] for row in rows().values()), "tiny-a in a worker's row")
@@ -246,6 +248,8 @@ def test_workers_and_queue_are_live(stack: Stack, browser: WebDriver) -> None:
     for field in ("queued", "running"):
         assert int(page.js(f"return document.querySelector(\"{model} .{field}\").textContent")) >= 0
     assert len(browser.find_elements(By.CSS_SELECTOR, f"{model} .prio span")) == 10
+    classes = [e.get_attribute("data-name") for e in browser.find_elements(By.CSS_SELECTOR, f"{model} .classes span")]
+    assert sorted(classes) == ["batch", "interactive"], classes  # queued / running of each service class
     first = page.text("updated")
     page.wait(lambda: page.text("updated") != first, "the panel's next refresh")
 

@@ -112,3 +112,27 @@ def test_a_batch_key_runs_batch_work_only(gateway: TestClient, own_redis: str) -
     assert status == 400 and body["error"]["code"] == "service_class_not_allowed", body
     status, body = _post(gateway, "/v1/completions", "sk-bulk", prompt="x", stream=True)
     assert status == 400 and body["error"]["param"] == "stream", body
+
+
+def test_the_queue_shows_each_class_and_tenant(gateway: TestClient, own_redis: str) -> None:
+    """``GET /v1/queue`` (the console's queue panel): queued work by class (batch: the batch lane's)
+    and tenant, and what the workers' heartbeats say they hold; /metrics as inferq_class_jobs."""
+    import time
+
+    from inferq.shared.schemas import ClassesInfo, WorkerInfo
+
+    _post(gateway, "/v1/jobs", prompt="x")
+    _, body = _post(gateway, "/v1/jobs", "sk-bulk", prompt="x")
+    model = _record(own_redis, body["id"]).model
+    info = WorkerInfo(id="w1", model=model, host="h", pid=1, max_model_len=128, max_num_seqs=2, started_at=0.0,
+                      last_seen=time.time(), classes=ClassesInfo(slots=2, reserve=1, batch_limit=2, running={
+                          "batch": {"acme": 2}, "interactive": {"acme": 1}}))
+    with redis.Redis.from_url(own_redis, decode_responses=True) as r:
+        r.set(keys.worker("w1"), info.model_dump_json())
+        r.zadd(keys.workers(model), {"w1": time.time()})
+    [q] = [m for m in gateway.get("/v1/queue", headers={"Authorization": "Bearer sk-chat"}).json()["models"]
+           if m["model"] == model]
+    assert q["classes"] == {"batch": {"queued": 1, "running": 2}, "interactive": {"queued": 1, "running": 1}}
+    assert sorted(v["queued"] for v in q["tenants"].values()) == [1, 1]  # the two keys, a tenant each
+    text = gateway.get("/metrics").text
+    assert f'inferq_class_jobs{{class="batch",model="{model}",status="running"}} 2.0' in text
