@@ -242,7 +242,9 @@ class Settings(BaseSettings):
     tensor_parallel_size: int = Field(default=1, ge=1, description="GPUs per worker (one engine sharded "
                                       "over them).")
     max_num_seqs: int = Field(default=128, ge=1, description="Engine batch size, and the worker's Celery job "
-                              "slots (an engine group splits them among its frontends).")
+                              "slots (an engine group splits them among its frontends). With service classes "
+                              "(INFERQ_SERVICE_CLASSES) the slots any work fills: the engine and the pool get "
+                              "INFERQ_INTERACTIVE_RESERVE more, for interactive work only.")
     max_num_batched_tokens: int | None = Field(default=None, description="Tokens per engine step: higher "
                                                "favours prefill, lower favours decode latency; unset: vLLM's.")
     frontends: int = Field(
