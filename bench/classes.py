@@ -231,12 +231,54 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _fmt(v: dict[str, float] | None, digits: int = 0) -> str:
+    if not v:
+        return "—"
+    f = f"{{:,.{digits}f}}"
+    return f"{f.format(v['median'])} ({f.format(v['min'])}–{f.format(v['max'])})"
+
+
+def table(summary: dict[str, Any]) -> str:
+    """The page's tables (docs/benchmarks.md), from a summary: medians of the repeats (min–max)."""
+    st = summary["stacks"]
+    lines = ["| fleet | interactive TTFT p50 / p99 ms | ITL p50 / p99 ms | TTFT p99, ITL p99 vs alone | batch out "
+             "tok/s | idle capacity batch used |", "| --- | --- | --- | --- | --- | --- |"]
+    alone = st.get("classes", {})
+    if alone:
+        lines.append(f"| interactive alone | {_fmt(alone['alone_median_ttft_ms'])} / "
+                     f"{_fmt(alone['alone_p99_ttft_ms'])} | {_fmt(alone['alone_median_itl_ms'], 1)} / "
+                     f"{_fmt(alone['alone_p99_itl_ms'], 1)} | 1.00×, 1.00× | — | — |")
+    for name in ("classes", "today", "fifo"):
+        s = st.get(name)
+        if not s:
+            continue
+        vs = (f"{s['mixed_p99_ttft_ms']['median'] / s['alone_p99_ttft_ms']['median']:.2f}×, "  # its own alone runs
+              f"{s['mixed_p99_itl_ms']['median'] / s['alone_p99_itl_ms']['median']:.2f}×")
+        idle = f"{100 * s['idle_used']['median']:.0f} %" if s.get("idle_used") else "—"
+        lines.append(f"| {name} | {_fmt(s['mixed_median_ttft_ms'])} / {_fmt(s['mixed_p99_ttft_ms'])} | "
+                     f"{_fmt(s['mixed_median_itl_ms'], 1)} / {_fmt(s['mixed_p99_itl_ms'], 1)} | {vs} | "
+                     f"{_fmt(s['batch_tok_s'])} | {idle} |")
+    lines += ["", "| fleet | service ratio, worst 60 s window (both backlogged) | total out tok/s | light TTFT p90 "
+              "beside the heavy backlog / alone ms |", "| --- | --- | --- | --- |"]
+    for name in ("fair", "tenants-fifo"):
+        s = st.get(name)
+        if s:
+            solo = f" / {_fmt(s['light_solo_p90_ttft_ms'])}" if s.get("light_solo_p90_ttft_ms") else ""
+            lines.append(f"| {name} | {_fmt(s['ratio_max'], 2)} | {_fmt(s['total_tok_s'])} | "
+                         f"{_fmt(s['light_beside_p90_ttft_ms'])}{solo} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.classes", description=__doc__.split("\n\n")[0])
     ap.add_argument("config", type=Path)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--only", nargs="+", choices=list(STACKS), help="run only these fleets (results are added)")
+    ap.add_argument("--table", action="store_true", help="print the page's tables from OUT/summary.json, run nothing")
     a = ap.parse_args(argv)
+    if a.table:
+        print(table(json.loads((a.out / "summary.json").read_text())), end="")
+        return 0
     cfg = load_config(a.config)
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "logs").mkdir(exist_ok=True)

@@ -45,3 +45,21 @@ def test_windows_slide_over_the_time_both_tenants_ran() -> None:
 
 def test_a_tenant_that_never_ran_has_no_windows() -> None:
     assert service_windows({"a": requests(0.0, 3, 1.0, 0.0, 1.0, 5), "b": {}}, 60.0, 10.0)["windows"] == []
+
+
+def test_the_page_tables_come_from_the_summary() -> None:
+    from bench.classes import table
+
+    def v(x: float) -> dict[str, float]:
+        return {"median": x, "min": x, "max": x}
+
+    run = {"alone_median_ttft_ms": v(20), "alone_p99_ttft_ms": v(50), "alone_median_itl_ms": v(3),
+           "alone_p99_itl_ms": v(10), "mixed_median_ttft_ms": v(25), "mixed_p99_ttft_ms": v(60),
+           "mixed_median_itl_ms": v(4), "mixed_p99_itl_ms": v(11), "batch_tok_s": v(900), "idle_used": v(0.8)}
+    got = table({"stacks": {"classes": run, "fair": {"ratio_max": v(1.1), "total_tok_s": v(1500),
+                                                      "light_beside_p90_ttft_ms": v(60),
+                                                      "light_solo_p90_ttft_ms": v(40)}}})
+    row = ("| classes | 25 (25–25) / 60 (60–60) | 4.0 (4.0–4.0) / 11.0 (11.0–11.0) | 1.20×, 1.10× | 900 (900–900) "
+           "| 80 % |")
+    assert row in got
+    assert "| fair | 1.10 (1.10–1.10) | 1,500 (1,500–1,500) | 60 (60–60) / 40 (40–40) |" in got
