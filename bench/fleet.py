@@ -28,6 +28,7 @@ import argparse
 import contextlib
 import json
 import re
+import signal
 import statistics
 import sys
 import time
@@ -296,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-vllm-serve", action="store_true", help="leave out the vllm serve reference")
     ap.add_argument("--cases", nargs="+", default=None, help="run only these cases")
     args = ap.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # (a timeout's SIGTERM stops the fleet it started)
     raw = json.loads(args.config.read_text())
     cfg = FleetConfig(**{**raw, "cases": [Case(**c) for c in raw.get("cases", [])]})
     if args.cases:
