@@ -43,7 +43,7 @@ inferq:fair:{list}              zset      job ids whose message waits in the lis
 inferq:fair:{list}:state        hash      ``v``: the virtual time (the tag last claimed); ``t|{tenant}``:
                                           the tenant's last finish tag (TTL)
 inferq:fair:{list}:queued       hash      tenant -> its jobs queued in the list, not yet taken (TTL)
-inferq:waiting:{model}          pub/sub   a tenant's first job queued (interactive): workers make room for it
+inferq:waiting:{model}          pub/sub   an interactive job of a tenant with few queued: workers make room for it
                                           (running-slot fair share, worker/jobs/room.py)
 inferq:room:{model}:{tenant}    string    rooms workers made for a waiting tenant (jobs handed back) that no claim
                                           of its jobs has used yet (TTL)
@@ -204,7 +204,7 @@ def fair_state(queue_list: str) -> str:
 
 
 def waiting(model: str) -> str:
-    """Pub/sub: a tenant with no job queued in an interactive list of ``model`` queued one (its name)."""
+    """Pub/sub: an interactive job of a tenant with few jobs queued in ``model``'s lists (its name and weight)."""
     return f"{PREFIX}:waiting:{model}"
 
 

@@ -6,6 +6,7 @@ use (model name, Redis URL, queue names, limits). Create it once with :func:`get
 
 from __future__ import annotations
 
+import math
 import re
 from functools import lru_cache
 from pathlib import Path
@@ -217,7 +218,8 @@ class Settings(BaseSettings):
         default=None, ge=0, description="Engine sequences (and job slots) beyond INFERQ_MAX_NUM_SEQS that only "
         "interactive work takes, so that an interactive job starts at once while batch work fills the engine "
         "(the engine runs up to INFERQ_MAX_NUM_SEQS + this; vLLM's priority scheduler preempts batch first when "
-        "the KV cache runs short). Unset: a quarter of INFERQ_MAX_NUM_SEQS, at least 1; 0 with classes off.")
+        "the KV cache runs short). Unset: a quarter of INFERQ_MAX_NUM_SEQS, and at least twice its square root "
+        "(6 of 8, 12 of 32, 32 of 128); 0 with classes off.")
     running_fair_share: bool = Field(
         default=True, description="With service classes: a worker whose every slot is held hands a job back "
         "(restart event, reason 'preempted', not counted against its attempts) when interactive work waits "
@@ -452,7 +454,9 @@ class Settings(BaseSettings):
             return 0
         if self.interactive_reserve is not None:
             return self.interactive_reserve
-        return max(1, self.max_num_seqs // 4)
+        # interactive work at half the engine holds a Poisson-like count of sequences: twice its
+        # square root covers its rises above what it held when batch last took a slot
+        return max(1, self.max_num_seqs // 4, math.ceil(2 * math.sqrt(self.max_num_seqs)))
 
     @property
     def engine_max_num_seqs(self) -> int:

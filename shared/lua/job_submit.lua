@@ -4,8 +4,9 @@
 -- list of the model's queue, then each list's zset of cancelled jobs whose message is still in it.
 -- ARGV: most jobs the queue may hold ('' : no limit), ttl, job id, created_at, stats field, the
 -- message ('': none), the job's fair share ('': none; FairShare JSON, below), the farthest from an end
--- of the list a message is placed (messages), the channel a tenant's first queued job is announced on
--- ('': none; an interactive job's: worker/jobs/room.py), then the record's fields and values. Returns the queue's depth when it is full, -2 when a message comes with a job that
+-- of the list a message is placed (messages), the channel the job is announced on while its tenant has
+-- few jobs queued (ANNOUNCE_QUEUED or fewer: a tenant that may run below its share; '': none, a batch
+-- job's: worker/jobs/room.py), then the record's fields and values. Returns the queue's depth when it is full, -2 when a message comes with a job that
 -- already exists (a job is queued once: its record is never overwritten), else -1.
 -- The depth counts the jobs really queued: each list's length less its cancelled jobs (their
 -- messages wait there for a worker to pop and skip them; job_cancel.lua, job_claim.lua). Cancels
@@ -22,6 +23,7 @@
 -- message whose place is farther than ARGV[8] from both ends goes ARGV[8] from the nearer one: the cost
 -- of a submit is bounded, whatever the depth; only in a list longer than twice that may a job run that
 -- many places away from its tag order.
+local ANNOUNCE_QUEUED = 8  -- a tenant with more queued is backlogged: the workers' periodic check covers it
 if ARGV[6] ~= '' and redis.call('EXISTS', KEYS[1]) == 1 then return -2 end
 if ARGV[1] ~= '' then
   local depth, lists = 0, (#KEYS - 8) / 2
@@ -79,7 +81,7 @@ if fair then
   redis.call('EXPIRE', fk.queued, ARGV[2])
   redis.call('HSET', fk.state, 'w|' .. fair.tenant, fair.weight)  -- what the workers weigh its share by
   redis.call('EXPIRE', fk.state, ARGV[2])
-  if waiting == 1 and ARGV[9] ~= '' then
+  if waiting <= ANNOUNCE_QUEUED and ARGV[9] ~= '' then
     redis.call('PUBLISH', ARGV[9], cjson.encode({tenant = fair.tenant, weight = fair.weight}))
   end
 end

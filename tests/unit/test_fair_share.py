@@ -317,10 +317,11 @@ async def test_a_message_placed_from_the_pushing_end_keeps_the_order(own_redis: 
     assert got.index("B") == 7, got
 
 
-async def test_a_tenants_first_interactive_job_is_announced_to_the_workers(own_redis: str,
+async def test_a_tenant_with_few_jobs_queued_is_announced_to_the_workers(own_redis: str,
                                                                           r: redis.asyncio.Redis) -> None:
-    """The submit script publishes on the model's waiting channel when a tenant's queued interactive
-    jobs go from none to one (worker/jobs/room.py makes room for it), with the tenant's weight."""
+    """The submit script publishes each interactive job on the model's waiting channel while its tenant
+    has 8 or fewer queued (a tenant that may run below its share: worker/jobs/room.py makes room for
+    it), with the tenant's weight; a backlogged tenant's further jobs and batch work are not."""
     import asyncio
 
     adm = admission(own_redis, r, {"A": Share("acme", 2.0)})
@@ -328,13 +329,13 @@ async def test_a_tenants_first_interactive_job_is_announced_to_the_workers(own_r
     async with r.pubsub() as ps:
         await ps.subscribe(keys.waiting(adm.settings.model_name))
         await ps.get_message(timeout=1)  # the subscription's confirmation
-        await submit(adm, "A", 2)  # announced once: the second job finds one queued
+        await submit(adm, "A", 10)  # announced 8 times: then it is backlogged
         await adm.queue("B", "B", [JobRequest(prompt="abcd", max_tokens=10, service_class="batch", priority=9)],
                         [f"job-{uuid.uuid4().hex}"])  # batch work is not announced
         await submit(adm, "C")
-        for _ in range(20):
+        for _ in range(40):
             msg = await ps.get_message(ignore_subscribe_messages=True, timeout=0.1)
             if msg is not None:
                 got.append(json.loads(msg["data"]))
             await asyncio.sleep(0)
-    assert got == [{"tenant": "acme", "weight": 2}, {"tenant": "C", "weight": 1}]
+    assert got == [{"tenant": "acme", "weight": 2}] * 8 + [{"tenant": "C", "weight": 1}]

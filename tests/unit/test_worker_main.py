@@ -36,7 +36,8 @@ def test_celery_gets_a_thread_per_slot_and_per_reserved_slot(monkeypatch) -> Non
 
 
 def test_the_reserve_is_on_top_of_the_engines_sequences_only_with_classes() -> None:
-    assert Settings(max_num_seqs=8).reserve == 2 and Settings(max_num_seqs=8).engine_max_num_seqs == 10
+    assert Settings(max_num_seqs=8).reserve == 6 and Settings(max_num_seqs=8).engine_max_num_seqs == 14
+    assert [Settings(max_num_seqs=n).reserve for n in (1, 32, 128, 256)] == [2, 12, 32, 64]
     assert Settings(max_num_seqs=8, interactive_reserve=5).engine_max_num_seqs == 13
     off = Settings(max_num_seqs=8, interactive_reserve=5, service_classes=False)
     assert off.reserve == 0 and off.engine_max_num_seqs == 8

@@ -11,10 +11,12 @@ job of the tenant most above its share (by a whole job). The job goes back to th
 ``restart`` event (reason ``preempted``, not counted against its attempts: job_requeue.lua) and runs
 again later from its start; the freed slot takes the queue's next job, the waiting tenant's.
 
-It checks when a tenant's first interactive job is queued (the submit script announces it on
-``keys.waiting``) and every ``period_s``. Across workers, the rooms made for a tenant and not yet
-used by a claim of one of its jobs are counted in Redis (``keys.room``; room_take.lua, job_claim.lua)
-and stay within its queued jobs: a tenant's one job does not make every full worker give one back.
+It checks when an interactive job of a tenant with few jobs queued (8 or fewer, one that may run
+below its share) is queued (the submit script announces it on ``keys.waiting``) and every
+``period_s`` (a backlogged tenant's). Across workers, the rooms made for a tenant and not yet
+used by a claim of one of its jobs within two periods are counted in Redis (``keys.room``;
+room_take.lua, job_claim.lua) and stay within its queued jobs: a tenant's one job does not make
+every full worker give one back.
 """
 
 from __future__ import annotations
@@ -152,4 +154,4 @@ class Room:
     async def _room_for(self, tenant: str, queued: int) -> bool:
         """Take one room for ``tenant`` fleet-wide; False when as many rooms as it has jobs queued are
         in flight already (made by another worker, and not yet used by a claim of its jobs)."""
-        return bool(await self._take(keys=[keys.room(self.model, tenant)], args=[queued, int(10_000 * self.period_s)]))
+        return bool(await self._take(keys=[keys.room(self.model, tenant)], args=[queued, int(2000 * self.period_s)]))
