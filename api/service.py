@@ -22,6 +22,7 @@ from inferq.api.adapters import Adapters
 from inferq.api.auth import Principal
 from inferq.api.metrics import PROMPTS
 from inferq.api.prompt_ids import Published, tokenize
+from inferq.api.standby import StandbyCache
 from inferq.shared import keys, tracing
 from inferq.shared.celery_app import job_message
 from inferq.shared.errors import ContextLengthExceeded, InvalidRequest, NotFound, RateLimited, job_not_found
@@ -72,6 +73,7 @@ class JobService:
         self._cancelling: set[asyncio.Task[JobStatus]] = set()  # cancels of jobs whose client went away
         self.published = Published(redis)  # tokenizers workers published (a gateway on another host)
         self.adapters = Adapters(settings, redis)  # the fleet's LoRA adapters (names clients may send)
+        self.standby = StandbyCache(redis, settings.worker_ttl_s)  # models held asleep by multi-model workers
 
     async def live_workers(self, model: str) -> list[WorkerInfo]:
         ids = texts(await self.redis.zrangebyscore(keys.workers(model), time.time() - self.settings.worker_ttl_s,
@@ -87,7 +89,9 @@ class JobService:
         found served is remembered: for :data:`WORKERS_CACHE_S` as it is, then, up to a worker TTL
         after it was last seen, while one background look-up refreshes it (a submission reads the
         registry only for a model not seen served lately). One found unserved is looked up again on
-        the next request."""
+        the next request; it is queued for (not a 404) while a multi-model worker holds it asleep
+        (then with that worker's description of it, as of its last wake), or when it is one of
+        INFERQ_MODELS (a fleet scaled to zero)."""
         model = requested or self.settings.model_name
         seen = self._served.get(model)
         if seen is not None:
@@ -99,8 +103,11 @@ class JobService:
             if age < self.settings.worker_ttl_s:
                 return model, seen[1]
         info = await self._look_up(model)
-        if info is None and model != self.settings.model_name:
-            raise NotFound(f"model {model!r} is not served here", param="model", code="model_not_found")
+        if info is None:  # no worker holds it awake: one that holds it asleep, or a model of the fleet's?
+            asleep = await self.standby.get(model)
+            if asleep is None and model not in self.settings.model_names:
+                raise NotFound(f"model {model!r} is not served here", param="model", code="model_not_found")
+            return model, asleep.info if asleep is not None else None
         return model, info
 
     async def resolve(self, requested: str | None) -> tuple[str, WorkerInfo | None, AdapterRef | None]:
@@ -187,11 +194,21 @@ class JobService:
         if depth is not None:
             raise RateLimited(f"model {model!r} has {depth} jobs queued (limit {limit}); retry later",
                               code="queue_full", retry_after=1.0)
+        await self._say_loading(record.id, model)
         PROMPTS.labels(model, "client" if req.prompt_token_ids is not None else
                        "gateway" if ids is not None else "worker").inc()
         log.info("job %s queued (model %s, priority %d)", record.id, model, req.priority,
                  extra={"job_id": record.id, "model": model})
         return record
+
+    async def _say_loading(self, job_id: str, model: str) -> None:
+        """A job queued for a model no worker holds awake, while workers hold it asleep: its first
+        event says that it waits for a wake, and how long that should take (api/standby.py)."""
+        if model in self._served:  # a worker holds it awake
+            return
+        asleep = await self.standby.get(model)
+        if asleep is not None:
+            await self.store.loading(job_id, asleep.event())
 
     async def record(self, job_id: str, caller: Principal | None = None) -> JobRecord:
         """The job, as ``caller`` may see it. The one place that decides whether a job exists for

@@ -77,5 +77,14 @@ class LoopHost:
     def unfinished_requests(self) -> int:
         return 0
 
+    async def sleep(self) -> float:
+        """A multi-model worker's model goes to sleep: the scripted engine's ``sleep(level=1)``."""
+        await self.engine.sleep(level=1)
+        return 0.0
+
+    async def wake(self) -> float:
+        await self.engine.wake_up()
+        return 0.0
+
     def stop(self) -> None:
         self._thread.stop()

@@ -108,6 +108,10 @@ def _show(msg: str | bytes, ev: dict[str, Any], raw: bool) -> None:
         print(msg, flush=True)
     elif ev["type"] == "accepted":
         print(f"[job {ev['id']}]", file=sys.stderr, flush=True)
+    elif ev["type"] == "loading":  # the model sleeps: the job waits for a worker to wake it
+        eta = ev.get("expected_s")
+        print(f"[model {ev.get('model')} is asleep: waiting for a worker to wake it"
+              f"{f', about {eta:g} s' if eta is not None else ''}]", file=sys.stderr, flush=True)
     elif ev["type"] == "token":
         print(ev["text"], end="", flush=True)
     elif ev["type"] == "done":

@@ -47,6 +47,15 @@ inferq:waiting:{model}          pub/sub   an interactive job of a tenant with fe
                                           (running-slot fair share, worker/jobs/room.py)
 inferq:room:{model}:{tenant}    string    rooms workers made for a waiting tenant (jobs handed back) that no claim
                                           of its jobs has used yet (TTL)
+inferq:standby:{model}          zset      multi-model worker id -> last heartbeat: workers that hold the model
+                                          asleep (or not started yet) and can wake it
+inferq:swappers                 zset      multi-model worker id -> last heartbeat
+inferq:swapper:{sid}            string    the multi-model worker's :class:`shared.schemas.SwapperInfo` (TTL)
+inferq:waking:{model}           string    the multi-model worker waking the model now (TTL): no other one swaps
+                                          to it meanwhile
+inferq:swap-stats               hash      swaps by the model woken: ``n|{model}``, ``nms|{model}`` (their
+                                          durations' sum, ms), ``le|{model}|{bound}`` (those within bound s);
+                                          first starts: ``cold|{model}``, ``coldms|{model}``: /metrics
 unacked, unacked_index          hash,zset kombu's delivered-but-unacked messages (the reaper sweeps)
 inferq:rate:{subject}           zset      submission times of the last minute (sliding window; TTL)
 inferq:active:{subject}         zset      the subject's unfinished job ids -> submit time (TTL)
@@ -216,6 +225,36 @@ def room(model: str, tenant: str) -> str:
 def fair_queued(queue_list: str) -> str:
     """Tenant -> its jobs queued in ``queue_list`` and not yet taken by a worker."""
     return f"{PREFIX}:fair:{queue_list}:queued"
+
+
+#: zset: multi-model worker id -> last heartbeat (unix s).
+SWAPPERS = f"{PREFIX}:swappers"
+#: hash: swaps by the model woken (counts, durations' sum in ms, histogram buckets): see :func:`swap_stat`.
+SWAP_STATS = f"{PREFIX}:swap-stats"
+#: The bounds (seconds) of the swap-duration histogram's buckets.
+SWAP_BUCKETS = (0.25, 0.5, 1.0, 1.5, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+def standby(model: str) -> str:
+    """Sorted set: the multi-model workers that hold ``model`` asleep (or not yet started) and can wake
+    it, scored by last heartbeat."""
+    return f"{PREFIX}:standby:{model}"
+
+
+def swapper(swapper_id: str) -> str:
+    """A multi-model worker's self-description (:class:`shared.schemas.SwapperInfo`; TTL)."""
+    return f"{PREFIX}:swapper:{swapper_id}"
+
+
+def waking(model: str) -> str:
+    """The multi-model worker waking ``model`` now (TTL): the others count the model as served meanwhile."""
+    return f"{PREFIX}:waking:{model}"
+
+
+def swap_stat(kind: str, model: str, bound: float | None = None) -> str:
+    """A field of :data:`SWAP_STATS`: ``n|model``, ``nms|model``, ``le|model|bound`` (wakes of a model
+    that slept), ``cold|model``, ``coldms|model`` (its first start)."""
+    return STAT_SEP.join((kind, model) if bound is None else (kind, model, f"{bound:g}"))
 
 
 def worker_jobs(worker_id: str) -> str:

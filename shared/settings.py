@@ -16,6 +16,7 @@ from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_va
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from inferq.shared.keys import MODEL_NAME_MAX_LEN, MODEL_NAME_PATTERN
+from inferq.shared.served_models import ModelSpec
 
 #: Served name of the built-in demo model (used when ``INFERQ_MODEL`` is unset).
 TINY_MODEL_NAME = "inferq-tiny"
@@ -233,6 +234,34 @@ class Settings(BaseSettings):
         default=0.0, ge=0, description="Interactive time between tokens a worker keeps its p99 under, as "
         "INFERQ_INTERACTIVE_TTFT_P99_MS. 0: no target.")
 
+    # --- several models on one worker (docs/design.md, "Workers that follow demand") ----------
+    models: list[ModelSpec] = Field(
+        default_factory=list, description="Models one worker serves, as JSON: [{\"name\": N, \"model\": "
+        "PATH_OR_ID, \"settings\": {engine settings of this model, e.g. \"max_model_len\": 8192}}, ...]. The "
+        "worker holds one of them awake at a time (the others asleep: vLLM's sleep mode on a GPU, weights in host "
+        "memory; stopped on a CPU) and swaps to the one the queue shows waiting. Gateways queue jobs for every "
+        "model named here, as for the default model, while no worker holds it awake. Empty: the worker serves "
+        "INFERQ_MODEL alone.")
+    sleep_mode: Literal["auto", "on", "off"] = Field(
+        default="auto", description="How a multi-model worker puts a model to sleep. 'on': vLLM's sleep mode "
+        "(level 1: weights to host memory, KV cache dropped; a wake takes about a second); 'off': the engine is "
+        "stopped and started again at its next wake; 'auto': on where the platform has it (GPUs), else off.")
+    swap_check_s: float = Field(default=0.25, gt=0, le=10, description="How often a multi-model worker reads "
+                                "its models' queues and the fleet's awake workers to decide which model to hold.")
+    swap_min_awake_s: float = Field(
+        default=10.0, ge=0, description="Hysteresis: a model that still has work keeps the worker at least this "
+        "long after its wake (a model with nothing queued or running here gives way at once).")
+    swap_max_wait_s: float = Field(
+        default=30.0, gt=0, description="The bound on waiting for a wake: once a model's oldest queued job has "
+        "waited this long with no worker holding the model awake, a worker swaps to it even while its own "
+        "model still has jobs queued (after INFERQ_SWAP_MIN_AWAKE_S).")
+    swap_grace_s: float = Field(
+        default=30.0, ge=0, description="Before a model sleeps, how long its running jobs may run on to their "
+        "end; those still running then go back to the queue (restart event, reason model_swap).")
+    swap_prepare: bool = Field(
+        default=True, description="With sleep mode: while the awake model is idle, start each model not yet "
+        "started (and leave the last one awake), so that a model's first wake is a wake, not an engine start.")
+
     # --- worker / engine ----------------------------------------------------------------------
     max_model_len: int | None = Field(default=None, description="Context window; unset: the model's own.")
     gpu_memory_utilization: float = Field(default=0.90, gt=0, le=1, description="Fraction of GPU memory the "
@@ -446,6 +475,21 @@ class Settings(BaseSettings):
             if name == self.model_name:
                 raise ValueError(f"LoRA adapter name {name!r} is the model's own name")
         return self
+
+    @model_validator(mode="after")
+    def _models_named_once(self) -> Settings:
+        names = [m.name for m in self.models]
+        if len(set(names)) != len(names):
+            raise ValueError(f"INFERQ_MODELS names a model twice: {names}")
+        if self.models and self.frontends > 1:
+            raise ValueError("INFERQ_MODELS and INFERQ_FRONTENDS > 1 cannot be combined: a multi-model worker "
+                             "feeds each engine from one process")
+        return self
+
+    @property
+    def model_names(self) -> list[str]:
+        """The models gateways queue for with no live worker: the default model and INFERQ_MODELS'."""
+        return [self.model_name, *(m.name for m in self.models if m.name != self.model_name)]
 
     @property
     def reserve(self) -> int:

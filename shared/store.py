@@ -30,13 +30,14 @@ from inferq.shared.schemas import (
     ErrorInfo,
     JobRecord,
     JobStatus,
+    LoadingEvent,
     RestartEvent,
     TokenEvent,
     hash_fields,
     parse_event,
 )
 
-Event = TokenEvent | DoneEvent | ErrorEvent | RestartEvent
+Event = TokenEvent | DoneEvent | ErrorEvent | RestartEvent | LoadingEvent
 _Q = json.dumps  # stored form of a string field: JSON
 
 #: Events per append script call: one call holds Redis for well under a millisecond.
@@ -103,6 +104,7 @@ class JobStore:
         self._fail_queued = lua.register(redis, "job_fail_queued")
         self._get_visible = lua.register(redis, "job_get_visible")
         self._submit = lua.register(redis, "job_submit")
+        self._loading = lua.register(redis, "job_loading")
 
     async def create(self, record: JobRecord) -> None:
         """Write the job's record alone, without a Celery message (a job some other way sends)."""
@@ -245,6 +247,11 @@ class JobStore:
     async def sent(self, job_id: str) -> None:
         """The new message of a job :meth:`requeue` queued again is sent: it is no longer unsent."""
         await self.redis.zrem(keys.UNSENT, job_id)
+
+    async def loading(self, job_id: str, event: LoadingEvent) -> bool:
+        """Log the job's ``loading`` event (its first) if it is still queued with an empty log."""
+        return bool(await self._loading(keys=[keys.job(job_id), keys.job_log(job_id), keys.job_channel(job_id)],
+                                        args=[lua.event_json(event)]))
 
     async def fail_queued(self, job_id: str, error: ErrorInfo, *, message_waits: bool = False) -> bool:
         """End a job that is still queued as failed, with its final ``error`` event (a job whose

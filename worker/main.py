@@ -1,5 +1,7 @@
 """``inferq worker``: a Celery worker (threads pool) that feeds one vLLM engine, or an engine group
-(``INFERQ_FRONTENDS`` > 1: several such workers as clients of one EngineCore, worker/engine/group.py)."""
+(``INFERQ_FRONTENDS`` > 1: several such workers as clients of one EngineCore, worker/engine/group.py),
+or a multi-model worker (``INFERQ_MODELS``: one such worker per model, one awake at a time,
+worker/multi/swapper.py)."""
 
 from __future__ import annotations
 
@@ -9,11 +11,16 @@ import sys
 from inferq.shared import keys
 from inferq.shared.settings import Settings, get_settings
 from inferq.worker.engine.group import Frontend, become_frontend
+from inferq.worker.multi.child import ModelStart, become_model
 
 
 def run_worker(loglevel: str = "INFO") -> int:
     """Serve until stopped; the exit code."""
     s = get_settings()
+    if s.models:  # several models, one awake at a time (worker/multi)
+        from inferq.worker.multi.swapper import run_swapper
+
+        return run_swapper(s, loglevel, model_main)
     if s.frontends > 1:
         from inferq.worker.engine.group import run_group
 
@@ -26,6 +33,12 @@ def frontend_main(frontend: Frontend, loglevel: str) -> None:
     """Entry point of a frontend process of an engine group (spawned): a worker whose engine is the group's."""
     s = get_settings()
     consume(s, become_frontend(frontend, s), -(-s.reserve // frontend.count), loglevel)
+
+
+def model_main(start: ModelStart, loglevel: str) -> None:
+    """Entry point of a model's process of a multi-model worker (spawned): a worker of that model."""
+    s = become_model(start)
+    consume(s, s.max_num_seqs, s.reserve, loglevel)
 
 
 def consume(s: Settings, slots: int, reserve: int, loglevel: str) -> None:

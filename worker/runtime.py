@@ -40,6 +40,7 @@ from inferq.worker.engine import fleet_adapters, tokenizer_files
 from inferq.worker.engine.group import engine_instance, frontend_slots
 from inferq.worker.engine.host import EngineHost
 from inferq.worker.jobs import control
+from inferq.worker.jobs.admission import Admission
 from inferq.worker.jobs.affinity import Affinity
 from inferq.worker.jobs.classes import ServiceClasses
 from inferq.worker.jobs.intake import Intake
@@ -71,6 +72,8 @@ class WorkerRuntime:
         self.started_at = time.time()
         self.draining = False
         self.stopping = False
+        self.admission = Admission()  # closed while a multi-model worker's model sleeps or goes to sleep
+        self.swapper: str | None = None  # the multi-model worker this process serves one model of
         self.redis: Redis | None = None
         self.tokenizer_key: str | None = None  # the tokenizer as published for gateways
         self.runner: JobRunner | None = None
@@ -164,10 +167,15 @@ class WorkerRuntime:
         assert self.runner is not None, "worker runtime not started"
         if self.death.triggered:  # about to exit: leave the job (e.g. one just handed back) to another worker
             raise Reject("the engine is dead", requeue=True)
-        if self.classes is None:
-            return self.intake.take(msg)
-        with self.classes.holding(msg):
-            return self.intake.take(msg)
+        if not self.admission.enter():  # popped as the model went to sleep: back to the queue, unclaimed
+            raise Reject("the model is asleep", requeue=True)
+        try:
+            if self.classes is None:
+                return self.intake.take(msg)
+            with self.classes.holding(msg):
+                return self.intake.take(msg)
+        finally:
+            self.admission.leave()
 
     def drain(self) -> None:
         """SIGTERM (Celery has stopped consuming): announce draining in the next beat, let held
@@ -239,7 +247,7 @@ class WorkerRuntime:
             adapters=self.host.adapters.loaded(),
             engine=self.engine_id, lane=self.affinity is not None, tasks=self.host.tasks,
             max_loras=self.settings.max_loras if self.host.adapters.enabled else 0,
-            classes=self.classes.beat() if self.classes is not None else None,
+            classes=self.classes.beat() if self.classes is not None else None, swapper=self.swapper,
         )
 
     def ready(self) -> bool:

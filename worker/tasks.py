@@ -25,6 +25,7 @@ from inferq.worker.engine import group
 from inferq.worker.engine.host import EngineHost
 from inferq.worker.jobs.undecodable import undecodable_job_id
 from inferq.worker.liveness.death import kill_children
+from inferq.worker.multi import child
 from inferq.worker.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,13 @@ def _consume_lane(instance: Any, **_: Any) -> None:
     workers pass to it: worker/jobs/affinity.py)."""
     if _runtime is not None and _runtime.affinity is not None:
         instance.app.amqp.queues.select_add(keys.lane(_runtime.settings.model_name, _runtime.id))
+
+
+@signals.worker_ready.connect
+def _consuming(sender: Any, **_: Any) -> None:
+    """The consumer takes jobs now: a model's process of a multi-model worker tells its supervisor."""
+    if _runtime is not None and child.LINK is not None:
+        child.LINK.ready(_runtime, app, sender.hostname)
 
 
 @signals.worker_shutting_down.connect

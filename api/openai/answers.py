@@ -27,6 +27,7 @@ from inferq.shared.errors import error_from
 from inferq.shared.schemas import (
     DoneEvent,
     ErrorEvent,
+    LoadingEvent,
     PromptLogprobs,
     RestartEvent,
     TokenEvent,
@@ -93,9 +94,11 @@ class Collector:
         self.n = n
         self.out = Collected(choices={i: Choice() for i in range(n)})
 
-    def feed(self, ev: TokenEvent | PlainToken | DoneEvent | ErrorEvent | RestartEvent) -> None:
+    def feed(self, ev: TokenEvent | PlainToken | DoneEvent | ErrorEvent | RestartEvent | LoadingEvent) -> None:
         if ev.type == "token":
             self.out.add(ev)
+        elif ev.type == "loading":  # waiting for a worker to wake the model: nothing produced
+            return
         elif ev.type == "restart":  # a lost attempt: start over
             self.out = Collected(choices={i: Choice() for i in range(self.n)})
         elif ev.type == "done":

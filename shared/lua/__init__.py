@@ -21,7 +21,7 @@ from importlib import resources
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 
-from inferq.shared.schemas import TERMINAL_STATUSES, DoneEvent, ErrorEvent, JobStatus, RestartEvent
+from inferq.shared.schemas import TERMINAL_STATUSES, DoneEvent, ErrorEvent, JobStatus, LoadingEvent, RestartEvent
 
 
 def _lua_string(s: str) -> str:
@@ -54,7 +54,7 @@ def names() -> list[str]:
                   if p.name.endswith(".lua") and p.name != "prelude.lua")
 
 
-def event_json(event: DoneEvent | ErrorEvent | RestartEvent) -> str:
+def event_json(event: DoneEvent | ErrorEvent | RestartEvent | LoadingEvent) -> str:
     """An event for a script to complete and log (its ``seq`` set there): the fields given, compact."""
     fields = event.model_dump(mode="json", exclude_unset=True, exclude_none=True)
     return json.dumps({"type": event.type, **fields}, separators=(",", ":"))

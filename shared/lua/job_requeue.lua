@@ -13,7 +13,8 @@
 -- (ARGV[9]): if the worker has beaten since, nothing changes and the answer is 'alive'.
 -- A job preempted (reason 'preempted': its tenant ran more than its share while another waited,
 -- worker/jobs/room.py) is queued again whatever its attempts: its attempts counted against max
--- attempts are those that were not preempted (the record's `preemptions`).
+-- attempts are those that were not preempted (the record's `preemptions`). So is a job handed back as
+-- its model went to sleep on a multi-model worker (reason 'model_swap'): no fault of its run.
 -- A job queued again is also marked unsent (KEYS[8]) until its caller has sent its new message:
 -- a message that could not be sent (or a caller that died first) is the reaper's to send.
 if ARGV[9] ~= '' then
@@ -58,7 +59,7 @@ else
   redis.call('ZADD', KEYS[5], ARGV[4], ARGV[6])
   redis.call('ZADD', KEYS[8], ARGV[4], ARGV[6])
   redis.call('HDEL', KEYS[1], 'worker')
-  if ARGV[5] == 'preempted' then redis.call('HINCRBY', KEYS[1], 'preemptions', 1) end
+  if ARGV[5] == 'preempted' or ARGV[5] == 'model_swap' then redis.call('HINCRBY', KEYS[1], 'preemptions', 1) end
   outcome = 'requeued'
   count(KEYS[7], KEYS[1], 'requeue', ARGV[5])
 end

@@ -20,6 +20,7 @@ from inferq.shared.schemas.events import (
     DoneEvent,
     ErrorEvent,
     ErrorInfo,
+    LoadingEvent,
     PromptLogprob,
     PromptLogprobs,
     RestartEvent,
@@ -37,6 +38,10 @@ from inferq.shared.schemas.fleet import (
     AdapterReply,
     ClassesInfo,
     EngineStats,
+    ModelSlot,
+    ModelState,
+    SwapperInfo,
+    SwapRecord,
     WorkerInfo,
 )
 from inferq.shared.schemas.jobs import (
@@ -67,9 +72,10 @@ from inferq.shared.schemas.records import (
 
 __all__ = [
     "AcceptedMessage", "AdapterCommand", "AdapterInfo", "AdapterRef", "AdapterReply", "ChatMessage", "ChoiceEnd",
-    "ChoiceView", "ClassesInfo", "ControlMessage", "DoneEvent", "EngineStats", "ErrorEvent", "ErrorInfo", "JobAccepted",
-    "DEFAULT_PRIORITY", "JobLinks", "JobMessage", "JobRecord", "JobRequest", "JobStatus", "JobView", "NO_CONTROL_CHARS",
-    "PromptLogprob", "PromptLogprobs", "ResponseOptions", "RestartEvent", "SERVICE_CLASSES", "STRUCTURE_MAX_CHARS",
-    "SamplingOptions", "ServiceClass", "StreamEvent", "TERMINAL_STATUSES", "TokenEvent", "TokenLogprob", "ToolCall",
-    "ToolCallFunction", "ToolCallPiece", "TopLogprob", "Usage", "WorkerInfo", "hash_fields", "parse_event"
+    "ChoiceView", "ClassesInfo", "ControlMessage", "DEFAULT_PRIORITY", "DoneEvent", "EngineStats", "ErrorEvent",
+    "ErrorInfo", "hash_fields", "JobAccepted", "JobLinks", "JobMessage", "JobRecord", "JobRequest", "JobStatus",
+    "JobView", "LoadingEvent", "ModelSlot", "ModelState", "NO_CONTROL_CHARS", "parse_event", "PromptLogprob",
+    "PromptLogprobs", "ResponseOptions", "RestartEvent", "SamplingOptions", "SERVICE_CLASSES", "ServiceClass",
+    "StreamEvent", "STRUCTURE_MAX_CHARS", "SwapperInfo", "SwapRecord", "TERMINAL_STATUSES", "TokenEvent",
+    "TokenLogprob", "ToolCall", "ToolCallFunction", "ToolCallPiece", "TopLogprob", "Usage", "WorkerInfo"
 ]

@@ -1,4 +1,4 @@
-"""The events a job emits (:data:`StreamEvent`: ``token | done | error | restart``), each with a
+"""The events a job emits (:data:`StreamEvent`: ``token | done | error | restart | loading``), each with a
 per-job ``seq`` that starts at 1 and grows by one; the WebSocket's own messages."""
 
 from __future__ import annotations
@@ -127,11 +127,28 @@ class RestartEvent(BaseModel):
     reason: str
 
 
-StreamEvent = Annotated[TokenEvent | DoneEvent | ErrorEvent | RestartEvent, Field(discriminator="type")]
+class LoadingEvent(BaseModel):
+    """The job was queued for a model that no worker holds awake, while workers that can wake it hold
+    it asleep: it waits in the queue until one of them has woken the model (docs/design.md, "Workers
+    that follow demand"). Written once, before any other event of the job; informational (nothing
+    to discard)."""
+
+    type: Literal["loading"] = "loading"
+    seq: int
+    model: str
+    expected_s: float | None = Field(default=None, description="Seconds until a worker is expected to have "
+                                     "the model awake, from those workers' recent wakes and what they hold now; "
+                                     "null: no estimate yet (the model was never woken on them).")
+    bound_s: float | None = Field(default=None, description="The longest such a wait should last: those workers' "
+                                  "INFERQ_SWAP_MAX_WAIT_S plus a wake (null: no estimate of a wake yet).")
+
+
+StreamEvent = Annotated[TokenEvent | DoneEvent | ErrorEvent | RestartEvent | LoadingEvent,
+                        Field(discriminator="type")]
 _EVENT = TypeAdapter(StreamEvent)
 
 
-def parse_event(data: str | bytes) -> TokenEvent | DoneEvent | ErrorEvent | RestartEvent:
+def parse_event(data: str | bytes) -> TokenEvent | DoneEvent | ErrorEvent | RestartEvent | LoadingEvent:
     """Decode one event from its JSON form."""
     return _EVENT.validate_json(data)
 

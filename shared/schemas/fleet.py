@@ -78,6 +78,66 @@ class WorkerInfo(BaseModel):
                              "'generate' (text), or pooling tasks such as 'embed' (INFERQ_RUNNER=pooling).")
     classes: ClassesInfo | None = Field(default=None, description="Its service classes (None: "
                                         "INFERQ_SERVICE_CLASSES off).")
+    swapper: str | None = Field(default=None, description="The multi-model worker this worker process serves "
+                                "one model of (INFERQ_MODELS); None: a worker of one model.")
+
+
+#: A model's state on a multi-model worker: ``cold`` (its engine not started yet), ``waking``,
+#: ``awake`` (its jobs are taken), ``sleeping`` (its running jobs end or go back) or ``asleep``.
+ModelState = Literal["cold", "waking", "awake", "sleeping", "asleep"]
+
+
+class SwapRecord(BaseModel):
+    """One swap of a multi-model worker: the model put to sleep, the one woken, and what each step took."""
+
+    from_model: str | None = Field(description="The model that was awake (None: none was).")
+    to_model: str
+    at: float = Field(description="Unix time the swap began.")
+    drain_s: float = Field(default=0.0, description="Waiting for the running jobs of the model going to sleep "
+                           "(up to INFERQ_SWAP_GRACE_S) and handing back the rest.")
+    sleep_s: float = Field(default=0.0, description="Putting its engine to sleep (or stopping it).")
+    wake_s: float = Field(default=0.0, description="Waking the other (or starting it: see cold).")
+    total_s: float = 0.0
+    cold: bool = Field(default=False, description="The model woken had never been started: its engine started.")
+    handed_back: int = Field(default=0, description="Jobs still running at the end of the grace, sent back to "
+                             "the queue.")
+    reason: str = Field(default="", description="Why the worker swapped (the policy's rule).")
+
+
+class ModelSlot(BaseModel):
+    """One model of a multi-model worker, as its heartbeat shows it."""
+
+    name: str
+    state: ModelState
+    worker: str | None = Field(default=None, description="The worker id of the process serving it (while it "
+                               "runs: awake, or asleep in sleep mode).")
+    info: WorkerInfo | None = Field(default=None, description="Its worker's description as of its last wake "
+                                    "(None: never started): gateways check requests against it while it sleeps.")
+    wake_s: float | None = Field(default=None, description="What waking it takes, from its last wakes (a start "
+                                 "while it is cold).")
+    eta_s: float | None = Field(default=None, description="How long a job for it queued now would wait for this "
+                                "worker to have it awake: the wake, after what the awake model may still hold "
+                                "the worker for (0 when awake; None: no estimate of a wake yet).")
+
+
+class SwapperInfo(BaseModel):
+    """What a multi-model worker publishes about itself every heartbeat (``inferq:swapper:{id}``)."""
+
+    id: str
+    host: str
+    pid: int
+    models: list[ModelSlot]
+    awake: str | None = Field(default=None, description="The model it holds awake (None: between two).")
+    awake_since: float | None = None
+    sleep_mode: bool = Field(description="Whether its models sleep in vLLM's sleep mode (else they are stopped).")
+    max_wait_s: float = Field(description="Its INFERQ_SWAP_MAX_WAIT_S.")
+    swaps: int = 0
+    recent: list[SwapRecord] = Field(default_factory=list, description="Its last swaps, the latest last.")
+    started_at: float
+    last_seen: float
+
+    def slot(self, model: str) -> ModelSlot | None:
+        return next((m for m in self.models if m.name == model), None)
 
 
 class AdapterInfo(BaseModel):

@@ -3,7 +3,7 @@
 The worker is built in layers, each importing only those below it (every import counts, also
 those inside functions and ``TYPE_CHECKING`` blocks, read from the source with ``ast``)::
 
-    entry (tasks, main, kombu patches and gate) ──▶ runtime ──▶ liveness ──▶ engine ──▶ base
+    entry (tasks, main, kombu patches and gate, multi) ──▶ runtime ──▶ liveness ──▶ engine ──▶ base
                                                └─────▶ jobs ──────▶ engine
 
 Liveness (heartbeat, reaper, hand-backs) works over the store and the view the runtime gives
@@ -29,7 +29,7 @@ LAYERS: dict[str, tuple[str, ...]] = {  # layer -> the modules (prefixes) in it
     "liveness": ("inferq.worker.liveness",),
     "runtime": ("inferq.worker.runtime",),
     "entry": ("inferq.worker.tasks", "inferq.worker.main", "inferq.worker.kombu_fix",
-              "inferq.worker.kombu_pipeline", "inferq.worker.kombu_gate"),
+              "inferq.worker.kombu_pipeline", "inferq.worker.kombu_gate", "inferq.worker.multi"),
 }
 MAY_IMPORT: dict[str, set[str]] = {  # layer -> the layers below it that it may import
     "base": set(),

@@ -25,6 +25,18 @@ def engine_dtype(settings: Settings, cpu: bool) -> str:
     native = any(getattr(torch.cpu, f"_is_{isa}_supported", lambda: False)() for isa in ("avx512_bf16", "amx_tile"))
     return "auto" if native else "float32"
 
+def uses_sleep_mode(settings: Settings) -> bool:
+    """Whether a multi-model worker's engines sleep in vLLM's sleep mode (level 1) rather than stop:
+    INFERQ_SLEEP_MODE, where 'auto' is the platform's answer (GPUs have it, vLLM's CPU build not)."""
+    if not settings.models or settings.sleep_mode == "off":
+        return False
+    if settings.sleep_mode == "on":
+        return True
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_sleep_mode_available())
+
+
 def kv_events_endpoint(settings: Settings) -> str | None:
     """Where the engine publishes its KV-cache events for cache-affine pull's index (an ``ipc://``
     socket private to this worker, named after its process), or None where the index is not fed by
@@ -75,5 +87,6 @@ def engine_args_for(settings: Settings, model_path: str, kv_events: str | None =
         structured_outputs_config=StructuredOutputsConfig(backend="xgrammar", disable_any_whitespace=True),
         kv_events_config=KVEventsConfig(enable_kv_cache_events=True, publisher="zmq", endpoint=kv_events)
         if kv_events else None,
+        enable_sleep_mode=uses_sleep_mode(s),
     )
 

@@ -13,6 +13,7 @@ import asyncio
 import concurrent.futures
 import inspect
 import logging
+import multiprocessing
 import threading
 import time
 from collections.abc import Coroutine
@@ -25,7 +26,7 @@ from inferq.shared import prompt_probe
 from inferq.shared.schemas import EngineStats
 from inferq.shared.settings import Settings
 from inferq.worker.engine.adapters import EngineAdapters
-from inferq.worker.engine.args import engine_args_for, kv_events_endpoint
+from inferq.worker.engine.args import engine_args_for, kv_events_endpoint, uses_sleep_mode
 from inferq.worker.engine.encode import encode_request
 from inferq.worker.engine.group import Frontend
 from inferq.worker.engine.models import resolve_model
@@ -87,6 +88,7 @@ class EngineHost:
         self.tasks: list[str] = []  # what the engine serves: "generate", or pooling tasks such as "embed"
         # where the engine publishes its KV-cache events (the group's EngineCore, for a frontend)
         self.kv_events = kv_events_endpoint(settings) if frontend is None else frontend.kv_events
+        self.sleep_mode = uses_sleep_mode(settings)  # a multi-model worker's engine sleeps (else it stops)
 
     def start(self) -> None:
         """Build the engine (blocks until it is ready to serve)."""
@@ -126,6 +128,33 @@ class EngineHost:
                               int(self.engine.model_config.get_vocab_size()))
         self.prompt_probe = prompt_probe.digests(partial(encode_request, self.tokenizer))
         self.tasks = sorted(await self.engine.get_supported_tasks())
+
+    async def sleep(self) -> float:
+        """Free the engine's memory until :meth:`wake` (a multi-model worker's model going to sleep; no
+        request may be running): vLLM's sleep mode, level 1 (weights to host memory, KV cache and
+        prefix cache dropped), or, without it, the engine stopped. Returns the seconds it took."""
+        t0 = time.monotonic()
+        if self.sleep_mode:
+            await self.engine.sleep(level=1)
+        elif self.engine is not None:
+            engine, self.engine = self.engine, None
+            engine.shutdown()
+            multiprocessing.active_children()  # reap its engine core (a stopped process stays a zombie)
+        log.info("engine asleep (%s) in %.2f s", "sleep mode" if self.sleep_mode else "stopped",
+                 time.monotonic() - t0)
+        return time.monotonic() - t0
+
+    async def wake(self) -> float:
+        """Bring the engine back after :meth:`sleep`: vLLM's wake-up, or a new engine started.
+        Returns the seconds it took."""
+        t0 = time.monotonic()
+        if self.sleep_mode:
+            await self.engine.wake_up()
+        elif self.engine is None:
+            await self._create()
+        log.info("engine awake (%s) in %.2f s", "sleep mode" if self.sleep_mode else "started",
+                 time.monotonic() - t0)
+        return time.monotonic() - t0
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run ``coro`` on the engine loop from another thread and wait for its result."""

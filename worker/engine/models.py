@@ -72,6 +72,26 @@ def tiny_embed_model_dir(settings: Settings) -> Path:
     return _built_once(settings.builtin_embed_model_dir, build)
 
 
+def tiny_variant_dir(settings: Settings, seed: int) -> Path:
+    """Another tiny model: the tiny model's tokenizer (linked) and architecture, its weights drawn
+    from ``seed`` (a second model for a multi-model worker's tests and benchmarks: it answers
+    differently). Built once (well under a second: no tokenizer to train), in cache_dir."""
+    base = tiny_model_dir(settings)
+
+    def build(out: Path) -> None:
+        import torch
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        for f in base.iterdir():
+            if f.name not in ("config.json", "model.safetensors", "generation_config.json"):
+                os.symlink(f, out / f.name)
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(LlamaConfig.from_pretrained(base)).to(torch.bfloat16)
+        model.save_pretrained(out, safe_serialization=True)
+
+    return _built_once(settings.cache_dir / "models" / f"inferq-tiny-{TINY_VERSION}-seed{seed}", build)
+
+
 def _built_once(target: Path, build: Callable[[Path], None]) -> Path:
     """``target``, built by ``build`` into a temporary folder moved in place, once (safe against
     concurrent builders)."""

@@ -30,7 +30,7 @@ from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 
 from inferq.shared import keys, lua
-from inferq.shared.redis import make_redis
+from inferq.shared.redis import make_redis, text_set
 from inferq.shared.schemas import WorkerInfo
 from inferq.shared.settings import Settings
 from inferq.worker.engine import tokenizer_files
@@ -71,6 +71,7 @@ class Heartbeat:
         self.reaped = 0  # times this worker found itself taken for dead
         self.last_ok: float | None = None  # monotonic time of the last beat Redis took
         self._registered = False
+        self.asleep = False  # a multi-model worker's model asleep: not in the model's live set, nothing held
         self._wake: asyncio.Event | None = None
         self._thread: LoopThread | None = None
         self._keep: AsyncScript | None = None
@@ -103,10 +104,34 @@ class Heartbeat:
         if self._thread is not None and self._wake is not None:
             self._thread.loop.call_soon_threadsafe(self._wake.set)
 
+    def set_asleep(self, asleep: bool) -> None:
+        """A multi-model worker's model goes to sleep (True: the worker, holding no job, leaves the
+        model's live set and beats without registering) or wakes (False: registered again at once).
+        From another thread; returns once done (on this loop, between two beats)."""
+        assert self._thread is not None, "heartbeat not started"
+        self._thread.run(self._set_asleep(asleep), self.settings.worker_ttl_s)
+
+    async def _set_asleep(self, asleep: bool) -> None:
+        assert self.redis is not None
+        self.asleep = asleep
+        if not asleep:
+            await self.beat()
+            return
+        wid = self.worker_id
+        listed = text_set(await self.redis.smembers(keys.worker_jobs(wid)))
+        await self._keep_jobs(listed, self.worker.claimed())  # what ended or went back leaves the set
+        if not await forget_worker(self.redis, self.settings.model_name, wid):
+            log.warning("asleep with jobs still listed as this worker's: the reaper takes them after a TTL")
+        await self.redis.delete(keys.worker(wid))
+        self._registered = False  # the next registration is a wake, not a return from the dead
+
     async def beat(self) -> None:
         """Write the worker's description and live-set scores; reconcile if it was reaped."""
         assert self.redis is not None
         s, wid = self.settings, self.worker_id
+        if self.asleep:  # not registered: only Redis' answer counts (this worker still judges others)
+            await self.redis.ping()
+            return
         info = self.worker.describe()
         async with self.redis.pipeline(transaction=False) as p:
             p.zscore(keys.workers(s.model_name), wid)
