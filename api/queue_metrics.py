@@ -38,7 +38,7 @@ class QueueSnapshot:
     now: float
     depth: dict[tuple[str, int], int] = field(default_factory=dict)  # (model, priority) -> jobs queued
     oldest: dict[str, float] = field(default_factory=dict)  # model -> oldest queued job's time
-    workers: dict[tuple[str, str], int] = field(default_factory=dict)  # (model, live|draining) -> n
+    workers: dict[tuple[str, str], int] = field(default_factory=dict)  # (model, live|draining|asleep) -> n
     running: dict[str, int] = field(default_factory=dict)  # model -> jobs its live workers hold
     stats: dict[str, int] = field(default_factory=dict)  # inferq:stats
     batches: int = 0  # batches not yet ended
@@ -60,7 +60,8 @@ async def snapshot(redis: Redis, default_model: str, ttl_s: float, window_s: flo
         async with redis.pipeline(transaction=False) as p:
             p.eval(lua.source("queue_oldest"), len(lists) + 1, *lists, keys.QUEUED, json.dumps(model), keys.job(""))
             p.zrangebyscore(keys.workers(model), now - ttl_s, "+inf")
-            oldest, wids = await p.execute()
+            p.zcount(keys.standby(model), now - ttl_s, "+inf")
+            oldest, wids, asleep = await p.execute()
         snap.depth.update({(model, prio): n for prio, n in zip(keys.PRIORITIES, lengths, strict=True)})
         if oldest is not None:
             snap.oldest[model] = float(oldest)
@@ -68,6 +69,8 @@ async def snapshot(redis: Redis, default_model: str, ttl_s: float, window_s: flo
             if wids else []
         snap.workers[(model, "live")] = sum(not w.draining for w in infos)
         snap.workers[(model, "draining")] = sum(w.draining for w in infos)
+        if asleep:  # multi-model workers holding it asleep (worker/multi)
+            snap.workers[(model, "asleep")] = int(asleep)
         running = await _running(redis, wids)
         snap.running[model] = len(running)
         await _tenants(redis, snap, model, lists, running)
@@ -143,8 +146,8 @@ class QueueCollector(Collector):
             jobs.add_metric([model, "queued"], sum(n for (m, _), n in s.depth.items() if m == model))
             jobs.add_metric([model, "running"], s.running.get(model, 0))
         yield jobs
-        workers = GaugeMetricFamily("inferq_workers", "Workers heartbeating, live or draining.",
-                                    labels=["model", "state"])
+        workers = GaugeMetricFamily("inferq_workers", "Workers heartbeating, live (awake) or draining, and "
+                                    "multi-model workers holding the model asleep (asleep).", labels=["model", "state"])
         for (model, state), n in s.workers.items():
             workers.add_metric([model, state], n)
         yield workers

@@ -144,6 +144,11 @@
         appendOutput(ev.text);
         if (state.jobs.get(state.jobId).status === "queued") updateJob(state.jobId, { status: "running" });
         break;
+      case "loading": // no worker holds the model awake: the job waits for one to wake it
+        setStatus("loading");
+        clearOutput(`[model ${ev.model} is asleep: waiting for a worker to wake it` +
+          (ev.expected_s === null || ev.expected_s === undefined ? "]" : `, about ${ev.expected_s} s]`));
+        break;
       case "restart": // the attempt was lost; the job runs again from the start
         state.tokens = 0;
         clearOutput("");
@@ -311,13 +316,36 @@
           el("span", {}, "queued ", el("b", { class: "queued" }, m.queued), age),
           el("span", {}, "running ", el("b", { class: "running" }, m.running)),
           el("span", {}, "workers ", el("b", { class: "live" }, m.workers),
-            m.draining ? ` (+${m.draining} draining)` : "")),
+            m.draining ? ` (+${m.draining} draining)` : ""),
+          el("span", { title: "multi-model workers holding the model asleep" },
+            "asleep ", el("b", { class: "asleep" }, m.asleep || 0))),
         loads("classes", "by service class: queued / running", m.classes || {}),
         loads("tenants", "by tenant (fair share): queued / running", m.tenants || {}),
         prio);
     });
     $("queue").replaceChildren(...blocks);
     $("updated").textContent = "updated " + new Date(q.at * 1000).toLocaleTimeString();
+    renderSwappers(q.swappers || []);
+  }
+
+  // the multi-model workers: each model's state on them, and their last swap with what it took
+  function renderSwappers(list) {
+    const rows = list.map((w) => {
+      const last = w.recent.length ? w.recent[w.recent.length - 1] : null;
+      const swap = last ? `${last.from_model || "—"} → ${last.to_model}: ${last.total_s.toFixed(2)} s ` +
+        `(drain ${last.drain_s.toFixed(2)}, sleep ${last.sleep_s.toFixed(2)}, ` +
+        `${last.cold ? "start" : "wake"} ${last.wake_s.toFixed(2)})` : "—";
+      return el("tr", { "data-swapper-id": w.id },
+        el("td", { class: "id", title: w.id }, w.id),
+        el("td", { class: "awake" }, w.awake || "—"),
+        el("td", { class: "models" }, ...w.models.map((m) =>
+          el("span", { class: "model-state " + m.state, "data-model": m.name,
+            title: m.wake_s === null ? "never woken here" : `a wake takes ~${m.wake_s.toFixed(2)} s` },
+          `${m.name}: ${m.state} `))),
+        el("td", { class: "swaps" }, w.swaps),
+        el("td", { class: "last-swap" }, swap));
+    });
+    $("swappers").tBodies[0].replaceChildren(...rows);
   }
 
   // what a worker holds by class, and its gate: "interactive 3 · batch 5 (limit 8 of 8 +2)"

@@ -19,6 +19,12 @@ class ModelCard(BaseModel):
     max_model_len: int | None = Field(default=None, description="The context window, as vLLM's server "
                                       "reports it (tokens, prompt and output together).")
     parent: str | None = Field(default=None, description="A LoRA adapter's base model; None for a model.")
+    state: Literal["awake", "asleep", "offline"] | None = Field(
+        default=None, description="A model's state in the fleet: awake (a worker takes its jobs now), asleep "
+        "(multi-model workers hold it asleep: a job waits for a wake, its first event says how long) or offline "
+        "(one of INFERQ_MODELS with no worker running: a job waits for one to start). None for an adapter.")
+    awake_workers: int | None = Field(default=None, description="Workers holding the model awake.")
+    asleep_workers: int | None = Field(default=None, description="Multi-model workers holding it asleep.")
 
 
 class ModelList(BaseModel):

@@ -15,7 +15,10 @@ from pydantic import BaseModel, Field
 
 from inferq.api import queue_metrics
 from inferq.api.deps import Caller, Service
+from inferq.api.standby import swappers
 from inferq.shared import keys
+from inferq.shared.redis import texts
+from inferq.shared.schemas import SwapperInfo
 
 router = APIRouter()
 CONSOLE_DIR = Path(__file__).resolve().parent.parent / "console"
@@ -62,6 +65,8 @@ class ModelQueue(BaseModel):
                                        "null when none waits.")
     workers: int = Field(description="Live workers (not draining).")
     draining: int = Field(description="Workers finishing their jobs before they stop.")
+    asleep: int = Field(default=0, description="Multi-model workers holding the model asleep (a job waits for "
+                        "one of them to wake it).")
     classes: dict[str, Load] = Field(default_factory=dict, description="Each service class's jobs: queued "
                                      "(batch: the batch lane's) and held by live workers.")
     tenants: dict[str, Load] = Field(default_factory=dict, description="Each tenant's jobs queued and running "
@@ -73,6 +78,8 @@ class QueueView(BaseModel):
 
     at: float = Field(description="Unix time Redis was read.")
     models: list[ModelQueue]
+    swappers: list[SwapperInfo] = Field(default_factory=list, description="The multi-model workers: each "
+                                        "model's state on them and their recent swaps.")
 
 
 def queue_view(snap: queue_metrics.QueueSnapshot) -> QueueView:
@@ -84,6 +91,7 @@ def queue_view(snap: queue_metrics.QueueSnapshot) -> QueueView:
             model=model, queued=sum(depth.values()), running=snap.running.get(model, 0), by_priority=depth,
             oldest_age_s=None if oldest is None else max(0.0, snap.now - oldest),
             workers=snap.workers.get((model, "live"), 0), draining=snap.workers.get((model, "draining"), 0),
+            asleep=snap.workers.get((model, "asleep"), 0),
             classes=_loads(snap.classes, model), tenants=_loads(snap.tenants, model)))
     return QueueView(at=snap.now, models=models)
 
@@ -101,7 +109,11 @@ def _loads(counts: dict[tuple[str, str, str], int], model: str) -> dict[str, Loa
 async def queue(service: Service, _: Caller) -> QueueView:
     """Queued and running jobs of the default model and of every model served lately, the depth of
     each priority, and each service class's and tenant's jobs: what ``/metrics`` exports as
-    ``inferq_queue_jobs``, ``inferq_jobs``, ``inferq_class_jobs`` and ``inferq_tenant_jobs``."""
+    ``inferq_queue_jobs``, ``inferq_jobs``, ``inferq_class_jobs`` and ``inferq_tenant_jobs``; and the
+    multi-model workers, with their models' states and recent swaps."""
     s = service.settings
-    return queue_view(await queue_metrics.snapshot(service.redis, s.model_name, s.worker_ttl_s, s.job_ttl_s,
+    view = queue_view(await queue_metrics.snapshot(service.redis, s.model_name, s.worker_ttl_s, s.job_ttl_s,
                                                    s.batch_priority))
+    ids = texts(await service.redis.zrangebyscore(keys.SWAPPERS, view.at - s.worker_ttl_s, "+inf"))
+    view.swappers = sorted(await swappers(service.redis, ids), key=lambda w: w.id)
+    return view

@@ -6,7 +6,7 @@ import logging
 
 from fastapi import APIRouter, Response
 
-from inferq.api import metrics, queue_metrics
+from inferq.api import metrics, queue_metrics, swap_metrics
 from inferq.api.deps import Service
 
 router = APIRouter(tags=["health"])
@@ -23,7 +23,7 @@ async def prometheus_metrics(service: Service) -> Response:
     s = service.settings
     try:
         snap = await queue_metrics.snapshot(service.redis, s.model_name, s.worker_ttl_s, s.job_ttl_s, s.batch_priority)
-        extra = queue_metrics.exposition(snap) + _REDIS_UP
+        extra = queue_metrics.exposition(snap) + await swap_metrics.exposition(service.redis) + _REDIS_UP
     except Exception as e:  # a scrape must still say something: that the queue could not be read
         log.warning("queue metrics unavailable: %s", e)
         extra = _REDIS_DOWN

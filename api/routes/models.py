@@ -1,9 +1,11 @@
-"""``/v1/models``: the models live workers serve and the LoRA adapters on them, as OpenAI and vLLM
-list them; vLLM's ``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter`` (api/adapters.py)."""
+"""``/v1/models``: the models the fleet serves, awake or asleep (multi-model workers), and the LoRA
+adapters on them, as OpenAI and vLLM list them (with each model's state); vLLM's
+``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter`` (api/adapters.py)."""
 
 from __future__ import annotations
 
 import time
+from typing import Literal
 
 from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse
@@ -18,9 +20,15 @@ from inferq.shared.schemas import AdapterInfo
 router = APIRouter(prefix="/v1", tags=["openai"])
 
 
+async def _servable(service: JobService) -> list[str]:
+    """The models the fleet can serve: those workers serve or hold asleep, and INFERQ_MODELS' (a fleet
+    scaled to zero serves them once a worker starts)."""
+    return sorted({*await service.live_models(), *(m.name for m in service.settings.models)})
+
+
 @router.get("/models", response_model=ModelList)
 async def list_models(service: Service, _: Caller) -> ModelList:
-    now, live = int(time.time()), sorted(await service.live_models())
+    now, live = int(time.time()), await _servable(service)
     cards = [await _card(service, m, now) for m in live]
     adapters = [_adapter_card(a, cards) for a in await service.adapters.all() if a.parent in live]
     return ModelList(data=cards + adapters)
@@ -28,7 +36,7 @@ async def list_models(service: Service, _: Caller) -> ModelList:
 
 @router.get("/models/{model:path}", response_model=ModelCard)
 async def get_model(model: str, service: Service, _: Caller) -> ModelCard:
-    now, live = int(time.time()), await service.live_models()
+    now, live = int(time.time()), await _servable(service)
     if model in live:
         return await _card(service, model, now)
     adapter = await service.adapters.get(model)
@@ -61,9 +69,14 @@ def _runtime_updates(allowed: bool) -> None:
 
 
 async def _card(service: JobService, model: str, now: int) -> ModelCard:
-    """A model's card, with the context window its live workers report (as vLLM's server does)."""
+    """A model's card, with the context window its live workers report (as vLLM's server does; a
+    model asleep: as its workers last reported it awake) and its state."""
     workers = await service.live_workers(model)
-    return ModelCard(id=model, created=now, max_model_len=max((w.max_model_len for w in workers), default=None))
+    asleep = await service.standby.get(model) if not workers else None
+    lens = [w.max_model_len for w in workers] or ([asleep.info.max_model_len] if asleep and asleep.info else [])
+    state: Literal["awake", "asleep", "offline"] = "awake" if workers else "asleep" if asleep is not None else "offline"
+    return ModelCard(id=model, created=now, max_model_len=max(lens, default=None), state=state,
+                     awake_workers=len(workers), asleep_workers=asleep.holders if asleep is not None else 0)
 
 
 def _adapter_card(adapter: AdapterInfo, cards: list[ModelCard]) -> ModelCard:

@@ -224,6 +224,8 @@ NULL_MATTERS = ("finish_reason", "logprobs")
 _ROOT = "the model's (or adapter's) path on the worker's disk is not shown to clients"
 _ADAPTER_LEN = "an adapter's card carries its base model's context window"
 _PERMISSION = "a legacy OpenAI object that OpenAI itself no longer sends"
+_STATE = ("a model's state in the fleet and its awake and asleep workers (multi-model workers hold models asleep); "
+          "null on an adapter's card")
 _REFUSED_FIRST = ("refused before the stream starts (400 and the error body, as a request vLLM's renderer "
                   "refuses), where vLLM's engine refuses it after its stream started (200, then an error "
                   "payload): the same error, told as an HTTP error")
@@ -242,6 +244,8 @@ INTENDED: dict[tuple[str, str], str] = {
     # the model, then its two LoRA adapters
     **{("models", f"shape .data[{i}].root"): _ROOT for i in range(3)},
     **{("models", f"shape .data[{i}].max_model_len"): _ADAPTER_LEN for i in (1, 2)},
+    **{("models", f"shape .data[{i}].{f}"): _STATE for i in range(3)
+       for f in ("state", "awake_workers", "asleep_workers")},
     **{("models", f"shape .data[{i}].permission{p}"): _PERMISSION for i in range(3) for p in (
         "", "[0]", "[0].allow_create_engine", "[0].allow_fine_tuning", "[0].allow_logprobs", "[0].allow_sampling",
         "[0].allow_search_indices", "[0].allow_view", "[0].is_blocking", "[0].object", "[0].organization")},

@@ -54,6 +54,10 @@ class ModelProc:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.is_alive()
 
+    @property
+    def exitcode(self) -> int | None:
+        return self.proc.exitcode if self.proc is not None else None
+
     def died(self) -> bool:
         """Started, and exited since."""
         return self.proc is not None and not self.proc.is_alive()

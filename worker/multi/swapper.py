@@ -107,7 +107,7 @@ class Swapper:
         return time.monotonic() - self.awake_since if self.awake is not None else 0.0
 
     def _died(self, m: ModelProc) -> int:
-        code = m.proc.exitcode if m.proc is not None else None
+        code = m.exitcode
         log.critical("the process of model %r exited (code %s): stopping this worker", m.name, code)
         return code or 1
 
@@ -129,7 +129,7 @@ class Swapper:
                 rec.drain_s, rec.sleep_s = napped["drain_s"], napped["sleep_s"]
                 rec.handed_back = napped["handed_back"]
             t1 = time.monotonic()
-            await (to.start(START_TIMEOUT_S) if to.proc is None else to.wake(START_TIMEOUT_S))
+            await (to.start(START_TIMEOUT_S) if to.state == "cold" else to.wake(START_TIMEOUT_S))
             rec.wake_s = time.monotonic() - t1
             self.awake, self.awake_since = to, time.monotonic()
         finally:

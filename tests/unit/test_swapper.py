@@ -1,0 +1,105 @@
+"""A multi-model worker's supervisor (worker/multi/swapper.py) over fake model processes and a Redis of
+its own: what its heartbeat publishes (standby sets, its description), a swap's order and records,
+the claim that keeps two workers from waking one model, and its exit when a model's process dies."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from inferq.shared import keys
+from inferq.shared.schemas import SwapperInfo, WorkerInfo
+from inferq.shared.settings import Settings
+from inferq.worker.multi import policy
+from inferq.worker.multi.procs import ModelProc
+from inferq.worker.multi.swapper import Swapper
+
+CALLS: list[str] = []
+
+
+class FakeProc(ModelProc):
+    """A model's process that answers at once (no process, no engine)."""
+
+    exitcode: int | None = None
+    started = False
+
+    async def start(self, timeout_s: float) -> float:
+        CALLS.append(f"start {self.name}")
+        self.started, self.state, self.started_s = True, "awake", 2.0
+        now = time.time()
+        self.info = WorkerInfo(id=self.worker_id, model=self.name, host="h", pid=1, max_model_len=64, max_num_seqs=4,
+                               started_at=now, last_seen=now)
+        return 2.0
+
+    async def sleep(self, grace_s: float, timeout_s: float) -> dict[str, Any]:
+        CALLS.append(f"sleep {self.name}")
+        self.state = "asleep"
+        return {"drain_s": 0.1, "sleep_s": 0.2, "handed_back": 1}
+
+    async def wake(self, timeout_s: float) -> float:
+        CALLS.append(f"wake {self.name}")
+        self.state = "awake"
+        self.wakes.append(0.3)
+        return 0.3
+
+    def alive(self) -> bool:
+        return self.started
+
+    def died(self) -> bool:
+        return self.exitcode is not None
+
+
+def swapper(url: str, wid: str, **extra: Any) -> Swapper:
+    s = Settings(redis_url=url, worker_id=wid, models=[{"name": "ma"}, {"name": "mb"}],  # type: ignore[list-item]
+                 sleep_mode="off", heartbeat_s=0.1, swap_check_s=0.05, **extra)
+    sw = Swapper(s, "INFO", lambda *_: None)
+    sw.models = [FakeProc(m.spec, m.worker_id, m.swapper_id, 0, m.main, "INFO") for m in sw.models]
+    sw.by_name = {m.name: m for m in sw.models}
+    return sw
+
+
+async def test_a_swap_sleeps_then_wakes_and_the_heartbeat_holds_the_rest_in_standby(r, own_redis) -> None:
+    sw = swapper(own_redis, "sw-a")
+    sw.redis = r
+    CALLS.clear()
+    await sw.beat()  # before anything is awake: both models can be woken here
+    assert set(await r.zrange(keys.standby("ma"), 0, -1)) == {"sw-a"} == set(await r.zrange(keys.standby("mb"), 0, -1))
+    assert {"ma", "mb"} <= set(await r.zrange(keys.MODELS, 0, -1))
+
+    await sw._swap(policy.Swap("ma", "start"))
+    await sw._swap(policy.Swap("mb", "idle"))
+    await sw._swap(policy.Swap("ma", "idle"))
+    assert CALLS == ["start ma", "sleep ma", "start mb", "sleep mb", "wake ma"]
+    assert sw.awake is not None and sw.awake.name == "ma" and not await r.exists(keys.waking("ma"))
+    await sw.beat()
+    assert await r.zrange(keys.standby("ma"), 0, -1) == [] and await r.zrange(keys.standby("mb"), 0, -1) == ["sw-a"]
+    info = SwapperInfo.model_validate_json(await r.get(keys.swapper("sw-a")))
+    assert info.awake == "ma" and info.swaps == 3 and [s.to_model for s in info.recent] == ["ma", "mb", "ma"]
+    assert [s.cold for s in info.recent] == [True, True, False] and info.recent[-1].handed_back == 1
+    slot = info.slot("mb")
+    assert slot is not None and slot.state == "asleep" and slot.info is not None and slot.eta_s == 2.0
+    stats = await r.hgetall(keys.SWAP_STATS)
+    assert stats["cold|ma"] == "1" and stats["cold|mb"] == "1" and stats["n|ma"] == "1"
+    assert stats["le|ma|120"] == "1"
+
+
+async def test_only_one_worker_wakes_a_model_at_a_time(r, own_redis) -> None:
+    a, b = swapper(own_redis, "sw-1"), swapper(own_redis, "sw-2")
+    a.redis = b.redis = r
+    await r.set(keys.waking("mb"), "sw-1", px=5000)  # sw-1 is waking it
+    CALLS.clear()
+    await b._swap(policy.Swap("mb", "waiting"))
+    assert CALLS == [] and b.awake is None
+    got = await __import__("inferq.worker.multi.demand", fromlist=["read"]).read(
+        r, {"ma": "sw-2.ma", "mb": "sw-2.mb"}, 5.0, "sw-2")
+    assert got["mb"].awake_elsewhere == 1, "a model being woken counts as served"
+
+
+async def test_the_worker_stops_when_a_model_process_dies(own_redis) -> None:
+    sw = swapper(own_redis, "sw-d")
+    run = asyncio.create_task(sw.run())
+    await asyncio.sleep(0.5)
+    assert sw.awake is not None and sw.awake.name == "ma"  # started: the first model, nothing queued
+    sw.by_name["ma"].exitcode = 4  # type: ignore[attr-defined]
+    assert await asyncio.wait_for(run, 30) == 4
