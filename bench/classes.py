@@ -11,7 +11,8 @@ lines at the interactive priority: everything one class). Capacity is the rate t
 answered at with nothing else running (output tokens/s), measured on the first fleet; the
 interactive rate is ``load x capacity / output_len`` for every fleet. Per run: interactive TTFT and
 ITL p50/p99 (vLLM's figures), the batch's output tokens/s over the interactive run, and the share
-of the capacity interactive work left idle that batch used. On ``classes`` the batch then runs to
+of the capacity interactive work left idle that batch used (against the capacity measured last:
+``--capacity`` measures it again, on a quieter host, keeping the rate). On ``classes`` the batch then runs to
 its end and is audited: every line answered once, with all its tokens.
 
 **Tenants.** Two keys of equal weight run closed loops (``vllm bench serve``); ``heavy`` asks
@@ -194,7 +195,7 @@ def run_stack(cfg: ClassesConfig, stack: str, out: Path, ctx: dict[str, Any]) ->
             else:
                 if "capacity" not in ctx:
                     ctx["capacity"] = capacity(http, cfg, ctx["model"])
-                    ctx["rate"] = cfg.load * ctx["capacity"] / cfg.output_len
+                    ctx.setdefault("rate", cfg.load * ctx["capacity"] / cfg.output_len)  # kept when re-measured
                     print(f"capacity {ctx['capacity']:.0f} output tok/s: interactive at {ctx['rate']:.2f} req/s",
                           flush=True)
                 runs = [classes_run(http, cfg, stack, ctx, k, out) for k in range(cfg.repeats)]
@@ -213,8 +214,10 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
             pick = {f"{part}_{k}": [r[part][k] for r in runs if r[part].get(k) is not None]
                     for part in ("alone", "mixed") for k in ("median_ttft_ms", "p99_ttft_ms", "median_itl_ms",
                                                             "p99_itl_ms", "output_throughput")}
+            cap = result.get("capacity_tok_s") or 0.0  # the last measured: a later --capacity call re-measures it
             pick.update(batch_tok_s=[r["batch_tok_s"] for r in runs],
-                        idle_used=[r["idle_used"] for r in runs if r["idle_used"] is not None])
+                        idle_used=[r["batch_tok_s"] / (cap - r["mixed"]["output_throughput"]) for r in runs
+                                   if cap > (r["mixed"]["output_throughput"] or 0.0)])
             s: dict[str, Any] = {k: spread(v) for k, v in pick.items()}
             s["batch_audits"] = [r["batch"] for r in runs]
         else:
@@ -277,10 +280,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("config", type=Path)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--only", nargs="+", choices=list(STACKS), help="run only these fleets (results are added)")
-    ap.add_argument("--table", action="store_true", help="print the page's tables from OUT/summary.json, run nothing")
+    ap.add_argument("--capacity", action="store_true", help="measure the capacity again (on this call's first "
+                    "fleet of the classes part), keeping the interactive rate of the runs before")
+    ap.add_argument("--table", action="store_true", help="print the page's tables from OUT/classes.json (and write "
+                    "its summary), run nothing")
     a = ap.parse_args(argv)
-    if a.table:
-        print(table(json.loads((a.out / "summary.json").read_text())), end="")
+    if a.table:  # (the summary made again from the runs: summarize may be newer than the run)
+        summary = summarize(json.loads((a.out / "classes.json").read_text()))
+        (a.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+        print(table(summary), end="")
         return 0
     cfg = load_config(a.config)
     a.out.mkdir(parents=True, exist_ok=True)
@@ -291,6 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     ctx: dict[str, Any] = {}
     if "capacity_tok_s" in result:
         ctx = {"capacity": result["capacity_tok_s"], "rate": result["rate_rps"]}
+        if a.capacity:  # measured again on this call's first fleet; the interactive rate stays
+            del ctx["capacity"]
     for stack in a.only or cfg.stacks:
         result["stacks"][stack] = run_stack(cfg, stack, a.out, ctx)
         if "capacity" in ctx:
