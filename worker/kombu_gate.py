@@ -35,12 +35,20 @@ class Gate(Protocol):
 
 
 _gate: Gate | None = None
+_qos: Any = None  # the consuming channel's QoS, as the last BRPOP saw it
 
 
 def use(gate: Gate | None) -> None:
     """The gate this process's consumer asks (None: every list, as kombu pops them)."""
     global _gate
     _gate = gate
+
+
+def delivered() -> int:
+    """Messages this process's consumer holds now (delivered, not acked; 0 before its first BRPOP):
+    a job taken counts from its delivery, before its thread has started it."""
+    qos = _qos
+    return 0 if qos is None else max(0, len(qos._delivered) - len(qos._dirty))
 
 
 def priority_of(message: Any) -> int:
@@ -61,7 +69,8 @@ def held(qos: Any, lane: int) -> tuple[int, int]:
 
 def _gated(original: Callable[..., Any]) -> Callable[..., Any]:
     def _brpop_start(self: Any, timeout: float | None = None) -> Any:
-        gate = _gate
+        global _qos
+        gate, _qos = _gate, self.qos
         if gate is None or gate.lane_open(*held(self.qos, gate.lane)):
             return original(self, timeout)
         steps = self.priority_steps

@@ -139,3 +139,14 @@ async def test_a_preempted_job_is_queued_again_whatever_its_attempts(r: redis.as
     assert await store.requeue(rec.id, "w", 4, "worker_lost", max_attempts=2) == "requeued"  # 1 of 2 counted
     await store.claim(rec.id, "w")
     assert await store.requeue(rec.id, "w", 5, "worker_lost", max_attempts=2) == "failed"
+
+
+async def test_a_job_delivered_and_not_yet_started_holds_its_slot(r: redis.asyncio.Redis) -> None:
+    """The consumer took a job whose thread has not started it: the worker is full all the same."""
+    m = model()
+    w = Worker(r, m)
+    w.hold("heavy", n=3)
+    await waiting(r, m, "light")
+    assert await w.room.check() == 0  # 3 of 4 held: a free slot
+    w.classes.delivered = lambda: 4  # the fourth delivered
+    assert await w.room.check() == 1 and len(w.given) == 1

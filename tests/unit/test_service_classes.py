@@ -132,3 +132,13 @@ def test_a_worker_of_a_group_gets_its_share_of_the_reserve() -> None:
     c = ServiceClasses.of(s, slots=4, frontends=2)
     assert c is not None and (c.slots, c.reserve, c.lane) == (4, 2, s.batch_priority)
     assert ServiceClasses.of(Settings(service_classes=False), 4, 1) is None
+
+
+def test_the_gate_counts_what_the_consumer_holds_from_its_delivery() -> None:
+    ch = channel(5, LANE, LANE, acked=1)
+    popped(ch, classes())
+    try:
+        assert kombu_gate.delivered() == 2
+    finally:
+        kombu_gate._qos = None
+    assert kombu_gate.delivered() == 0

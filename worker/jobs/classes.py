@@ -24,7 +24,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -131,6 +131,9 @@ class ServiceClasses:
         self.slots, self.reserve, self.lane, self.limit = slots, reserve, lane, limit
         self._running: Counter[tuple[str, str]] = Counter()  # (class, tenant) -> jobs held
         self._held: dict[str, Held] = {}  # job id -> what it is, since when (the latest taking of it)
+        #: messages the consumer holds, counted from their delivery (worker/kombu_gate.py: set by the
+        #: entry); a job's thread counts it in :meth:`holding` a moment later
+        self.delivered: Callable[[], int] = lambda: 0
         self._lock = threading.Lock()
 
     def lane_open(self, held: int, lane_held: int) -> bool:

@@ -101,8 +101,8 @@ class Room:
         """Hand back what the tenants waiting below their share need (when every slot is held);
         the number of jobs handed back."""
         held, total = self.classes.held(), self.classes.slots + self.classes.reserve
-        if len(held) < total:  # a free slot: the queue gives it to the tenant served least
-            return 0
+        if max(len(held), self.classes.delivered()) < total:  # a free slot: the queue gives it to the least served
+            return 0  # (a job delivered counts at once: its thread has not started it yet)
         waiting = await self._waiting()
         if not waiting:
             return 0
