@@ -17,7 +17,8 @@ its end and is audited: every line answered once, with all its tokens.
 
 **Tenants.** Two keys of equal weight run closed loops (``vllm bench serve``); ``heavy`` asks
 ``heavy_factor`` times the output tokens per request. Fleets: ``fair`` (the defaults) and
-``tenants-fifo`` (fair share and running-slot fair share off). Per repeat: both backlogged
+``tenants-fifo`` (fair share and running-slot fair share off) and ``tenants-queue`` (fair share in the
+queue only, running-slot fair share off: as before). Per repeat: both backlogged
 (``tenant_concurrency`` clients each): each tenant's output tokens in every ``window_s`` window
 (sliding by ``step_s``) while both run, the largest weighted service ratio of any window, the total
 output tokens/s; then the heavy one backlogged beside the light one with ``light_concurrency``
@@ -52,7 +53,9 @@ STACKS = {  # name -> environment over the config's (every worker and the gatewa
     "fifo": {"INFERQ_SERVICE_CLASSES": "false", "INFERQ_FAIR_SHARE": "false", "INFERQ_BATCH_PRIORITY": "5"},
     "fair": {},
     "tenants-fifo": {"INFERQ_FAIR_SHARE": "false", "INFERQ_RUNNING_FAIR_SHARE": "false"},
+    "tenants-queue": {"INFERQ_RUNNING_FAIR_SHARE": "false"},  # fair share in the queue only, as before
 }
+TENANT_STACKS = ("fair", "tenants-fifo", "tenants-queue")
 TENANT_KEYS = {"heavy": "bench-key-heavy", "light": "bench-key-light"}
 
 
@@ -171,7 +174,7 @@ def ttft_p90_while(req: dict[str, Any], other: dict[str, Any] | None) -> float |
 
 def run_stack(cfg: ClassesConfig, stack: str, out: Path, ctx: dict[str, Any]) -> dict[str, Any]:
     env = {**cfg.env, **STACKS[stack]}
-    if stack in ("fair", "tenants-fifo"):
+    if stack in TENANT_STACKS:
         keys_file = out / "keys.txt"
         keys_file.write_text("".join(f"{k} {t} tenant={t}\n" for t, k in TENANT_KEYS.items()))
         env["INFERQ_API_KEYS_FILE"] = str(keys_file)
@@ -190,7 +193,7 @@ def run_stack(cfg: ClassesConfig, stack: str, out: Path, ctx: dict[str, Any]) ->
             key = TENANT_KEYS["light"] if headers else None  # the first requests of a fleet pay for its start-up
             run_client(Load(cfg.input_len, cfg.output_len, cfg.warmup, concurrency=cfg.max_num_seqs), ctx["base"],
                        ctx["model"], ctx["tokenizer"], 999_999, out, f"{stack}-warmup", key)
-            if stack in ("fair", "tenants-fifo"):
+            if stack in TENANT_STACKS:
                 runs = [tenants_run(cfg, stack, ctx, k, out) for k in range(cfg.repeats)]
             else:
                 if "capacity" not in ctx:
@@ -266,7 +269,7 @@ def table(summary: dict[str, Any]) -> str:
                      f"{_fmt(s['batch_tok_s'])} | {idle} |")
     lines += ["", "| fleet | service ratio, worst 60 s window (both backlogged) | total out tok/s | light TTFT p90 "
               "beside the heavy backlog / alone ms |", "| --- | --- | --- | --- |"]
-    for name in ("fair", "tenants-fifo"):
+    for name in TENANT_STACKS:
         s = st.get(name)
         if s:
             solo = f" / {_fmt(s['light_solo_p90_ttft_ms'])}" if s.get("light_solo_p90_ttft_ms") else ""
