@@ -150,3 +150,12 @@ async def test_a_job_delivered_and_not_yet_started_holds_its_slot(r: redis.async
     assert await w.room.check() == 0  # 3 of 4 held: a free slot
     w.classes.delivered = lambda: 4  # the fourth delivered
     assert await w.room.check() == 1 and len(w.given) == 1
+
+
+async def test_each_job_queued_below_the_share_gets_a_room_in_one_check(r: redis.asyncio.Redis) -> None:
+    """Equal weights, 4 slots: the light tenant with 3 queued and none running gets 2 (its share)."""
+    m = model()
+    w = Worker(r, m)
+    w.hold("heavy", n=4)
+    await waiting(r, m, "light", n=3)
+    assert await w.room.check() == 2 and len(w.given) == 2

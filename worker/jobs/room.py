@@ -111,19 +111,24 @@ class Room:
         share = shares(active, await self._weights(active), total)
         handed = 0
         for tenant in needy(waiting, counts, share):
-            job = victim(held, self.attempts(), counts, share)
-            if job is None or not await self._room_for(tenant, waiting[tenant]):
-                continue
-            log.info("job %s (%s, tenant %s) handed back: tenant %s waits below its share of this worker's %d slots",
-                     job.job_id, job.service_class, job.tenant, tenant, total, extra={"job_id": job.job_id})
-            await self.give_back(job.job_id, self.attempts().get(job.job_id, 0))
-            held = [h for h in held if h.job_id != job.job_id]
-            if job.service_class == "interactive":
-                counts[job.tenant] -= 1
-            counts[tenant] += 1  # the slot is its next job's
-            handed += 1
+            for _ in range(waiting[tenant]):  # a room for each of its jobs queued, up to its share
+                job = victim(held, self.attempts(), counts, share)
+                if counts[tenant] + 1 > share[tenant] + 1e-9 or job is None \
+                        or not await self._room_for(tenant, waiting[tenant]):
+                    break
+                await self._give(job, tenant, total)
+                held = [h for h in held if h.job_id != job.job_id]
+                if job.service_class == "interactive":
+                    counts[job.tenant] -= 1
+                counts[tenant] += 1  # the slot is its next job's
+                handed += 1
         self.handed_back += handed
         return handed
+
+    async def _give(self, job: Held, tenant: str, total: int) -> None:
+        log.info("job %s (%s, tenant %s) handed back: tenant %s waits below its share of this worker's %d slots",
+                 job.job_id, job.service_class, job.tenant, tenant, total, extra={"job_id": job.job_id})
+        await self.give_back(job.job_id, self.attempts().get(job.job_id, 0))
 
     async def _waiting(self) -> dict[str, int]:
         """Tenant -> its interactive jobs queued on the model's queue (fair share's counts)."""
