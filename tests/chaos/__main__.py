@@ -7,7 +7,8 @@ docs/reliability.md (between its ``chaos:begin``/``chaos:end`` marks) and as JSO
 
 The failover scenarios (tests/chaos/failover.py) each start a fleet of their own (a master, a
 replica, three Sentinels, two gateways, two workers), after the shared fleet has stopped; so does
-``fairness`` (tests/chaos/fairness.py: four keys of a keys file, two workers).
+``fairness`` (tests/chaos/fairness.py: four keys of a keys file, two workers) and ``swap_kill_*``
+(tests/chaos/swap.py: a multi-model worker killed in the middle of a swap).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.chaos import bookkeeping, caches, failover, fairness, scenarios, slowloris
+from tests.chaos import bookkeeping, caches, failover, fairness, scenarios, slowloris, swap
 from tests.chaos.client import Client
 from tests.fleet import Fleet
 
@@ -30,8 +31,9 @@ KEYS = ("chaos-key-a", "chaos-key-b")
 TIMINGS = {"INFERQ_HEARTBEAT_S": "0.5", "INFERQ_WORKER_TTL_S": "3", "INFERQ_MAX_NUM_SEQS": "32",
            "INFERQ_API_KEYS": ",".join(KEYS), "INFERQ_MAX_QUEUE_DEPTH": "200"}
 ORDER = ["poison", *slowloris.SCENARIOS, "expiry", "load", "sigstop", "redis_down", "faults", "hot_prefix",
-         *caches.SCENARIOS, *bookkeeping.SCENARIOS, *failover.SCENARIOS, *fairness.SCENARIOS]
-OWN_FLEET = {*failover.SCENARIOS, *fairness.SCENARIOS}
+         *caches.SCENARIOS, *bookkeeping.SCENARIOS, *failover.SCENARIOS, *fairness.SCENARIOS,
+         *swap.SCENARIOS]
+OWN_FLEET = {*failover.SCENARIOS, *fairness.SCENARIOS, *swap.SCENARIOS}
 
 
 def verdict(name: str, r: dict[str, Any]) -> list[str]:
@@ -64,12 +66,9 @@ def _module_problems(name: str, r: dict[str, Any]) -> list[str]:
         return bookkeeping.problems(name, r)
     if name in slowloris.SCENARIOS:
         return slowloris.problems(name, r)
-    if name in failover.SCENARIOS:
-        return failover.problems(r)
-    if name in fairness.SCENARIOS:
-        return fairness.problems(r)
-    if name in caches.SCENARIOS:
-        return caches.problems(r)
+    for module in (failover, fairness, caches, swap):
+        if name in module.SCENARIOS:
+            return list(module.problems(r))
     return []
 
 
@@ -79,12 +78,9 @@ def _cell(name: str, r: dict[str, Any]) -> str:
         return bookkeeping.cell(name, r)
     if name in slowloris.SCENARIOS:
         return slowloris.cell(name, r)
-    if name in failover.SCENARIOS:
-        return failover.cell(r)
-    if name in fairness.SCENARIOS:
-        return fairness.cell(r)
-    if name in caches.SCENARIOS:
-        return caches.cell(r)
+    for module in (failover, fairness, caches, swap):
+        if name in module.SCENARIOS:
+            return str(module.cell(r))
     if name == "load":
         return f"{r['max_tokens']} tokens each, all at once; reaped {r['reaped']}; wall {r['wall_s']} s"
     if name == "sigstop":
@@ -178,8 +174,12 @@ def main() -> None:
             fleet.stop()
     for name in (n for n in ORDER if n in a.only and n in OWN_FLEET):  # a fleet of their own
         t1 = time.time()
-        r = fairness.run(fleet.logdir, TIMINGS, a.sizes.get(name, {})) if name in fairness.SCENARIOS else \
-            failover.run(name, fleet.logdir, TIMINGS, KEYS, a.sizes.get(name, {}))
+        if name in fairness.SCENARIOS:
+            r = fairness.run(fleet.logdir, TIMINGS, a.sizes.get(name, {}))
+        elif name in swap.SCENARIOS:
+            r = swap.run(name, fleet.logdir, TIMINGS, KEYS[0], a.sizes.get(name, {}))
+        else:
+            r = failover.run(name, fleet.logdir, TIMINGS, KEYS, a.sizes.get(name, {}))
         r.update(scenario_s=round(time.time() - t1, 1), verdict=verdict(name, r))
         reports[name] = r
         print(name, json.dumps(r), flush=True)
