@@ -258,6 +258,11 @@ class Settings(BaseSettings):
     swap_grace_s: float = Field(
         default=30.0, ge=0, description="Before a model sleeps, how long its running jobs may run on to their "
         "end; those still running then go back to the queue (restart event, reason model_swap).")
+    swap_wake_first: bool = Field(
+        default=False, description="A swap wakes the other model before the awake one goes to sleep (its running "
+        "jobs end meanwhile, both models awake for that while): a swap's wait is the wake alone. Only where the "
+        "GPU holds both models' weights and KV caches at once (size INFERQ_KV_CACHE_GIB and "
+        "INFERQ_GPU_MEMORY_UTILIZATION for it); a model's first start always waits for the other's sleep.")
     swap_prepare: bool = Field(
         default=True, description="With sleep mode: while the awake model is idle, start each model not yet "
         "started (and leave the last one awake), so that a model's first wake is a wake, not an engine start.")

@@ -47,3 +47,26 @@ def test_the_embeddings_config_parses(path: Path) -> None:
 
     cfg = EmbedConfig(**json.loads(path.read_text()))
     assert cfg.inputs >= max(cfg.batches) and cfg.repeats >= 3
+
+
+SWAPS = sorted((Path(__file__).resolve().parents[2] / "bench" / "configs" / "swap").glob("*.json"))
+
+
+@pytest.mark.parametrize("path", SWAPS, ids=lambda p: p.name)
+def test_the_swap_config_parses(path: Path) -> None:
+    """bench/configs/swap/ holds bench.swap's configs (every field one of SwapConfig's; each model's settings
+    ones a model may set for itself); the GPU's: medians of 3, sleep mode on, both models' caches sized."""
+    import json
+
+    from bench.swap import SwapConfig
+    from inferq.shared.served_models import ModelSpec
+    from inferq.shared.settings import Settings
+
+    raw = json.loads(path.read_text())
+    cfg = SwapConfig(**{**raw, "models": [{k: v for k, v in m.items() if k != "tiny_seed"} for m in raw["models"]]})
+    assert cfg.name == path.stem and len(cfg.models) >= 2
+    models = [ModelSpec(**m) for m in cfg.models]
+    env = {k.removeprefix("INFERQ_").lower(): v for k, v in cfg.env.items()}
+    Settings(**env, models=models)  # type: ignore[arg-type]
+    if path.stem.startswith("h200"):
+        assert cfg.repeats >= 3 and env["sleep_mode"] == "on" and "kv_cache_gib" in env

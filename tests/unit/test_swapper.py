@@ -103,3 +103,16 @@ async def test_the_worker_stops_when_a_model_process_dies(own_redis) -> None:
     assert sw.awake is not None and sw.awake.name == "ma"  # started: the first model, nothing queued
     sw.by_name["ma"].exitcode = 4  # type: ignore[attr-defined]
     assert await asyncio.wait_for(run, 30) == 4
+
+
+async def test_wake_first_wakes_the_other_model_before_the_awake_one_sleeps(r, own_redis) -> None:
+    sw = swapper(own_redis, "sw-w", swap_wake_first=True)
+    sw.redis = r
+    CALLS.clear()
+    await sw._swap(policy.Swap("ma", "start"))
+    await sw._swap(policy.Swap("mb", "idle"))  # a first start waits for the other's sleep (memory)
+    await sw._swap(policy.Swap("ma", "idle"))
+    assert CALLS == ["start ma", "sleep ma", "start mb", "wake ma", "sleep mb"]
+    last = sw.recent[-1]
+    assert (last.from_model, last.to_model, last.cold) == ("mb", "ma", False)
+    assert last.sleep_s == 0.2 and last.handed_back == 1, "the sleep that came after is recorded with the swap"

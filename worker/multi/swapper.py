@@ -122,21 +122,26 @@ class Swapper:
                          reason=swap.reason, cold=to.state == "cold")
         log.info("swap %s -> %s (%s)", rec.from_model, to.name, swap.reason)
         t0 = time.monotonic()
+        old, self.awake = self.awake, None
+        wake_first = self.s.swap_wake_first and to.state != "cold"
         try:
-            if self.awake is not None:
-                old, self.awake = self.awake, None
-                napped = await old.sleep(self.s.swap_grace_s, SLEEP_TIMEOUT_S)
-                rec.drain_s, rec.sleep_s = napped["drain_s"], napped["sleep_s"]
-                rec.handed_back = napped["handed_back"]
+            if old is not None and not wake_first:
+                await self._put_to_sleep(old, rec)
             t1 = time.monotonic()
             await (to.start(START_TIMEOUT_S) if to.state == "cold" else to.wake(START_TIMEOUT_S))
             rec.wake_s = time.monotonic() - t1
             self.awake, self.awake_since = to, time.monotonic()
+            rec.total_s = self.awake_since - t0  # the decision to the model taking jobs
+            if old is not None and wake_first:  # its jobs end while the other model serves already
+                await self._put_to_sleep(old, rec)
         finally:
             self.waking = None
             await self.redis.delete(keys.waking(to.name))
-        rec.total_s = time.monotonic() - t0
         await self._record(rec)
+
+    async def _put_to_sleep(self, m: ModelProc, rec: SwapRecord) -> None:
+        napped = await m.sleep(self.s.swap_grace_s, SLEEP_TIMEOUT_S)
+        rec.drain_s, rec.sleep_s, rec.handed_back = napped["drain_s"], napped["sleep_s"], napped["handed_back"]
 
     async def _record(self, rec: SwapRecord) -> None:
         assert self.redis is not None

@@ -1,0 +1,297 @@
+"""``python -m bench.swap CONFIG [--out DIR] [--only cold swap bursts]``: a multi-model worker's swaps.
+
+Two models on one worker (INFERQ_MODELS; the GPU configs: two 7B-shape models, dummy weights, vLLM's
+sleep mode), driven through the gateway's REST API; every time is the job record's own (created,
+started, first token, finished: the gateway's and the worker's clocks, one host). Cases:
+
+- ``cold``: a worker started from nothing (the gateway and Redis up, weights on local disk) and one
+  job for the first model queued at the worker's spawn: spawn to first token; and when every model
+  is started (with INFERQ_SWAP_PREPARE the others start while the first is idle): what the rest of
+  the start-up costs. Each repeat a new worker.
+- ``swap``: both models started, one awake and idle; a job for the other arrives: its time to first
+  token from its submission (the swap included), then ``steady`` jobs for the same model once awake
+  (steady-state TTFT: the first after a wake within 1.2x of it is the target); then the same for the
+  other model, ``samples`` times each way. Every first job after a wake is a fixed prompt at
+  temperature 0, whose text must equal the model's text before its sleep (vLLM's sleep mode has had
+  bugs there).
+- ``bursts``: the two models' clients in alternating bursts (``burst_s`` each, a closed loop of
+  ``concurrency`` clients) through the one worker, then through two dedicated workers (one per model,
+  each half the GPU): total tokens (target: the one worker at 90 % of the two) and the longest wait of
+  a job in the queue (target: a swap and one job).
+
+Writes swap.json (every sample and the medians of the repeats) into --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.stack import Procs, base_env, free_port, http_ok, start_redis
+
+TERMINAL = {"succeeded", "failed", "cancelled"}
+
+
+@dataclass
+class SwapConfig:
+    name: str
+    models: list[dict[str, Any]]
+    env: dict[str, str] = field(default_factory=dict)  # every process's INFERQ_* settings
+    dedicated_env: dict[str, str] = field(default_factory=dict)  # over env, for a dedicated worker (half the GPU)
+    startup_timeout_s: float = 900.0
+    repeats: int = 3
+    cold: dict[str, Any] = field(default_factory=dict)
+    swap: dict[str, Any] = field(default_factory=lambda: {"samples": 5, "steady": 5, "max_tokens": 16})
+    bursts: dict[str, Any] = field(default_factory=lambda: {"burst_s": 60, "bursts": 4, "concurrency": 32,
+                                                             "max_tokens": 128})
+    prompt_words: int = 200
+
+    @classmethod
+    def load(cls, path: Path) -> SwapConfig:
+        """The config; a model given as ``"tiny_seed": N`` is the tiny model with weights drawn from N."""
+        raw = json.loads(path.read_text())
+        for m in raw["models"]:
+            if "tiny_seed" in m:
+                from inferq.shared.settings import Settings
+                from inferq.worker.engine.models import tiny_variant_dir
+
+                m["model"] = str(tiny_variant_dir(Settings(), m.pop("tiny_seed")))
+        return cls(**raw)
+
+    def prompt(self, tag: str) -> str:
+        return f"{tag} " + " ".join(f"word{i % 97}" for i in range(self.prompt_words))
+
+
+class Fleet:
+    """Redis, a gateway, and the workers a case starts (multi-model, or one per model)."""
+
+    def __init__(self, cfg: SwapConfig, procs: Procs) -> None:
+        self.cfg, self.procs = cfg, procs
+        self.redis = procs.add(start_redis(free_port(), procs.logdir, name="redis", env=base_env())).url
+        self.env = {"INFERQ_REDIS_URL": self.redis, "INFERQ_MODELS": json.dumps(cfg.models), **cfg.env}
+        port = free_port()
+        self.base = f"http://127.0.0.1:{port}"
+        procs.start("gateway", [sys.executable, "-m", "inferq.cli", "api", "--port", str(port)], base_env(**self.env))
+        procs.wait(lambda: http_ok(f"{self.base}/healthz"), 60, "gateway")
+        self.spawned = 0
+
+    def worker(self, model: dict[str, Any] | None = None) -> float:
+        """Start a multi-model worker (or, with ``model``, a dedicated worker of it); its spawn time."""
+        self.spawned += 1
+        env = dict(self.env)
+        if model is not None:
+            env.pop("INFERQ_MODELS")
+            env.update({k: str(v) for k, v in {"INFERQ_SERVED_MODEL_NAME": model["name"],
+                                                 "INFERQ_MODEL": model.get("model")}.items() if v})
+            env.update({f"INFERQ_{k.upper()}": str(v) for k, v in model.get("settings", {}).items()})
+            env.update(self.cfg.dedicated_env)
+        t = time.time()
+        self.procs.start(f"worker-{self.spawned}", [sys.executable, "-m", "inferq.cli", "worker"],
+                         base_env(**env, INFERQ_WORKER_ID=f"swap-bench-{self.spawned}"))
+        return t
+
+    def stop_workers(self) -> None:
+        while self.procs.procs and self.procs.procs[-1].name.startswith("worker"):
+            self.procs.procs.pop().stop(grace=60)
+
+
+async def run_job(http: httpx.AsyncClient, model: str, prompt: str, max_tokens: int,
+                  temperature: float = 0.0) -> dict[str, Any]:
+    """Submit a job and poll it to its end; its view (the record's times)."""
+    r = await http.post("/v1/jobs", json={"model": model, "prompt": prompt, "max_tokens": max_tokens,
+                                          "temperature": temperature, "ignore_eos": True})
+    r.raise_for_status()
+    job_id = r.json()["id"]
+    while True:
+        v = (await http.get(f"/v1/jobs/{job_id}")).json()
+        if v["status"] in TERMINAL:
+            return dict(v)
+        await asyncio.sleep(0.05)
+
+
+def ttft(v: dict[str, Any]) -> float | None:
+    return v["first_token_at"] - v["created_at"] if v.get("first_token_at") else None
+
+
+async def swappers(http: httpx.AsyncClient) -> list[dict[str, Any]]:
+    return list((await http.get("/v1/queue")).json().get("swappers", []))
+
+
+async def until(probe: Any, timeout: float, what: str, interval: float = 0.2) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = await probe()
+        if got:
+            return got
+        await asyncio.sleep(interval)
+    raise TimeoutError(what)
+
+
+async def case_cold(cfg: SwapConfig, fleet: Fleet, http: httpx.AsyncClient) -> list[dict[str, Any]]:
+    first, out = cfg.models[0]["name"], []
+    for _ in range(cfg.repeats):
+        t0 = fleet.worker()
+        v = await asyncio.wait_for(run_job(http, first, cfg.prompt("cold"), 8), cfg.startup_timeout_s)
+
+        async def all_started() -> list[dict[str, Any]] | None:
+            sws = await swappers(http)
+            return sws if sws and all(m["state"] != "cold" for m in sws[0]["models"]) else None
+        sws = await until(all_started, cfg.startup_timeout_s, "every model started")
+        out.append({"spawn_to_first_token_s": v["first_token_at"] - t0, "first_job_ttft_s": ttft(v),
+                    "all_models_started_s": time.time() - t0,
+                    "starts": [s for s in sws[0]["recent"] if s["cold"]], "swaps": sws[0]["recent"]})
+        fleet.stop_workers()
+    return out
+
+
+async def _wake_sample(cfg: SwapConfig, http: httpx.AsyncClient, model: str, before: str | None) -> dict[str, Any]:
+    s = cfg.swap
+    first = await run_job(http, model, cfg.prompt("same"), s["max_tokens"])
+    steady = [await run_job(http, model, cfg.prompt(f"steady {i}"), s["max_tokens"]) for i in range(s["steady"])]
+    steady_ttft = statistics.median([t for v in steady if (t := ttft(v)) is not None])
+    return {"model": model, "swap_ttft_s": ttft(first), "steady_ttft_s": steady_ttft,
+            "ratio": (ttft(first) or 0) / steady_ttft if steady_ttft else None,
+            "text": first["text"], "same_text": before is None or first["text"] == before}
+
+
+async def case_swap(cfg: SwapConfig, fleet: Fleet, http: httpx.AsyncClient) -> list[dict[str, Any]]:
+    names = [m["name"] for m in cfg.models[:2]]
+    fleet.worker()
+    for m in names:  # both started (a cold start is not a swap), the first one awake at the end
+        await asyncio.wait_for(run_job(http, m, cfg.prompt("warm"), 4), cfg.startup_timeout_s)
+    texts: dict[str, str | None] = dict.fromkeys(names)
+    out = []
+    for i in range(2 * cfg.swap["samples"] + 1):
+        model = names[i % 2]
+        sample = await _wake_sample(cfg, http, model, texts[model])
+        texts[model] = sample["text"]
+        if i:  # the first wakes a model that may not have slept yet
+            out.append(sample)
+    fleet.stop_workers()
+    return out
+
+
+async def _client(cfg: SwapConfig, http: httpx.AsyncClient, model: str, end: float, tag: str,
+                  views: list[dict[str, Any]]) -> None:
+    """One client of a burst: a job at a time until the burst's end."""
+    while time.monotonic() < end:
+        views.append(await run_job(http, model, cfg.prompt(tag), cfg.bursts["max_tokens"], 1.0))
+
+
+async def _bursts(cfg: SwapConfig, http: httpx.AsyncClient) -> dict[str, Any]:
+    b, names = cfg.bursts, [m["name"] for m in cfg.models[:2]]
+    views: list[dict[str, Any]] = []
+    t0 = time.time()
+    for k in range(b["bursts"]):
+        end = time.monotonic() + b["burst_s"]
+        await asyncio.gather(*(_client(cfg, http, names[k % 2], end, f"burst {k} {c}", views)
+                               for c in range(b["concurrency"])))
+    ok = [v for v in views if v["status"] == "succeeded"]
+    waits = [v["started_at"] - v["created_at"] for v in ok]
+    runs = [v["finished_at"] - v["started_at"] for v in ok]
+    return {"wall_s": time.time() - t0, "jobs": len(views), "failed": len(views) - len(ok),
+            "tokens": sum(v["usage"]["completion_tokens"] for v in ok), "max_wait_s": max(waits, default=None),
+            "job_run_s_p50": statistics.median(runs) if runs else None}
+
+
+async def case_bursts(cfg: SwapConfig, fleet: Fleet, http: httpx.AsyncClient) -> list[dict[str, Any]]:
+    out = []
+    for _ in range(cfg.repeats):
+        fleet.worker()
+        for m in cfg.models[:2]:
+            await asyncio.wait_for(run_job(http, m["name"], cfg.prompt("warm"), 4), cfg.startup_timeout_s)
+        one = await _bursts(cfg, http)
+        sws = await swappers(http)
+        one["swaps"] = [s for s in (sws[0]["recent"] if sws else []) if not s["cold"]]
+        fleet.stop_workers()
+        for m in cfg.models[:2]:
+            fleet.worker(m)
+        for m in cfg.models[:2]:
+            await asyncio.wait_for(run_job(http, m["name"], cfg.prompt("warm"), 4), cfg.startup_timeout_s)
+        two = await _bursts(cfg, http)
+        fleet.stop_workers()
+        out.append({"one_worker": one, "dedicated": two,
+                    "tokens_ratio": one["tokens"] / two["tokens"] if two["tokens"] else None})
+    return out
+
+
+def _p(xs: list[float], q: float) -> float | None:
+    xs = sorted(x for x in xs if x is not None)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else None
+
+
+def summary(doc: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if cold := doc.get("cold"):
+        out["cold"] = {k: statistics.median([r[k] for r in cold]) for k in ("spawn_to_first_token_s",
+                                                                            "all_models_started_s")}
+    if swap := doc.get("swap"):
+        out["swap"] = {"swap_ttft_p50_s": _p([s["swap_ttft_s"] for s in swap], 0.5),
+                       "swap_ttft_p99_s": _p([s["swap_ttft_s"] for s in swap], 0.99),
+                       "first_vs_steady_p50": _p([s["ratio"] for s in swap], 0.5),
+                       "same_text": all(s["same_text"] for s in swap), "samples": len(swap)}
+    if bursts := doc.get("bursts"):
+        out["bursts"] = {"tokens_ratio_median": statistics.median([r["tokens_ratio"] for r in bursts]),
+                         "max_wait_s": max(r["one_worker"]["max_wait_s"] or 0 for r in bursts),
+                         "job_run_s_p50": statistics.median([r["one_worker"]["job_run_s_p50"] or 0 for r in bursts])}
+    return out
+
+
+async def run(cfg: SwapConfig, out: Path, only: list[str]) -> dict[str, Any]:
+    doc: dict[str, Any] = {"config": cfg.__dict__, "started_at": time.time()}
+    with Procs(out / "logs") as procs:
+        fleet = Fleet(cfg, procs)
+        async with httpx.AsyncClient(base_url=fleet.base, timeout=60) as http:
+            for name, case in (("cold", case_cold), ("swap", case_swap), ("bursts", case_bursts)):
+                if name in only:
+                    doc[name] = await case(cfg, fleet, http)
+                    doc["summary"] = summary(doc)
+                    (out / "swap.json").write_text(json.dumps(doc, indent=1))  # after each case
+    return doc
+
+
+def merge(paths: list[Path]) -> dict[str, Any]:
+    """Several runs' swap.json as one (each case's samples and repeats together), summarised again:
+    a GPU call has 10 minutes, so the repeats of the bursts run one call each."""
+    doc: dict[str, Any] = {"merged": [str(p) for p in paths]}
+    for p in paths:
+        one = json.loads(p.read_text())
+        for case in ("cold", "swap", "bursts"):
+            doc.setdefault(case, []).extend(one.get(case, []))
+    doc = {k: v for k, v in doc.items() if v}
+    doc["summary"] = summary(doc)
+    return doc
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("config", type=Path, nargs="?")
+    p.add_argument("--out", type=Path, default=Path("/tmp/bench-swap"))
+    p.add_argument("--only", nargs="+", default=["cold", "swap", "bursts"], choices=["cold", "swap", "bursts"])
+    p.add_argument("--repeats", type=int, help="override the config's repeats (cold, bursts)")
+    p.add_argument("--merge", type=Path, nargs="+", help="merge these swap.json files into --out/swap.json")
+    a = p.parse_args(argv)
+    a.out.mkdir(parents=True, exist_ok=True)
+    if a.merge:
+        doc = merge(a.merge)
+        (a.out / "swap.json").write_text(json.dumps(doc, indent=1))
+    else:
+        (a.out / "logs").mkdir(parents=True, exist_ok=True)
+        cfg = SwapConfig.load(a.config)
+        cfg.repeats = a.repeats or cfg.repeats
+        doc = asyncio.run(run(cfg, a.out, a.only))
+    print(json.dumps(doc.get("summary"), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
