@@ -30,7 +30,7 @@ ModelMain = Callable[[ModelStart, str], None]  # a model process's entry point: 
 class ModelProcessDied(RuntimeError):
     def __init__(self, name: str, code: int | None) -> None:
         super().__init__(f"the process of model {name!r} exited with code {code}")
-        self.code = code
+        self.model, self.code = name, code
 
 
 class ModelProc:

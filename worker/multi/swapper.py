@@ -95,8 +95,7 @@ class Swapper:
                 if swap is not None:
                     await self._swap(swap)
             except ModelProcessDied as e:
-                log.critical("%s", e)
-                return self._died(self.by_name[next(m.name for m in self.models if m.died())])
+                return self._died(self.by_name[e.model])
             except Exception:  # Redis away, or a swap that failed: look again at the next check
                 log.exception("multi-model worker: checking the demand or swapping failed")
             with contextlib.suppress(TimeoutError):
@@ -107,6 +106,8 @@ class Swapper:
         return time.monotonic() - self.awake_since if self.awake is not None else 0.0
 
     def _died(self, m: ModelProc) -> int:
+        if self.stop.is_set():  # SIGTERM reached the model's process too (its group): it drained
+            return 0
         code = m.exitcode
         log.critical("the process of model %r exited (code %s): stopping this worker", m.name, code)
         return code or 1
