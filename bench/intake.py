@@ -60,7 +60,7 @@ def serve() -> None:
         return h
 
     tasks.EngineHost = host  # type: ignore[assignment,misc]
-    consume(s, s.max_num_seqs, "WARNING")
+    consume(s, s.max_num_seqs, s.reserve, "WARNING")
 
 
 def start_standin_worker(procs: Procs, name: str, redis_url: str, slots: int, step_ms: float, **extra: str) -> None:

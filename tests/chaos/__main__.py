@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.chaos import bookkeeping, caches, failover, fairness, scenarios, slowloris, swap
+from tests.chaos import bookkeeping, caches, classes, failover, fairness, scenarios, slowloris, swap
 from tests.chaos.client import Client
 from tests.fleet import Fleet
 
@@ -31,7 +31,7 @@ KEYS = ("chaos-key-a", "chaos-key-b")
 TIMINGS = {"INFERQ_HEARTBEAT_S": "0.5", "INFERQ_WORKER_TTL_S": "3", "INFERQ_MAX_NUM_SEQS": "32",
            "INFERQ_API_KEYS": ",".join(KEYS), "INFERQ_MAX_QUEUE_DEPTH": "200"}
 ORDER = ["poison", *slowloris.SCENARIOS, "expiry", "load", "sigstop", "redis_down", "faults", "hot_prefix",
-         *caches.SCENARIOS, *bookkeeping.SCENARIOS, *failover.SCENARIOS, *fairness.SCENARIOS,
+         *caches.SCENARIOS, *classes.SCENARIOS, *bookkeeping.SCENARIOS, *failover.SCENARIOS, *fairness.SCENARIOS,
          *swap.SCENARIOS]
 OWN_FLEET = {*failover.SCENARIOS, *fairness.SCENARIOS, *swap.SCENARIOS}
 
@@ -66,7 +66,7 @@ def _module_problems(name: str, r: dict[str, Any]) -> list[str]:
         return bookkeeping.problems(name, r)
     if name in slowloris.SCENARIOS:
         return slowloris.problems(name, r)
-    for module in (failover, fairness, caches, swap):
+    for module in (failover, fairness, caches, classes, swap):
         if name in module.SCENARIOS:
             return list(module.problems(r))
     return []
@@ -78,7 +78,7 @@ def _cell(name: str, r: dict[str, Any]) -> str:
         return bookkeeping.cell(name, r)
     if name in slowloris.SCENARIOS:
         return slowloris.cell(name, r)
-    for module in (failover, fairness, caches, swap):
+    for module in (failover, fairness, caches, classes, swap):
         if name in module.SCENARIOS:
             return str(module.cell(r))
     if name == "load":
@@ -140,7 +140,7 @@ async def run(fleet: Fleet, only: list[str], sizes: dict[str, dict[str, Any]]) -
         for name in only:
             await settle(fleet)
             t0 = time.time()
-            module = next((m for m in (bookkeeping, slowloris, caches) if name in m.SCENARIOS), scenarios)
+            module = next((m for m in (bookkeeping, slowloris, caches, classes) if name in m.SCENARIOS), scenarios)
             fn = getattr(module, name)
             r = await (fn(fleet, a, b) if name == "expiry" else fn(fleet, a, **sizes.get(name, {})))
             r["scenario_s"] = round(time.time() - t0, 1)

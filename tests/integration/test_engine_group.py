@@ -29,7 +29,8 @@ SEQS = 8  # 4 job slots per frontend
 def start_group(request: pytest.FixtureRequest) -> Fleet:
     """Redis, a gateway and one worker that is an engine group of 2 (not waited for)."""
     f = Fleet(request.getfixturevalue("logdir"), extra_env={
-        "INFERQ_FRONTENDS": "2", "INFERQ_MAX_NUM_SEQS": str(SEQS), "INFERQ_DRAIN_TIMEOUT_S": "60"})
+        "INFERQ_FRONTENDS": "2", "INFERQ_MAX_NUM_SEQS": str(SEQS), "INFERQ_DRAIN_TIMEOUT_S": "60",
+        "INFERQ_INTERACTIVE_RESERVE": "0"})  # the engine runs SEQS, interactive work no more
     try:
         f.start_redis()
         f.start_gateway()

@@ -218,8 +218,8 @@ async def test_a_cancel_while_the_claim_is_on_its_way_ends_the_job_cancelled(sto
     writer = writers(store)
     real = store.claim
 
-    async def claim(job_id, worker_id, token="", queue_list=None):
-        res = await real(job_id, worker_id, token, queue_list)
+    async def claim(job_id, worker_id, token="", queue_list=None, room=None):
+        res = await real(job_id, worker_id, token, queue_list, room)
         await asyncio.sleep(0.2)
         return res
 
