@@ -159,3 +159,23 @@ async def test_each_job_queued_below_the_share_gets_a_room_in_one_check(r: redis
     w.hold("heavy", n=4)
     await waiting(r, m, "light", n=3)
     assert await w.room.check() == 2 and len(w.given) == 2
+
+
+async def test_a_job_claimed_while_the_check_runs_gets_no_second_room(r: redis.asyncio.Redis) -> None:
+    """The check read one interactive job queued; before it took a room, that job was claimed (its
+    room, made by an earlier check, used up and its queued count gone). A room taken on the count read
+    before would hand back a second job for a job that no longer waits: the take counts the queue
+    itself, in the same step."""
+    m = model()
+    w = Worker(r, m)
+    w.hold("anonymous", "batch", 2)
+    w.hold("anonymous", n=2)
+    await waiting(r, m, "anonymous", n=0)  # claimed: nothing queued, no room in flight
+
+    async def read_before_the_claim() -> dict[str, int]:
+        return {"anonymous": 1}
+
+    w.room._waiting = read_before_the_claim  # type: ignore[method-assign]
+    assert await w.room.check() == 0 and w.given == []
+    await waiting(r, m, "anonymous", n=1)  # still queued: it gets its room
+    assert await w.room.check() == 1 and len(w.given) == 1

@@ -114,7 +114,7 @@ class Room:
             for _ in range(waiting[tenant]):  # a room for each of its jobs queued, up to its share
                 job = victim(held, self.attempts(), counts, share)
                 if counts[tenant] + 1 > share[tenant] + 1e-9 or job is None \
-                        or not await self._room_for(tenant, waiting[tenant]):
+                        or not await self._room_for(tenant):
                     break
                 await self._give(job, tenant, total)
                 held = [h for h in held if h.job_id != job.job_id]
@@ -156,7 +156,9 @@ class Room:
                     out[tenant] = float(w)
         return out
 
-    async def _room_for(self, tenant: str, queued: int) -> bool:
-        """Take one room for ``tenant`` fleet-wide; False when as many rooms as it has jobs queued are
-        in flight already (made by another worker, and not yet used by a claim of its jobs)."""
-        return bool(await self._take(keys=[keys.room(self.model, tenant)], args=[queued, int(2000 * self.period_s)]))
+    async def _room_for(self, tenant: str) -> bool:
+        """Take one room for ``tenant`` fleet-wide; False when as many rooms as it has interactive
+        jobs queued now are in flight already (made by another worker or an earlier check, and not
+        yet used by a claim of its jobs)."""
+        return bool(await self._take(keys=[keys.room(self.model, tenant), *map(keys.fair_queued, self._lists)],
+                                     args=[tenant, int(2000 * self.period_s)]))

@@ -151,7 +151,8 @@ class JobRunner:
         token = secrets.token_hex(8)  # a retried claim whose answer was lost (or never came) is still ours
         self.attempts.claiming(msg.id, run)
         try:  # until Redis answers: a claim given up on may have taken the job, which nobody would run
-            room = keys.room(msg.model, msg.tenant) if msg.tenant else None
+            # rooms are made for interactive work (worker/jobs/room.py): a batch job's claim uses none
+            room = keys.room(msg.model, msg.tenant) if msg.tenant and msg.request.service_class != "batch" else None
             claim = await persist(lambda: self.store.claim(msg.id, self.worker_id, token, progress.queue_list, room),
                                   f"claim job {msg.id}", self.writer.budget_s)
         finally:
