@@ -32,6 +32,7 @@ def test_bench_smoke(tmp_path: Path, stack) -> None:
         assert all(v is not None and v >= 0 for v in stages), (name, stages)
 
 
+@pytest.mark.heavy  # make test keeps test_bench_smoke; this one is the same run over client processes
 def test_bench_smoke_with_the_client_over_processes(tmp_path: Path, stack) -> None:
     raw = json.loads((CONFIGS / "smoke-test.json").read_text())
     config = tmp_path / "smoke-procs.json"
@@ -141,6 +142,7 @@ def test_gateway_alone_bench_delivers_every_token(tmp_path: Path) -> None:
         assert r["gateway_cpu_s"] > 0 and r["latency_ms"]["p50"] >= 0, r
 
 
+@pytest.mark.heavy  # a worker of its own (make lint type-checks the bench's calls into the worker)
 def test_intake_bench_takes_in_every_job_of_each_wave(tmp_path: Path) -> None:
     out = tmp_path / "intake.json"
     proc = subprocess.run([sys.executable, "-m", "bench", "intake", "--jobs", "6", "--waves", "2", "--tokens", "3",
@@ -157,7 +159,7 @@ def test_intake_bench_takes_in_every_job_of_each_wave(tmp_path: Path) -> None:
         assert w["claim_to_first_p50_ms"] is not None and w["claim_to_first_p50_ms"] >= 0, w
 
 
-@pytest.mark.parametrize("client", ["sse", "ws"])
+@pytest.mark.parametrize("client", ["sse", pytest.param("ws", marks=pytest.mark.heavy)])
 def test_churn_bench_streams_every_request_and_says_where_its_first_token_went(tmp_path: Path, client: str) -> None:
     out = tmp_path / "churn.json"
     proc = subprocess.run([sys.executable, "-m", "bench", "churn", "--client", client, "--clients", "4",

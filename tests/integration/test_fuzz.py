@@ -16,7 +16,7 @@ from schemathesis.checks import not_a_server_error
 from tests.helpers import submit, wait_status
 
 pytestmark = pytest.mark.integration
-EXAMPLES_PER_OPERATION = 15
+EXAMPLES_PER_OPERATION = 10
 
 
 def _keep_jobs_small(body: Any) -> None:
