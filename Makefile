@@ -63,6 +63,7 @@ run: run-packages $(STAMP)
 # mypy reads the package as it installs (inferq.api, ...): pyproject's package-dir maps those names
 # onto the top-level folders, which a type checker cannot follow, so they are linked into
 # .typecheck/inferq/ (ignored by git) and mypy reads them there ([tool.mypy] in pyproject.toml).
+# bench/ (run from the checkout as bench.*, importing inferq.*) is checked where it lies.
 TYPECHECK := .typecheck
 
 lint: $(STAMP)

@@ -95,13 +95,15 @@ class ClientPool:
         """As :func:`bench.load.run_level` (``send`` is unused: each process has its own)."""
         work = shares(level, requests, self.n)
         t0 = time.perf_counter()
+        pipes = []
         for k, (lv, reqs) in enumerate(work):
             line = json.dumps({"mode": lv.mode, "value": lv.value, "seed": seed * self.n + k, "requests": reqs})
             stdin = self.procs[k].stdin
             assert stdin is not None
             stdin.write(line.encode() + b"\n")
-        for k in range(len(work)):
-            await self.procs[k].stdin.drain()  # type: ignore[union-attr]
+            pipes.append(stdin)
+        for stdin in pipes:
+            await stdin.drain()
         answers = await asyncio.gather(*(self._read(self.procs[k]) for k in range(len(work))))
         wall = time.perf_counter() - t0
         results = [RequestResult(**r) for a in answers for r in a["results"]]

@@ -146,7 +146,7 @@ def _stack(raw: dict[str, Any], base: StackSpec | None = None) -> StackSpec:
 
 
 def _target(raw: str | dict[str, Any]) -> Target:
-    d = {"kind": raw} if isinstance(raw, str) else dict(raw)
+    d: dict[str, Any] = {"kind": raw} if isinstance(raw, str) else dict(raw)
     d.setdefault("name", d.get("kind"))
     unknown = set(d) - {f.name for f in fields(Target)}
     if unknown:

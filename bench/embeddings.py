@@ -53,7 +53,7 @@ def start_vllm(procs: Procs, cfg: EmbedConfig) -> str:
     settings = {"runner": "pooling", "model": cfg.model, "max_model_len": cfg.max_model_len,
                 "max_num_seqs": cfg.max_num_seqs, "cpu_kv_cache_gib": cfg.kv_cache_gib,
                 "gpu_memory_utilization": cfg.gpu_memory_utilization}
-    path = resolve_model(Settings(**settings))
+    path = resolve_model(Settings.model_validate(settings))
     port = free_port()
     procs.start("vllm-serve", [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1",
                                "--port", str(port), "--disable-uvicorn-access-log",

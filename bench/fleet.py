@@ -268,7 +268,7 @@ def run_vllm_serve(cfg: FleetConfig, out: Path, lora: dict[str, str]) -> dict[st
                 "gpu_memory_utilization": min(0.95, cfg.gpu_memory_utilization * n), "enable_lora": bool(lora),
                 "max_loras": cfg.max_loras * n, "max_cpu_loras": max(cfg.max_cpu_loras or 0, cfg.max_loras * n),
                 "affinity": "off"}
-    model_path = str(resolve_model(Settings(**{k: v for k, v in settings.items() if k in ("model",)})))
+    model_path = str(resolve_model(Settings(model=cfg.model)))
     argv = flags(engine_args({"model_path": model_path, "settings": settings}))
     if lora:
         argv += ["--lora-modules", *(f"{k}={v}" for k, v in lora.items())]

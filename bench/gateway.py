@@ -33,8 +33,8 @@ import psutil
 from bench.clients import HttpClients
 from bench.stack import Procs, base_env, free_port, http_ok, py_spy, start_redis
 from bench.sysinfo import cpu_model
-from inferq.shared.redis import make_redis
-from inferq.shared.schemas import DoneEvent, JobRecord, JobRequest, TokenEvent
+from inferq.shared.redis import make_redis, texts
+from inferq.shared.schemas import DoneEvent, JobRecord, JobRequest, JobStatus, TokenEvent
 from inferq.shared.store import JobStore
 
 TICK_S = 0.005
@@ -143,8 +143,8 @@ async def _publish(store: JobStore, job_ids: list[str], rate: float, per_job: in
             await asyncio.sleep(ahead)
     wall = time.monotonic() - t0
     for j in job_ids:
-        await store.finish(j, PUBLISHER, 1, DoneEvent(seq=per_job + 1, status="succeeded", finish_reason="length"),
-                           status="succeeded")
+        done = DoneEvent(seq=per_job + 1, status=JobStatus.succeeded, finish_reason="length")
+        await store.finish(j, PUBLISHER, 1, done, status="succeeded")
     return wall
 
 
@@ -164,9 +164,9 @@ async def _claim(store: JobStore, job_ids: list[str] | None, n: int, timeout: fl
 
     deadline = time.monotonic() + timeout
     while job_ids is None:
-        queued = await store.redis.zrange(keys.QUEUED, 0, -1)
+        queued = texts(await store.redis.zrange(keys.QUEUED, 0, -1))
         if len(queued) >= n:
-            job_ids = list(queued[:n])
+            job_ids = queued[:n]
         elif time.monotonic() > deadline:
             raise TimeoutError(f"only {len(queued)} of {n} jobs were queued")
         else:
@@ -197,6 +197,7 @@ def run_rate(redis_url: str, base: str, gw: psutil.Process, kind: str, rate: flo
     if not ready.wait(60):
         client.kill()
         raise TimeoutError("the client could not open its streams")
+    spy: subprocess.Popen[bytes] | None = None
 
     async def publish() -> tuple[float, float]:
         r = make_redis(redis_url)
@@ -210,7 +211,6 @@ def run_rate(redis_url: str, base: str, gw: psutil.Process, kind: str, rate: flo
         await r.aclose()
         return wall, cpu0
 
-    spy: subprocess.Popen[bytes] | None = None
     wall, cpu0 = asyncio.run(publish())
     if spy is not None:
         spy.wait(60)

@@ -73,7 +73,7 @@ async def main_async(spec: dict[str, Any]) -> dict[str, Any]:
     try:
         plan = [(Level(lv["mode"], lv["value"]), [[tuple(x) for x in reqs] for reqs in lv["repeats"]])
                 for lv in spec["plan"]]
-        levels = await drive(send, [tuple(x) for x in spec["warmup"]], plan,  # type: ignore[misc]
+        levels = await drive(send, [tuple(x) for x in spec["warmup"]], plan,
                              float(spec["timeout_s"]), int(spec["seed"]))
     finally:
         engine.shutdown()

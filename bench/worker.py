@@ -29,6 +29,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,14 @@ def _threads() -> dict[str, float]:
         name = names.get(t.id, f"native-{t.id}")
         out[name] = out.get(name, 0.0) + t.user_time + t.system_time
     return out
+
+
+def _no_send(_msg: JobMessage) -> None:
+    """The runtime's hand-back of a job here: none happens in this bench, and none must reach a queue."""
+
+
+async def _ping(store: JobStore) -> None:
+    await store.redis.ping()
 
 
 async def _records(store: JobStore, n: int, tokens: int) -> list[JobMessage]:
@@ -154,14 +163,15 @@ def main(argv: list[str] | None = None) -> int:
                             max_num_seqs=max(levels))
         engine = PacedEngine(a.step_ms / 1000)
         host = LoopHost(engine, max_model_len=1 << 20, thread_name="engine-loop")
+        # LoopHost stands in for EngineHost by duck typing (the engine host's interface, not its class)
         runtime = WorkerRuntime(settings, make_celery(settings), host=host)  # type: ignore[arg-type]
-        runtime.send = lambda _msg: None  # no hand-back happens here; none must reach a queue
+        runtime.send = partial(_no_send)  # a partial, as the runtime's own send (send_job on its Celery app)
         runtime.start()
         host.submit(engine.clock())  # the engine steps on the engine loop, as vLLM's output handler runs
         loop = LoopThread("bench-client")
         loop.start()
         store = JobStore(make_redis(redis.url), settings.job_ttl_s)
-        loop.run(store.redis.ping())
+        loop.run(_ping(store))
         make = lambda n, t: loop.run(_records(store, n, t))  # noqa: E731
         run_level(runtime, make, 4, 8, a.step_ms / 1000)  # warm-up
         results = []
