@@ -134,7 +134,7 @@ _STARTERS: dict[str, Callable[[pytest.FixtureRequest], Stoppable]] = {}
 _STARTED: dict[str, Stoppable] = {}
 #: memory to keep free, and what one fixture's processes are counted to take (an engine ~2.5 GiB),
 #: when starting them ahead: a fixture that does not fit starts when its module does
-AHEAD_SPARE_BYTES, AHEAD_EACH_BYTES = 4 * 2**30, 3 * 2**30
+AHEAD_SPARE_BYTES, AHEAD_EACH_BYTES = 4 * 2**30, 5 * 2**30 // 2
 
 
 def ahead(fixture: str) -> Callable[[Callable[[pytest.FixtureRequest], S]], Callable[[pytest.FixtureRequest], S]]:

@@ -14,6 +14,7 @@ import pytest
 import redis
 
 from inferq.shared import keys
+from tests.conftest import ahead, take
 from tests.fleet import Fleet
 from tests.helpers import LONG_JOB, submit, wait_status
 from tests.wait import eventually
@@ -22,12 +23,29 @@ pytestmark = pytest.mark.integration
 BATCH_JOB = LONG_JOB // 2  # still running while the test acts (about 8 s alone on the 2-core machine)
 
 
-@pytest.fixture(scope="module")
-def fleet(logdir) -> Iterator[Fleet]:
-    f = Fleet(logdir / "classes", extra_env={"INFERQ_MAX_NUM_SEQS": "2", "INFERQ_INTERACTIVE_RESERVE": "1"})
-    (logdir / "classes").mkdir(exist_ok=True)
+@ahead("classes_fleet")
+def start_fleet(request: pytest.FixtureRequest) -> Fleet:
+    """Redis, a gateway and one worker of 2 slots and 1 for interactive work (not waited for)."""
+    logdir = request.getfixturevalue("logdir") / "classes"
+    logdir.mkdir(exist_ok=True)
+    f = Fleet(logdir, extra_env={"INFERQ_MAX_NUM_SEQS": "2", "INFERQ_INTERACTIVE_RESERVE": "1"})
     try:
-        yield f.start(workers=1)
+        f.start_redis()
+        f.start_gateway()
+        f.start_worker(wait=False)
+    except BaseException:
+        f.stop()
+        raise
+    return f
+
+
+@pytest.fixture(scope="module")
+def fleet(request: pytest.FixtureRequest) -> Iterator[Fleet]:
+    f = take("classes_fleet", request)
+    try:
+        for wid in list(f.workers):
+            f.wait_worker(wid)
+        yield f
     finally:
         f.stop()
 
