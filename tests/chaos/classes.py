@@ -97,8 +97,8 @@ async def _audit(client: Client, batch_id: str, lines: int, max_tokens: int, tim
     return out
 
 
-async def classes(fleet: Fleet, client: Client, batch_lines: int = 96, batch_tokens: int = 300, chats: int = 32,
-                  chat_tokens: int = 300) -> dict[str, Any]:
+async def classes(fleet: Fleet, client: Client, batch_lines: int = 96, batch_tokens: int = 300, chats: int = 96,
+                  chat_tokens: int = 200) -> dict[str, Any]:
     batch_id = await _batch(client, batch_lines, batch_tokens)
     batch_jobs = await _line_jobs(fleet, batch_id, batch_lines)
     killed: dict[str, Any] = {}
