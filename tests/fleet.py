@@ -62,6 +62,18 @@ class Fleet:
             self.wait_worker(wid)
         return self
 
+    def launch(self) -> Fleet:
+        """Redis, the gateway and one worker, not waited for (a fixture started ahead); stopped if
+        any of them fails to start."""
+        try:
+            self.start_redis()
+            self.start_gateway()
+            self.start_worker(wait=False)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
     def start_redis(self) -> None:
         """redis-server with an append-only file: restarted, it has every job and queue back."""
         self.redis = start_redis(self.redis_port, self.logdir, appendonly=True, name="fleet-redis")

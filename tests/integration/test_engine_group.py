@@ -31,14 +31,7 @@ def start_group(request: pytest.FixtureRequest) -> Fleet:
     f = Fleet(request.getfixturevalue("logdir"), extra_env={
         "INFERQ_FRONTENDS": "2", "INFERQ_MAX_NUM_SEQS": str(SEQS), "INFERQ_DRAIN_TIMEOUT_S": "60",
         "INFERQ_INTERACTIVE_RESERVE": "0"})  # the engine runs SEQS, interactive work no more
-    try:
-        f.start_redis()
-        f.start_gateway()
-        f.start_worker(wait=False)
-    except BaseException:
-        f.stop()
-        raise
-    return f
+    return f.launch()
 
 
 @pytest.fixture(scope="module")

@@ -40,14 +40,7 @@ def start_multi(request: pytest.FixtureRequest) -> Fleet:
     f = Fleet(request.getfixturevalue("logdir"), extra_env={
         "INFERQ_MODELS": json.dumps(models), "INFERQ_MAX_NUM_SEQS": "8", "INFERQ_SWAP_MIN_AWAKE_S": "1",
         "INFERQ_SWAP_GRACE_S": "1", "INFERQ_SWAP_CHECK_S": "0.2"})
-    try:
-        f.start_redis()
-        f.start_gateway()
-        f.start_worker(wait=False)
-    except BaseException:
-        f.stop()
-        raise
-    return f
+    return f.launch()
 
 
 def cards(f: Fleet) -> dict[str, dict[str, Any]]:

@@ -29,14 +29,7 @@ def start_fleet(request: pytest.FixtureRequest) -> Fleet:
     logdir = request.getfixturevalue("logdir") / "classes"
     logdir.mkdir(exist_ok=True)
     f = Fleet(logdir, extra_env={"INFERQ_MAX_NUM_SEQS": "2", "INFERQ_INTERACTIVE_RESERVE": "1"})
-    try:
-        f.start_redis()
-        f.start_gateway()
-        f.start_worker(wait=False)
-    except BaseException:
-        f.stop()
-        raise
-    return f
+    return f.launch()
 
 
 @pytest.fixture(scope="module")
