@@ -172,6 +172,12 @@ def ttft_p90_while(req: dict[str, Any], other: dict[str, Any] | None) -> float |
     return 1000 * ttfts[min(len(ttfts) - 1, int(0.9 * len(ttfts)))] if ttfts else None
 
 
+def _keep(out: Path, stack: str, runs: list[dict[str, Any]], ctx: dict[str, Any] | None = None) -> None:
+    """The repeats so far, written after each (a run cut short by a time limit keeps them)."""
+    extra = {"capacity_tok_s": ctx.get("capacity"), "rate_rps": ctx.get("rate")} if ctx else {}
+    (out / f"{stack}-runs.json").write_text(json.dumps({"runs": runs, **extra}, indent=1) + "\n")
+
+
 def run_stack(cfg: ClassesConfig, stack: str, out: Path, ctx: dict[str, Any]) -> dict[str, Any]:
     env = {**cfg.env, **STACKS[stack]}
     if stack in TENANT_STACKS:
@@ -194,14 +200,18 @@ def run_stack(cfg: ClassesConfig, stack: str, out: Path, ctx: dict[str, Any]) ->
             run_client(Load(cfg.input_len, cfg.output_len, cfg.warmup, concurrency=cfg.max_num_seqs), ctx["base"],
                        ctx["model"], ctx["tokenizer"], 999_999, out, f"{stack}-warmup", key)
             if stack in TENANT_STACKS:
-                runs = [tenants_run(cfg, stack, ctx, k, out) for k in range(cfg.repeats)]
+                for k in range(cfg.repeats):
+                    runs.append(tenants_run(cfg, stack, ctx, k, out))
+                    _keep(out, stack, runs)
             else:
                 if "capacity" not in ctx:
                     ctx["capacity"] = capacity(http, cfg, ctx["model"])
                     ctx.setdefault("rate", cfg.load * ctx["capacity"] / cfg.output_len)  # kept when re-measured
                     print(f"capacity {ctx['capacity']:.0f} output tok/s: interactive at {ctx['rate']:.2f} req/s",
                           flush=True)
-                runs = [classes_run(http, cfg, stack, ctx, k, out) for k in range(cfg.repeats)]
+                for k in range(cfg.repeats):
+                    runs.append(classes_run(http, cfg, stack, ctx, k, out))
+                    _keep(out, stack, runs, ctx)
     return {"env": STACKS[stack], "runs": runs}
 
 

@@ -11,6 +11,7 @@
 #   bench/gpu/run.sh swap CONFIG CASE [TAG]   # bench.swap on bench/configs/swap/CONFIG.json, one case (cold,
 #       swap or bursts; bursts one repeat a call, TAG 1 2 3), then locally:
 #       python -m bench.swap --merge h200-swap-*.json --out DIR
+#   bench/gpu/run.sh classes h200-mistral7b-classes classes   # bench.classes, one fleet a call (then today, fifo, ...)
 #   bench/gpu/run.sh config NAME TARGETS TAG   # bench/configs/NAME.json, those targets only
 #   bench/gpu/run.sh table-7b-refs; bench/gpu/run.sh table-7b-inferq   # one H200, two calls of < 9 min:
 #       in-process + vllm serve with 1 and 4 API servers, then inferq WS + SSE, every OpenAI target
@@ -71,6 +72,14 @@ case "${1:-serving}" in
     cp "/tmp/b-$name/swap.json" "$out/$name.json" 2>/dev/null
     tail -n 40 /tmp/b-$name/logs/*.log > "$out/$name-logs.txt" 2>/dev/null
     cp "/tmp/b-$name.log" "$out/"; tail -n 30 "/tmp/b-$name.log" ;;
+  classes)  # CONFIG STACK [TIMEOUT_S]: bench.classes on bench/configs/classes/CONFIG.json, one fleet (classes, today,
+    # fifo, fair, tenants-fifo, tenants-queue); the results of every call add up in /tmp/b-classes (one machine)
+    timeout "${4:-560}" python3 -m bench.classes "bench/configs/classes/$2.json" --only "$3" --out /tmp/b-classes \
+      > "/tmp/b-classes-$3.log" 2>&1
+    cp /tmp/b-classes/classes.json "$out/classes-$2.json" 2>/dev/null
+    cp /tmp/b-classes/"$3"-runs.json "$out/classes-$2-$3-runs.json" 2>/dev/null
+    tail -n 25 /tmp/b-classes/logs/"$3"/*.log > "$out/classes-$3-logs.txt" 2>/dev/null
+    cp "/tmp/b-classes-$3.log" "$out/"; tail -n 30 "/tmp/b-classes-$3.log" ;;
   config)  # NAME TARGETS TAG [TIMEOUT_S]
     timeout "${5:-560}" python3 -m bench run --config "bench/configs/$2.json" --targets "$3" --out "/tmp/b-$4" \
       > "/tmp/b-$4.log" 2>&1
