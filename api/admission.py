@@ -129,19 +129,20 @@ class Admission:
     async def submit(self, caller: Principal, reqs: list[JobRequest], *, idempotency_key: str | None = None,
                      fingerprint: Callable[[], str] | None = None,
                      response: ResponseOptions | None = None, streamed: bool = False,
-                     class_param: str = "service_class") -> Admitted:
+                     class_param: str = "service_class", count_rate: bool = True) -> Admitted:
         """Admit and queue one job per request, owned by ``caller``; all or none of them.
         ``fingerprint`` is called only with an Idempotency-Key, and only once the requests passed
         their limits (it serializes them: their free-form JSON must be known to be shallow).
         ``response``: a ``/v1/responses`` request's options, kept on its job's record. ``streamed``:
-        the answer is streamed (no batch work); ``class_param``: the field that asks for batch work."""
+        the answer is streamed (no batch work); ``class_param``: the field that asks for batch work;
+        ``count_rate`` False: the requests were counted by the rate limit already (:meth:`check`)."""
         for req in reqs:  # before anything is counted or claimed: a refused request leaves no trace
-            check_limits(req, self.settings)
-            check_min_tokens(req, self.settings.default_max_tokens)
+            self.check(req)
         reqs = [classed(caller, req, self.settings, streamed, class_param) for req in reqs]
         reqs = [req if req.service_class == "batch" else allowed_priority(caller, req) for req in reqs]
         if idempotency_key is None:
-            return Admitted(await self._admit(caller, reqs, [new_job_id() for _ in reqs], response), False)
+            return Admitted(await self._admit(caller, reqs, [new_job_id() for _ in reqs], response, count_rate),
+                            False)
         digest = hashlib.sha256(check_idempotency_key(idempotency_key).encode()).hexdigest()[:32]
         fp = fingerprint() if fingerprint is not None else ""
         key = keys.idempotency(caller.subject, digest)
@@ -151,7 +152,7 @@ class Admission:
             mine = json.dumps({"fp": fp, "ids": ids, "at": time.time()})
             if await self.redis.set(key, mine, nx=True, ex=self.settings.idempotency_ttl_s):
                 try:
-                    return Admitted(await self._admit(caller, reqs, ids, response), False)
+                    return Admitted(await self._admit(caller, reqs, ids, response, count_rate), False)
                 except BaseException:
                     await asyncio.shield(self._release(keys=[key], args=[mine]))
                     raise
@@ -173,9 +174,15 @@ class Admission:
                                param="Idempotency-Key", code="idempotency_in_progress", retry_after=1.0)
             await asyncio.sleep(0.05)
 
+    def check(self, req: JobRequest) -> None:
+        """``req`` within the configured limits, else 400 naming the field."""
+        check_limits(req, self.settings)
+        check_min_tokens(req, self.settings.default_max_tokens)
+
     async def _admit(self, caller: Principal, reqs: list[JobRequest], ids: list[str],
-                     response: ResponseOptions | None) -> list[JobRecord]:
-        await self.check_rate(caller.subject)
+                     response: ResponseOptions | None, count_rate: bool = True) -> list[JobRecord]:
+        if count_rate:
+            await self.check_rate(caller.subject)
         return await self.queue(caller.subject, caller.key_id, reqs, ids, response=response)
 
     async def queue(self, subject: str, owner: str | None, reqs: list[JobRequest], ids: list[str],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
 from fastapi import FastAPI
@@ -16,6 +17,7 @@ from inferq.api.batches.files import FileStore
 from inferq.api.batches.runner import BatchRunner
 from inferq.api.batches.service import BatchService
 from inferq.api.deps import Caller
+from inferq.api.embed_coalesce import EmbedCoalescer
 from inferq.api.limits import BodyLimit
 from inferq.api.metrics import RequestMetrics, process_exit
 from inferq.api.routes import (
@@ -58,6 +60,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.service = JobService(settings, redis, store, make_celery(settings))
         app.state.admission = Admission(settings, redis, app.state.service, shares=keyring.share)
         app.state.hub = hub
+        app.state.embed = EmbedCoalescer(app.state.admission, partial(embeddings.delivered, app.state.service, hub),
+                                         settings.embed_coalesce_inflight, settings.embed_coalesce_max_inputs)
         app.state.files = FileStore(settings, redis)
         runner = BatchRunner(settings, redis, app.state.admission, app.state.files)
         app.state.batches = BatchService(redis, app.state.files, runner.me, settings.batch_lease_s)
@@ -66,6 +70,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             yield
         finally:
             await runner.stop()
+            await app.state.embed.stop()
             await hub.stop()
             await app.state.service.settle()
             await redis.aclose()

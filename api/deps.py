@@ -14,6 +14,7 @@ from inferq.api.admission import Admission
 from inferq.api.auth import KeyRing, Principal
 from inferq.api.batches.files import FileStore
 from inferq.api.batches.service import BatchService
+from inferq.api.embed_coalesce import EmbedCoalescer
 from inferq.api.service import JobService
 from inferq.api.streams import StreamHub
 from inferq.shared.errors import Unauthenticated
@@ -29,6 +30,10 @@ async def get_hub(conn: HTTPConnection) -> StreamHub:
 
 async def get_admission(conn: HTTPConnection) -> Admission:
     return conn.app.state.admission
+
+
+async def get_embed(conn: HTTPConnection) -> EmbedCoalescer:
+    return conn.app.state.embed
 
 
 async def get_caller(conn: HTTPConnection) -> Principal:
@@ -52,6 +57,7 @@ Admit = Annotated[Admission, Depends(get_admission)]
 Caller = Annotated[Principal, Depends(get_caller)]
 WsCaller = Annotated[Principal | Unauthenticated, Depends(get_ws_caller)]
 Hub = Annotated[StreamHub, Depends(get_hub)]
+Embed = Annotated[EmbedCoalescer, Depends(get_embed)]
 #: The ``Idempotency-Key`` header of the OpenAI routes: a repeat answers from the same jobs.
 IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key")]
 
@@ -67,4 +73,4 @@ async def get_batches(conn: HTTPConnection) -> BatchService:
 Files = Annotated[FileStore, Depends(get_files)]
 Batches = Annotated[BatchService, Depends(get_batches)]
 __all__ = ["Service", "Hub", "Request", "Admit", "Caller", "WsCaller", "Principal", "Files", "Batches",
-           "IdempotencyKey"]
+           "IdempotencyKey", "Embed"]

@@ -164,6 +164,14 @@ class Settings(BaseSettings):
         "request's are megabytes) stay in Redis once /v1/embeddings, /pooling, /score or /rerank has answered "
         "with them, instead of INFERQ_JOB_TTL_S; an Idempotency-Key repeat after that is a 404. Jobs submitted "
         "on /v1/jobs and batch lines keep INFERQ_JOB_TTL_S (they are read later).")
+    embed_coalesce_inflight: int = Field(
+        default=2, ge=0, le=64, description="/v1/embeddings requests of one key (one client IP without keys) "
+        "share a job: while this many of the key's shared jobs are in flight on a gateway process, its next "
+        "requests gather and go as one job when one of them ends (an idle gateway sends each at once). One "
+        "job costs the queue the same whatever its inputs; 0: each request is a job of its own.")
+    embed_coalesce_max_inputs: int = Field(
+        default=64, ge=2, le=2048, description="Most inputs in one shared /v1/embeddings job (a request "
+        "with more than half as many goes as a job of its own).")
     idempotency_ttl_s: int = Field(default=24 * 3600, ge=1, description="How long an Idempotency-Key "
                                    "returns the job it created (seconds).")
     http_header_timeout_s: float = Field(

@@ -93,6 +93,7 @@ class Vectors(BaseModel):
 
     packed: list[str]
     prompt_tokens: int
+    tokens: list[int] | None = None  # per input, where the worker said them
 
 
 def vectors_of(ev: Event | PlainToken) -> Vectors | None:
@@ -104,7 +105,7 @@ def vectors_of(ev: Event | PlainToken) -> Vectors | None:
         return None
     if ev.embeddings is None:
         raise Conflict("the job was cancelled before its inputs were embedded", code="job_cancelled")
-    return Vectors(packed=ev.embeddings, prompt_tokens=ev.usage.prompt_tokens)
+    return Vectors(packed=ev.embeddings, prompt_tokens=ev.usage.prompt_tokens, tokens=ev.embedding_tokens)
 
 
 async def collect_vectors(hub: StreamHub, job_id: str) -> Vectors:

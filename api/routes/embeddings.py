@@ -1,6 +1,7 @@
 """``/v1/embeddings``, and vLLM's ``/pooling``, ``/score`` and ``/rerank``, served through the same
 queue as every other job by the workers of a pooling model (api/openai/embeddings.py, scores.py):
-each request is one embedding job."""
+each request is one embedding job, except small ``/v1/embeddings`` requests of one key that meet in
+the gateway, which share one (api/embed_coalesce.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pydantic import BaseModel
 from inferq.api import openai as oc
 from inferq.api import sse
 from inferq.api.admission import fingerprint
-from inferq.api.deps import Admit, Caller, Hub, IdempotencyKey, Service
+from inferq.api.deps import Admit, Caller, Embed, Hub, IdempotencyKey, Service
 from inferq.api.openai.embeddings import EmbeddingList, EmbeddingRequest, Vectors, collect_vectors
 from inferq.api.openai.scores import (
     PoolingList,
@@ -50,12 +51,12 @@ async def _answered(job: JobRequest, kind: str, body: BaseModel, answer: Answer,
                                       fingerprint=lambda: fingerprint(kind, oc.job_fields(body)))
     rec = admitted.records[0]
     cancel = partial(service.cancel_soon, [] if idempotency_key else [rec.id])
-    return await sse.answer_once(request, _delivered(service, hub, rec.id), cancel, lambda got: Response(
+    return await sse.answer_once(request, delivered(service, hub, rec.id), cancel, lambda got: Response(
         answer(rec.id, rec.served_name, got).model_dump_json(), media_type="application/json",
         headers=oc.answer_headers(rec.id, admitted.replayed)))
 
 
-async def _delivered(service: JobService, hub: StreamHub, job_id: str) -> Vectors:
+async def delivered(service: JobService, hub: StreamHub, job_id: str) -> Vectors:
     """The job's vectors; its record and log, which hold them, then stay only
     ``answered_embedding_ttl_s`` more (40 requests of 2,048 inputs left ~126 MB in Redis for a day)."""
     got = await collect_vectors(hub, job_id)
@@ -65,10 +66,19 @@ async def _delivered(service: JobService, hub: StreamHub, job_id: str) -> Vector
 
 @router.post("/v1/embeddings", response_model=EmbeddingList)
 async def embeddings(req: EmbeddingBody, request: Request, service: Service, hub: Hub, caller: Caller,
-                     admission: Admit, idempotency_key: IdempotencyKey = None) -> Response:
-    """One job per request, its inputs embedded together on one worker."""
-    return await _answered(oc.embedding_job(req), "embeddings", req, partial(_embedding, req), request, service,
-                           hub, caller, admission, idempotency_key)
+                     admission: Admit, embed: Embed, idempotency_key: IdempotencyKey = None) -> Response:
+    """The request's inputs embedded together on one worker: in a job of its own, or (small, without an
+    Idempotency-Key) in one it shares with the key's other requests that meet it here."""
+    job = oc.embedding_job(req)
+    if idempotency_key is not None or not embed.takes(job):
+        return await _answered(job, "embeddings", req, partial(_embedding, req), request, service, hub, caller,
+                               admission, idempotency_key)
+    admission.check(job)  # its own limits and its own count in the rate limit, before it joins
+    await admission.check_rate(caller.subject)
+    return await sse.answer_once(request, embed.embed(caller, job), lambda: None, lambda got: Response(
+        oc.embedding_response(got.record.id, got.record.served_name, req,
+                              Vectors(packed=got.packed, prompt_tokens=got.prompt_tokens)).model_dump_json(),
+        media_type="application/json", headers=oc.answer_headers(got.record.id, False)))
 
 
 @router.post("/pooling", response_model=PoolingList)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from importlib.metadata import PackageNotFoundError, version
 
@@ -9,10 +10,21 @@ from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
 
 from inferq.api.deps import Caller, Service
+from inferq.shared.redis import RedisTarget
 from inferq.shared.schemas import WorkerInfo
 
 router = APIRouter(tags=["health"])
 log = logging.getLogger(__name__)
+#: How long a probe waits for Redis before it says unreachable: under a probe's own timeout (Kubernetes'
+#: default is 1 s), instead of the Redis client's retries through a restart (seconds), which a probe
+#: would only see as its own timeout
+PROBE_S = 0.8
+
+
+def _why(e: Exception, service: Service) -> str:
+    """Where Redis is and what went wrong, for the log (no password)."""
+    what = f"no answer in {PROBE_S:g} s" if isinstance(e, TimeoutError) and not str(e) else f"{type(e).__name__}: {e}"
+    return f"{RedisTarget.of(service.settings)}: {what}"
 
 
 @router.get("/healthz")
@@ -27,10 +39,11 @@ async def readyz(service: Service) -> JSONResponse:
     may ask (no key): why Redis cannot be reached, and where it is, goes to the log only."""
     model = service.settings.model_name
     try:
-        await service.redis.ping()
-        workers = [w for w in await service.live_workers(model) if not w.draining]
+        async with asyncio.timeout(PROBE_S):
+            await service.redis.ping()
+            workers = [w for w in await service.live_workers(model) if not w.draining]
     except Exception as e:
-        log.warning("not ready: Redis unreachable: %s: %s", type(e).__name__, e)
+        log.warning("not ready: Redis unreachable at %s", _why(e, service))
         return JSONResponse({"status": "unavailable", "redis": "unreachable", "model": model}, 503)
     body = {"status": "ready" if workers else "unavailable", "redis": "ok", "model": model,
             "workers": len(workers)}
@@ -43,9 +56,10 @@ async def readyz_gateway(service: Service) -> JSONResponse:
     the default model wait in the queue for them): the probe that keeps a gateway in its load
     balancer while workers are scaled to zero, so that queued jobs can bring them back."""
     try:
-        await service.redis.ping()
+        async with asyncio.timeout(PROBE_S):
+            await service.redis.ping()
     except Exception as e:
-        log.warning("gateway not ready: Redis unreachable: %s: %s", type(e).__name__, e)
+        log.warning("gateway not ready: Redis unreachable at %s", _why(e, service))
         return JSONResponse({"status": "unavailable", "redis": "unreachable"}, 503)
     return JSONResponse({"status": "ready", "redis": "ok"}, 200)
 

@@ -109,6 +109,8 @@ class DoneEvent(BaseModel):
     usage: Usage = Field(default_factory=Usage)
     embeddings: list[str] | None = Field(default=None, description="An embedding job's vectors in input "
                                          "order, each its float32 values, little-endian, in base64.")
+    embedding_tokens: list[int] | None = Field(default=None, description="An embedding job's prompt tokens "
+                                               "per input, in input order (what each input was embedded from).")
 
 
 class ErrorEvent(BaseModel):

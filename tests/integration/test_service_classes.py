@@ -61,7 +61,8 @@ def events(fleet: Fleet, job_id: str) -> list[dict]:
 def test_batch_fills_the_slots_and_interactive_work_starts_beside_it(fleet: Fleet) -> None:
     with fleet.http() as http:
         assert classes(http)["slots"] == 2 and classes(http)["reserve"] == 1
-        batch = [submit(http, prompt="bulk", max_tokens=BATCH_JOB, ignore_eos=True, service_class="batch")
+        # as long as a job can be (they are cancelled at the end): still running when the chat comes
+        batch = [submit(http, prompt="bulk", max_tokens=LONG_JOB, ignore_eos=True, service_class="batch")
                  for _ in range(3)]
         eventually(lambda: statuses(http, batch).count("running") == 2, 60, "two batch jobs running")
         eventually(lambda: classes(http)["running"].get("batch"), 10, "the heartbeat to say what it holds",
@@ -88,8 +89,7 @@ def test_waiting_interactive_work_takes_the_youngest_batch_slot(fleet: Fleet) ->
         eventually(lambda: statuses(http, [long]) == ["running"], 60, "the long interactive job running")
         chat = submit(http, prompt="hello", max_tokens=8, ignore_eos=True)  # every slot is held
         done = wait_status(http, chat, timeout=60)
-        assert done["status"] == "succeeded"
-        assert http.get(f"/v1/jobs/{old}").json()["status"] == "running"  # the older batch job kept its slot
+        assert done["status"] == "succeeded"  # the older batch job kept its slot: its log has no restart (below)
         ends = {j: wait_status(http, j, timeout=240) for j in (old, young, long)}
     for view in ends.values():
         assert view["status"] == "succeeded" and view["usage"]["completion_tokens"] == BATCH_JOB, view

@@ -51,6 +51,7 @@ class Progress:
     tokens: dict[int, int] = field(default_factory=dict)
     finish: dict[int, ChoiceEnd] = field(default_factory=dict)
     embeddings: list[str] | None = None  # an embedding job's packed vectors, in input order
+    embedding_tokens: list[int] | None = None  # and each input's prompt tokens
     queue_list: str | None = None  # the list the job was queued on: its fair share's keys (claim, end)
 
     def usage(self) -> Usage:
@@ -75,7 +76,8 @@ class Progress:
             raise ValueError(f"a job ends {status.value} only with an error")
         return fields, DoneEvent(seq=self.seq + 1, status=status, finish_reason=ends[0].finish_reason,
                                  choices=ends, usage=usage,
-                                 embeddings=self.embeddings if status is JobStatus.succeeded else None)
+                                 embeddings=self.embeddings if status is JobStatus.succeeded else None,
+                                 embedding_tokens=self.embedding_tokens if status is JobStatus.succeeded else None)
 
 
 class OutputEvents:

@@ -186,7 +186,8 @@ class JobRunner:
                     extra["lora_request"] = await self.host.adapters.request(msg.adapter)
                 if (spec := msg.request.embed) is not None and pre.inputs is not None:  # an embedding job
                     inputs = fitted(pre.inputs, spec, self.host.max_model_len)
-                    progress.prompt_tokens = sum(map(len, inputs))
+                    progress.embedding_tokens = [len(ids) for ids in inputs]
+                    progress.prompt_tokens = sum(progress.embedding_tokens)
                     progress.embeddings = await embed(self.host.engine, msg.id, inputs, spec, extra)
                     return
                 progress.prompt_tokens = len(pre.ids)
