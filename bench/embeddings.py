@@ -4,9 +4,13 @@ inputs of ``input_tokens``, ``batch`` inputs a request, ``concurrency`` requests
 
     python -m bench.embeddings bench/configs/embeddings/cpu-embeddings.json --out results/embeddings
 
-Both stacks are started once and stay up; each repeat runs every level on each target in turn
-(inferq, then vllm serve), so that a slow spell of the host hits both. A level's figures are
-vLLM's client's: requests/s and input tokens/s over its run, and the request latency (e2el).
+Every stack is started once and stays up; each repeat runs every level (inputs a request x requests
+in flight) on each target in turn (the inferq stacks, then vllm serve), so that a slow spell of the
+host hits all of them. ``stacks``: inferq stacks by name, each its environment (the default config
+runs ``inferq``, small requests of one key sharing jobs as they meet in the gateway, and
+``inferq-solo``, a job per request). A level's figures are vLLM's client's: requests/s and input
+tokens/s over its run, and the request latency (e2el). Levels are keyed by their batch size, with
+``@`` and the concurrency when the config names several.
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ class EmbedConfig:
     input_tokens: int = 128
     batches: list[int] = field(default_factory=lambda: [1, 32])  # inputs per request, one level each
     inputs: int = 4096  # inputs a level embeds (requests = inputs / batch)
-    concurrency: int = 16
+    concurrency: int | list[int] = 16
+    stacks: dict[str, dict[str, str]] = field(default_factory=lambda: {"inferq": {}})
     repeats: int = 3
     workers: int = 1
     max_num_seqs: int = 64
@@ -63,14 +68,15 @@ def start_vllm(procs: Procs, cfg: EmbedConfig) -> str:
     return base
 
 
-def drive(base: str, model: str, tokenizer: str, cfg: EmbedConfig, batch: int, out: Path, seed: int) -> dict[str, Any]:
+def drive(base: str, model: str, tokenizer: str, cfg: EmbedConfig, batch: int, out: Path, seed: int,
+          concurrency: int) -> dict[str, Any]:
     """One level through ``vllm bench serve``; vLLM's figures of it."""
-    name = out / f"b{batch}-s{seed}.json"
+    name = out / f"b{batch}-c{concurrency}-s{seed}.json"
     cmd = [sys.executable, "-m", "bench.vllm_serve", "bench", "serve", "--backend", "openai-embeddings",
            "--endpoint", "/v1/embeddings", "--base-url", base, "--model", model, "--tokenizer", tokenizer,
            "--dataset-name", "random", "--random-input-len", str(cfg.input_tokens), "--random-range-ratio", "0",
            "--random-batch-size", str(batch), "--num-prompts", str(cfg.inputs),  # inputs, in requests of `batch`
-           "--max-concurrency", str(cfg.concurrency), "--seed", str(seed), "--save-result",
+           "--max-concurrency", str(concurrency), "--seed", str(seed), "--save-result",
            "--result-dir", str(out), "--result-filename", name.name, "--percentile-metrics", "e2el",
            "--metric-percentiles", "50,90"]
     subprocess.run(cmd, check=True, cwd=ROOT, env=base_env(), stdout=subprocess.DEVNULL,
@@ -93,24 +99,29 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     cfg = EmbedConfig(**json.loads(args.config.read_text()))
     (logs := args.out / "logs").mkdir(parents=True, exist_ok=True)
-    runs: dict[str, dict[int, list[dict[str, Any]]]] = {"inferq": {}, "vllm-serve": {}}
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {name: {} for name in [*cfg.stacks, "vllm-serve"]}
+    conc = cfg.concurrency if isinstance(cfg.concurrency, list) else [cfg.concurrency]
     with Procs(logs) as procs:
-        spec = StackSpec(workers=cfg.workers, max_num_seqs=cfg.max_num_seqs, kv_cache_gib=cfg.kv_cache_gib,
-                         gpu_memory_utilization=cfg.gpu_memory_utilization, env={"INFERQ_RUNNER": "pooling"},
-                         startup_timeout_s=cfg.startup_timeout_s)
-        bases = {"inferq": start_inferq(procs, Workload(name=cfg.name, model=cfg.model,
-                                                        max_model_len=cfg.max_model_len), spec, "embed"),
-                 "vllm-serve": start_vllm(procs, cfg)}
+        bases: dict[str, str] = {}
+        for name, env in cfg.stacks.items():
+            spec = StackSpec(workers=cfg.workers, max_num_seqs=cfg.max_num_seqs, kv_cache_gib=cfg.kv_cache_gib,
+                             gpu_memory_utilization=cfg.gpu_memory_utilization,
+                             env={"INFERQ_RUNNER": "pooling", **env}, startup_timeout_s=cfg.startup_timeout_s)
+            bases[name] = start_inferq(procs, Workload(name=cfg.name, model=cfg.model,
+                                                       max_model_len=cfg.max_model_len), spec, name)
+        bases["vllm-serve"] = start_vllm(procs, cfg)
         model = httpx.get(f"{bases['vllm-serve']}/v1/models", timeout=30).json()["data"][0]
         tokenizer = model["root"]
         for seed in range(cfg.repeats):
             for batch in cfg.batches:
-                for target, base in bases.items():
-                    got = drive(base, model["id"], tokenizer, cfg, batch, logs, seed)
-                    runs[target].setdefault(batch, []).append(got)
-                    print(target, f"batch={batch}", json.dumps(got), flush=True)
+                for c in conc:
+                    level = str(batch) if len(conc) == 1 else f"{batch}@{c}"
+                    for target, base in bases.items():
+                        got = drive(base, model["id"], tokenizer, cfg, batch, logs, seed, c)
+                        runs[target].setdefault(level, []).append(got)
+                        print(target, f"batch={batch} concurrency={c}", json.dumps(got), flush=True)
     result = {"config": asdict(cfg), "client": "vllm bench serve --backend openai-embeddings",
-              "targets": {t: {str(b): {"runs": rs, "summary": summary(rs)} for b, rs in levels.items()}
+              "targets": {t: {b: {"runs": rs, "summary": summary(rs)} for b, rs in levels.items()}
                           for t, levels in runs.items()}}
     (args.out / "embeddings.json").write_text(json.dumps(result, indent=1))
     return 0

@@ -133,8 +133,10 @@ def sessions_table(spec: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-EMBED_HEADER = ("| target | inputs a request | inputs/s | input tokens/s | request latency p50 / p90 ms "
-                "| vs vllm serve |\n| --- | --- | --- | --- | --- | --- |")
+EMBED_HEADER = ("| target | inputs a request | in flight | inputs/s | input tokens/s | request latency p50 / p90 ms "
+                "| vs vllm serve |\n| --- | --- | --- | --- | --- | --- | --- |")
+#: the labels of bench.embeddings' inferq stacks (others by their name)
+EMBED_TARGETS = {"inferq": "inferq", "inferq-solo": "inferq, a job per request"}
 
 
 def embeddings_table(spec: dict[str, Any]) -> str:
@@ -142,15 +144,18 @@ def embeddings_table(spec: dict[str, Any]) -> str:
     vLLM's client's figures, and inferq's inputs/s as a share of vllm serve's."""
     result = json.loads((HERE / spec["file"]).read_text())
     targets = result["targets"]
+    conc = result["config"]["concurrency"]
     lines = [spec["line"], "", EMBED_HEADER]
-    for batch in targets["vllm-serve"]:
-        ref = targets["vllm-serve"][batch]["summary"]["inputs_s"]["median"]
-        for name, label in (("vllm-serve", "vllm serve"), ("inferq", "inferq")):
-            s = targets[name][batch]["summary"]
+    for level in targets["vllm-serve"]:
+        batch, _, c = level.partition("@")
+        ref = targets["vllm-serve"][level]["summary"]["inputs_s"]["median"]
+        for name in ["vllm-serve", *(t for t in targets if t != "vllm-serve")]:
+            s = targets[name][level]["summary"]
             lat = f"{s['e2el_p50_ms']['median']:,.0f} / {s['e2el_p90_ms']['median']:,.0f}"
             share = "1.00×" if name == "vllm-serve" else f"{s['inputs_s']['median'] / ref:.2f}×"
-            lines.append(f"| {label} | {batch} | {_range(s['inputs_s'], ',.0f')} | {_range(s['input_tok_s'], ',.0f')} "
-                         f"| {lat} | {share} |")
+            label = "vllm serve" if name == "vllm-serve" else EMBED_TARGETS.get(name, name)
+            lines.append(f"| {label} | {batch} | {c or conc} | {_range(s['inputs_s'], ',.0f')} "
+                         f"| {_range(s['input_tok_s'], ',.0f')} | {lat} | {share} |")
     lines += ["", "Runs: " + "; ".join(f"**{k}** {v}" for k, v in spec["runs"].items()) + "."]
     return "\n".join(lines)
 

@@ -9,6 +9,7 @@ The embedding fleet has a Redis of its own, so the session stack's model list st
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import os
@@ -178,6 +179,31 @@ def test_embeddings_are_vllm_serves_vectors(embed_fleet: str, vllm_embed: str) -
             a, b = (c.post("/v1/embeddings", json={"model": EMBED, **body}) for c in (ours, theirs))
             assert a.status_code == b.status_code and a.status_code in (400, 404), (case, a.text, b.text[:300])
             assert a.json()["error"]["message"], case
+
+
+def test_requests_that_meet_each_get_their_own_answer(embed_fleet: str, vllm_embed: str) -> None:
+    """One-input requests of one client sent together (which a gateway may answer from jobs they share:
+    api/embed_coalesce.py) each get what ``vllm serve`` gives that request alone: its vectors, its usage;
+    one over the context window among them gets its own 400, naming its own input, and the rest are
+    answered."""
+    texts = [f"sentence {i}: " + "the sky is blue " * (1 + i % 5) for i in range(24)]
+    bodies: list[dict[str, Any]] = [{"model": EMBED, "input": t} for t in texts]
+    bodies[7] = {"model": EMBED, "input": "x " * 9000}
+    bodies[11] = {"model": EMBED, "input": texts[11], "encoding_format": "base64"}
+
+    async def send(base: str) -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=base, timeout=120) as c:
+            return await asyncio.gather(*(c.post("/v1/embeddings", json=b) for b in bodies))
+
+    ours, theirs = asyncio.run(send(embed_fleet)), asyncio.run(send(vllm_embed))
+    for i, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+        assert a.status_code == b.status_code == (400 if i == 7 else 200), (i, a.text[:300], b.text[:300])
+        if i == 7:
+            assert "input 0 has" in a.json()["error"]["message"], a.text
+            continue
+        ja, jb = a.json(), b.json()
+        assert ja["usage"] == jb["usage"] and len(ja["data"]) == 1, (i, ja["usage"], jb["usage"])
+        assert close(vectors(ja), vectors(jb)), (i, gap(vectors(ja), vectors(jb)))
 
 
 POOLING_CASES: dict[str, tuple[str, dict[str, Any]]] = {
