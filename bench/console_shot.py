@@ -42,7 +42,10 @@ def chromium(width: int, height: int) -> Iterator[Any]:
     try:
         yield driver
     finally:
-        driver.quit()
+        try:  # a page's live connections (the console's streams) closed first: Chromium then quits at once
+            driver.get("about:blank")
+        finally:
+            driver.quit()
 
 
 def shoot(base: str, out: Path, api_key: str | None, width: int = 1400, height: int = 1000) -> None:

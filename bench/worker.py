@@ -41,6 +41,7 @@ from bench.sysinfo import cpu_model
 from inferq.cli.procs import start_redis
 from inferq.shared.redis import make_redis
 from inferq.shared.schemas import JobMessage, JobRecord, JobRequest
+from inferq.shared.schemas.jobs import ServiceClass
 from inferq.shared.store import JobStore
 from inferq.worker.loopthread import LoopThread
 from tests.procs import free_port
@@ -89,11 +90,13 @@ async def _ping(store: JobStore) -> None:
     await store.redis.ping()
 
 
-async def _records(store: JobStore, n: int, tokens: int) -> list[JobMessage]:
+async def _records(store: JobStore, n: int, tokens: int,
+                   service_class: ServiceClass = "interactive") -> list[JobMessage]:
     msgs = []
     for _ in range(n):
         rec = JobRecord(id=f"job-{uuid.uuid4().hex}", model=MODEL,
-                        request=JobRequest(prompt="one two three", max_tokens=tokens, ignore_eos=True))
+                        request=JobRequest(prompt="one two three", max_tokens=tokens, ignore_eos=True,
+                                           service_class=service_class))
         await store.create(rec)
         msgs.append(rec.message())
     return msgs
@@ -148,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=256, help="tokens per job")
     p.add_argument("--step-ms", type=float, default=10.0, help="the stand-in engine's step time")
     p.add_argument("--repeats", type=int, default=3, help="runs per level (the median is reported)")
+    p.add_argument("--service-class", default="interactive", choices=["interactive", "batch"],
+                   help="the jobs' class (a batch job's text goes out every INFERQ_BATCH_EVENT_INTERVAL_MS)")
     p.add_argument("--profile", help="py-spy the worker during the last level; collapsed stacks here")
     p.add_argument("--out", help="write the results as JSON here")
     a = p.parse_args(argv)
@@ -172,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         loop.start()
         store = JobStore(make_redis(redis.url), settings.job_ttl_s)
         loop.run(_ping(store))
-        make = lambda n, t: loop.run(_records(store, n, t))  # noqa: E731
+        make = lambda n, t: loop.run(_records(store, n, t, a.service_class))  # noqa: E731
         run_level(runtime, make, 4, 8, a.step_ms / 1000)  # warm-up
         results = []
         for i, jobs in enumerate(levels):

@@ -164,6 +164,12 @@ class Settings(BaseSettings):
         "request's are megabytes) stay in Redis once /v1/embeddings, /pooling, /score or /rerank has answered "
         "with them, instead of INFERQ_JOB_TTL_S; an Idempotency-Key repeat after that is a 404. Jobs submitted "
         "on /v1/jobs and batch lines keep INFERQ_JOB_TTL_S (they are read later).")
+    batch_event_interval_ms: int = Field(
+        default=250, ge=0, le=10_000, description="A batch job's text (service_class batch: Batch API lines, "
+        "background work) goes to its log at most this often, the tokens of each interval in one event, instead "
+        "of one event per engine step: nobody reads batch work token by token, and each event costs the worker, "
+        "Redis and any reader CPU. A stream of it is as exact, in fewer pieces. 0: every step, as interactive "
+        "work.")
     embed_coalesce_inflight: int = Field(
         default=2, ge=0, le=64, description="/v1/embeddings requests of one key (one client IP without keys) "
         "share a job: while this many of the key's shared jobs are in flight on a gateway process, its next "

@@ -137,7 +137,8 @@ class WorkerRuntime:
                                 priority_scheduling=s.scheduling_policy == "priority",
                                 on_engine_dead=self._engine_died_under, max_attempts=s.max_attempts,
                                 hand_back=self._hand_back_one, tool_call_parser=s.tool_call_parser,
-                                latency=self.classes.limit if self.classes is not None else None)
+                                latency=self.classes.limit if self.classes is not None else None,
+                                batch_event_interval_s=s.batch_event_interval_ms / 1000)
         self.intake.runner = self.runner
         self.handback = LocalHandBack(self.runner.attempts, store, self.send, self.id, s.max_attempts)
         await fleet_adapters.register(self.redis, s.model_name, s.lora_adapters)

@@ -135,3 +135,40 @@ def test_a_failure_ends_with_an_error_event_after_the_last_token() -> None:
     assert isinstance(event, ErrorEvent) and event.seq == 2 and event.error == err
     assert fields["error"] == err and fields["choices"][0]["text"] == "partial"
     assert fields["finish_reason"] is None
+
+
+def test_held_text_goes_out_once_an_interval_per_completion_and_all_of_it_before_the_end(monkeypatch) -> None:
+    """Batch work (``hold_s``): plain text is held and sent at most once an interval, one event a
+    completion, the rest before each completion's end and on ``flush``; log-probs are never held."""
+    import inferq.worker.jobs.outputs as outputs
+
+    clock = [100.0]
+    monkeypatch.setattr(outputs.time, "monotonic", lambda: clock[0])
+    sink = Sink()
+    progress = Progress(prompt_tokens=2)
+    events = OutputEvents(progress, PromptReturn([1, 2], None, None, ScriptedTokenizer()), ScriptedTokenizer(), None,
+                          sink, None, hold_s=0.25)
+    for i, piece in enumerate(["a", "b", "c"]):  # 0.1 s apart: held until 0.25 s since the start
+        clock[0] += 0.1
+        events.feed(Step([Out(0, piece, [i]), Out(1, piece.upper(), [i])]))
+    assert [(e.index, e.text, e.n_tokens) for e in sink.events] == [(0, "abc", 3), (1, "ABC", 3)]
+    clock[0] += 0.01
+    events.feed(Step([Out(0, "d", [3]), Out(1, "D", [3], finish_reason="length")]))  # 1 ends: all goes first
+    assert [(e.index, e.text) for e in sink.events[2:]] == [(0, "d"), (1, "D")]
+    clock[0] += 0.01
+    events.feed(Step([Out(0, "e", [4])]))
+    assert len(sink.events) == 4  # held
+    events.flush()  # the runner's, when the generation stops
+    assert [(e.index, e.text) for e in sink.events[4:]] == [(0, "e")]
+    assert [e.seq for e in sink.events] == [1, 2, 3, 4, 5]
+    streamed = {i: "".join(e.text for e in sink.events if e.index == i) for i in (0, 1)}
+    assert streamed == {i: "".join(progress.texts[i]) for i in (0, 1)} == {0: "abcde", 1: "ABCD"}
+    assert sum(e.n_tokens for e in sink.events) == sum(progress.tokens.values())
+    events.flush()
+    assert len(sink.events) == 5  # nothing held: nothing sent
+    lp = OutputEvents(Progress(), PromptReturn([1], None, 0, ScriptedTokenizer()), ScriptedTokenizer(), 0, sink,
+                      None, hold_s=10.0)
+    step = Step([Out(0, "x", [5])])
+    step.outputs[0].logprobs = [{5: SimpleNamespace(logprob=-0.5, rank=1, decoded_token="x")}]  # type: ignore[assignment]
+    lp.feed(step)
+    assert sink.events[-1].text == "x" and sink.events[-1].logprobs  # with log-probs: at once

@@ -52,8 +52,10 @@ class JobRunner:
                  default_max_tokens: int, priority_scheduling: bool = False,
                  on_engine_dead: Callable[[str, int], Awaitable[None]] | None = None,
                  hand_back: HandBack | None = None, max_attempts: int = 3,
-                 tool_call_parser: str | None = None, latency: BatchLimit | None = None) -> None:
+                 tool_call_parser: str | None = None, latency: BatchLimit | None = None,
+                 batch_event_interval_s: float = 0.0) -> None:
         self.host = host
+        self.batch_event_interval_s = batch_event_interval_s  # a batch job's text goes out at most this often
         # vLLM's tool-call parser for tool_choice "auto" (an unknown name fails the worker's start)
         self.tool_parser = parser_class(tool_call_parser) if tool_call_parser else None
         self.store = store
@@ -195,7 +197,8 @@ class JobRunner:
                 params = sampling_params(req, len(pre.ids), self.host.max_model_len, self.default_max_tokens)
                 events = OutputEvents(progress, PromptReturn(pre.ids, pre.echo, req.logprobs, self.host.tokenizer),
                                       self.host.tokenizer, params.logprobs, sink,
-                                      tool_streams(self.tool_parser, self.host.tokenizer, req))
+                                      tool_streams(self.tool_parser, self.host.tokenizer, req),
+                                      self.batch_event_interval_s if req.service_class == "batch" else 0.0)
                 watch = Watch(self.latency if req.service_class == "interactive" else None, msg.created_at)
                 await self._generate(msg.id, run, pre.ids, params, events, sink, extra, watch)
         except TimeoutError:
@@ -236,6 +239,7 @@ class JobRunner:
                         sink.first_output_fed()
                         run.span.event("first_token")
         finally:
+            events.flush()  # held text (batch work) goes out before the attempt's end
             del self._engine_busy[job_id]
             done.set()
             watch.flush()
