@@ -48,12 +48,10 @@ log = logging.getLogger(__name__)
 
 
 class JobRunner:
-    def __init__(self, host: EngineHost, store: JobStore, writer: EventWriter, worker_id: str,
-                 default_max_tokens: int, priority_scheduling: bool = False,
-                 on_engine_dead: Callable[[str, int], Awaitable[None]] | None = None,
-                 hand_back: HandBack | None = None, max_attempts: int = 3,
-                 tool_call_parser: str | None = None, latency: BatchLimit | None = None,
-                 batch_event_interval_s: float = 0.0) -> None:
+    def __init__(self, host: EngineHost, store: JobStore, writer: EventWriter, worker_id: str, default_max_tokens: int,
+                 priority_scheduling: bool = False, on_engine_dead: Callable[[str, int], Awaitable[None]] | None = None,
+                 hand_back: HandBack | None = None, max_attempts: int = 3, tool_call_parser: str | None = None,
+                 latency: BatchLimit | None = None, batch_event_interval_s: float = 0.0) -> None:
         self.host = host
         self.batch_event_interval_s = batch_event_interval_s  # a batch job's text goes out at most this often
         # vLLM's tool-call parser for tool_choice "auto" (an unknown name fails the worker's start)
@@ -152,8 +150,7 @@ class JobRunner:
         """Claim the job (queued -> running) as a new attempt; False if it was not queued."""
         token = secrets.token_hex(8)  # a retried claim whose answer was lost (or never came) is still ours
         self.attempts.claiming(msg.id, run)
-        try:  # until Redis answers: a claim given up on may have taken the job, which nobody would run
-            # rooms are made for interactive work (worker/jobs/room.py): a batch job's claim uses none
+        try:  # until Redis answers (a claim given up on may have taken the job); rooms: interactive work's only
             room = keys.room(msg.model, msg.tenant) if msg.tenant and msg.request.service_class != "batch" else None
             claim = await persist(lambda: self.store.claim(msg.id, self.worker_id, token, progress.queue_list, room),
                                   f"claim job {msg.id}", self.writer.budget_s)
@@ -195,10 +192,10 @@ class JobRunner:
                 progress.prompt_tokens = len(pre.ids)
                 req = msg.request
                 params = sampling_params(req, len(pre.ids), self.host.max_model_len, self.default_max_tokens)
+                hold = self.batch_event_interval_s if req.service_class == "batch" else 0.0
                 events = OutputEvents(progress, PromptReturn(pre.ids, pre.echo, req.logprobs, self.host.tokenizer),
                                       self.host.tokenizer, params.logprobs, sink,
-                                      tool_streams(self.tool_parser, self.host.tokenizer, req),
-                                      self.batch_event_interval_s if req.service_class == "batch" else 0.0)
+                                      tool_streams(self.tool_parser, self.host.tokenizer, req), hold)
                 watch = Watch(self.latency if req.service_class == "interactive" else None, msg.created_at)
                 await self._generate(msg.id, run, pre.ids, params, events, sink, extra, watch)
         except TimeoutError:
