@@ -59,6 +59,12 @@ class _Group:
     inputs: int = 0
 
 
+def _count(job: JobRequest) -> int:
+    """The job's inputs."""
+    e = job.embed
+    return len((e.texts or e.token_ids or ()) if e is not None else ())
+
+
 def group_key(caller: Principal, job: JobRequest) -> tuple[Any, ...] | None:
     """The requests that may share ``job``'s group: the same caller and every option but the inputs
     (None: a job that does not coalesce)."""
@@ -91,21 +97,20 @@ class EmbedCoalescer:
         self._open: dict[tuple[Any, ...], _Group] = {}
         self._running: dict[tuple[Any, ...], int] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-        self.jobs = 0  # jobs sent, and the requests they carried (for the tests and the page)
+        self.jobs = 0  # jobs sent, and the requests they carried
         self.requests = 0
 
     def takes(self, job: JobRequest) -> bool:
-        """Whether ``job`` may join a group (small enough, and coalescing on)."""
-        e = job.embed
-        n = len((e.texts or e.token_ids or ()) if e is not None else ())
-        return self.inflight > 0 and 0 < n <= self.max_inputs // 2
+        """Whether ``job`` may join a group (coalescing on, a job that groups, small enough)."""
+        return self.inflight > 0 and job.embed is not None and job.embed.text_max_tokens is None \
+            and 0 < _count(job) <= self.max_inputs // 2
 
     async def embed(self, caller: Principal, job: JobRequest) -> Answer:
         """``job``'s answer, from a job it shares with other requests of the caller's key, or its
         error. The caller's wait may be cancelled (its client left): the group's job goes on."""
         key = group_key(caller, job)
-        assert key is not None and job.embed is not None
-        member = _Member(job, len(job.embed.texts or job.embed.token_ids or ()))
+        assert key is not None
+        member = _Member(job, _count(job))
         group = self._open.get(key)
         if group is not None and group.inputs + member.n > self.max_inputs:
             self._send(group)  # full: it goes now, and this request opens the next one
