@@ -233,6 +233,15 @@ class WorkerRuntime:
             await self.handback.all(reason)
 
     # --- what the heartbeat reads (from its own thread) ---------------------------------------
+    def renew_engine(self) -> None:
+        """A woken or restarted engine holds no cache of the one before (sleep drops it): a new instance
+        id, so that the fleet's index stops drawing jobs to this worker for what the old one held."""
+        self.engine_id = engine_instance(self.id)
+        if self.affinity is not None:
+            self.affinity.engine = self.affinity.view.engine = self.engine_id
+        if self.kv_feed is not None:
+            self.kv_feed.engine = self.engine_id
+
     def describe(self) -> WorkerInfo:
         stats = self.host.stats.model_copy()
         stats.engine_requests = self.host.unfinished_requests()

@@ -84,6 +84,7 @@ def put_to_sleep(rt: WorkerRuntime, consumption: Consumption, grace_s: float) ->
 def wake(rt: WorkerRuntime, consumption: Consumption) -> float:
     """Wake the engine (or start it again), register, take jobs again; the seconds the engine took."""
     wake_s = rt.host.run(rt.host.wake())
+    rt.renew_engine()
     rt.heartbeat.set_asleep(False)
     rt.admission.reopen()
     consumption.resume()
