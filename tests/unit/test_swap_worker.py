@@ -13,7 +13,7 @@ import pytest
 from celery.exceptions import Reject
 
 from inferq.shared import keys
-from inferq.shared.schemas import JobStatus
+from inferq.shared.schemas import JobStatus, WorkerInfo
 from inferq.shared.settings import Settings
 from inferq.worker.engine.host import EngineHost
 from inferq.worker.multi.nap import put_to_sleep, wake
@@ -75,9 +75,14 @@ async def test_sleep_hands_back_after_the_grace_then_sleeps_and_wake_takes_jobs_
         await asyncio.sleep(3 * rt.settings.heartbeat_s)  # the heartbeat goes on without registering
         assert not await live(r, "scripted", rt.id)
 
+        slept = rt.engine_id
         await asyncio.to_thread(wake, rt, consuming)
         assert engine.calls == ["sleep 1", "wake_up"] and consuming.calls == ["pause", "resume"]
         assert await live(r, "scripted", rt.id)
+        info = WorkerInfo.model_validate_json(await r.get(keys.worker(rt.id)))
+        assert info.engine == rt.engine_id != slept, "a woken engine is a new instance: it holds no old cache"
+        if rt.affinity is not None:
+            assert rt.affinity.engine == rt.affinity.view.engine == rt.engine_id
         assert rt.heartbeat.reaped == 0, "a wake is not a return from the dead"
         again = await queued_job(store, "scripted")
         rig.run_job(again)
