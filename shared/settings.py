@@ -236,10 +236,12 @@ class Settings(BaseSettings):
         "the KV cache runs short). Unset: a quarter of INFERQ_MAX_NUM_SEQS, and at least twice its square root "
         "(6 of 8, 12 of 32, 32 of 128); 0 with classes off.")
     running_fair_share: bool = Field(
-        default=True, description="With service classes: a worker whose every slot is held hands a job back "
-        "(restart event, reason 'preempted', not counted against its attempts) when interactive work waits "
-        "that runs below its tenant's share of the worker (slots x weight / the weights of the tenants queued "
-        "or running there): its youngest batch job, else the youngest job of the tenant most above its share.")
+        default=False, description="With service classes, a worker whose every slot is held hands its youngest "
+        "batch job back (restart event, reason 'preempted', not counted against its attempts) when interactive "
+        "work waits. On: also the youngest interactive job of the tenant most above its share of the worker "
+        "(slots x weight / the weights of the tenants queued or running there) when a tenant waits below its "
+        "share. Off by default: on the benchmark page it lost to fair share in the queue alone on every "
+        "tenant target (a handed-back job runs again from its start).")
     interactive_ttft_p99_ms: float = Field(
         default=0.0, ge=0, description="Interactive time to first token (from submission) a worker keeps its "
         "p99 under, over each heartbeat: above it, the worker halves the batch jobs it takes; below, it takes "

@@ -147,9 +147,9 @@ class WorkerRuntime:
             loop.create_task(control.listen(self.redis, self.runner.cancel)),
             loop.create_task(fleet_adapters.listen(self.redis, self.host.adapters, s.model_name, self.id)),
             loop.create_task(self.host.adapters.keep_synced())]
-        if self.classes is not None and s.running_fair_share:  # full: hand back for work waiting below its share
+        if self.classes is not None:  # full: hand back batch (or, by tenant share, interactive) for work waiting
             self.room = Room(self.redis, s.model_name, self.classes, self.runner.attempts.attempts,
-                             self.handback.preempt, s.heartbeat_s)
+                             self.handback.preempt, s.heartbeat_s, tenants=s.running_fair_share)
             self._listeners.append(loop.create_task(self.room.run()))
         if (files := tokenizer_files.files_of(self.host.tokenizer)) is not None:
             try:

@@ -20,12 +20,14 @@ LANE = 9
 class Worker:
     """A worker's holdings (slots + reserve = 4) and what it hands back."""
 
-    def __init__(self, r: redis.asyncio.Redis, model: str, slots: int = 3, reserve: int = 1) -> None:
+    def __init__(self, r: redis.asyncio.Redis, model: str, slots: int = 3, reserve: int = 1,
+                 tenants: bool = True) -> None:
         self.classes = ServiceClasses(slots, reserve, LANE, BatchLimit(slots))
         self.given: list[str] = []
         self._holding: list[object] = []
         self._attempts: dict[str, int] = {}
-        self.room = Room(r, model, self.classes, lambda: dict(self._attempts), self._give_back, period_s=1.0)
+        self.room = Room(r, model, self.classes, lambda: dict(self._attempts), self._give_back, period_s=1.0,
+                         tenants=tenants)
 
     def hold(self, tenant: str, service_class: str = "interactive", n: int = 1) -> list[str]:
         ids = []
@@ -95,6 +97,18 @@ async def test_a_tenant_over_its_share_gives_its_youngest_job_to_one_waiting_bel
     assert await r.get(keys.room(m, "light")) == "1"  # a claim of the light tenant's job uses the room up:
     await r.decr(keys.room(m, "light"))  # (as job_claim.lua does) its next job waiting gets one again
     assert await other.room.check() == 1
+
+
+async def test_without_running_slot_fair_share_only_batch_makes_room(r: redis.asyncio.Redis) -> None:
+    m = model()
+    w = Worker(r, m, tenants=False)  # INFERQ_RUNNING_FAIR_SHARE off (the default)
+    w.hold("heavy", n=4)
+    await waiting(r, m, "light")
+    assert await w.room.check() == 0 and w.given == [], "a tenant's interactive job keeps its slot"
+    other = Worker(r, m, tenants=False)
+    other.hold("heavy", n=3)
+    young = other.hold("heavy", "batch")
+    assert await other.room.check() == 1 and other.given == young, "batch still gives way to interactive"
 
 
 async def test_a_claim_uses_up_a_room_made_for_its_tenant(r: redis.asyncio.Redis) -> None:

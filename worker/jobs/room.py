@@ -1,5 +1,6 @@
 """Making room: a full worker hands a job back when interactive work waits that has a better claim
-on one of its slots (running-slot fair share; docs/design.md, "Service classes").
+on one of its slots: a batch job's (service classes), or, with running-slot fair share
+(``INFERQ_RUNNING_FAIR_SHARE``), a job of a tenant above its share (docs/design.md, "Service classes").
 
 Fair share orders the queue (shared/fairshare.py), so a slot that frees goes to the tenant served
 least; but a running job keeps its slot, and long jobs of one tenant that filled a worker would make
@@ -39,13 +40,17 @@ log = logging.getLogger(__name__)
 GiveBack = Callable[[str, int], Awaitable[None]]  # (job id, attempt): hand it back, end its run
 
 
-def victim(held: list[Held], attempts: dict[str, int], counts: Counter[str], share: dict[str, float]) -> Held | None:
-    """The job to hand back: the youngest claimed batch job, else the youngest claimed interactive
-    job of the tenant most above its share by a whole job; None when no tenant is."""
+def victim(held: list[Held], attempts: dict[str, int], counts: Counter[str], share: dict[str, float],
+           tenants: bool = True) -> Held | None:
+    """The job to hand back: the youngest claimed batch job, else (``tenants``: running-slot fair
+    share) the youngest claimed interactive job of the tenant most above its share by a whole job;
+    None when there is none."""
     claimed = [h for h in held if h.job_id in attempts]
     batch = [h for h in claimed if h.service_class == "batch"]
     if batch:
         return max(batch, key=lambda h: h.since)
+    if not tenants:
+        return None
     over = {t: n - share.get(t, 0.0) for t, n in counts.items() if n - share.get(t, 0.0) >= 1}
     if not over:
         return None
@@ -69,8 +74,8 @@ def needy(waiting: dict[str, int], counts: Counter[str], share: dict[str, float]
 
 class Room:
     def __init__(self, redis: Redis, model: str, classes: ServiceClasses, attempts: Callable[[], dict[str, int]],
-                 give_back: GiveBack, period_s: float) -> None:
-        self.redis, self.model, self.classes = redis, model, classes
+                 give_back: GiveBack, period_s: float, tenants: bool = True) -> None:
+        self.redis, self.model, self.classes, self.tenants = redis, model, classes, tenants
         self.attempts, self.give_back, self.period_s = attempts, give_back, period_s
         self.handed_back = 0  # jobs this worker gave back to make room, since it started
         self._lists = [name for p, name in enumerate(keys.queue_lists(model)) if p != classes.lane]
@@ -108,11 +113,12 @@ class Room:
             return 0
         counts = Counter(h.tenant for h in held if h.service_class == "interactive")
         active = set(waiting) | set(counts)
-        share = shares(active, await self._weights(active), total)
+        # without running-slot fair share every tenant's interactive work may take any batch slot
+        share = shares(active, await self._weights(active), total) if self.tenants else dict.fromkeys(active, total)
         handed = 0
         for tenant in needy(waiting, counts, share):
             for _ in range(waiting[tenant]):  # a room for each of its jobs queued, up to its share
-                job = victim(held, self.attempts(), counts, share)
+                job = victim(held, self.attempts(), counts, share, self.tenants)
                 if counts[tenant] + 1 > share[tenant] + 1e-9 or job is None \
                         or not await self._room_for(tenant):
                     break
