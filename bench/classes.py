@@ -49,6 +49,7 @@ from bench.sysinfo import cpu_model
 
 STACKS = {  # name -> environment over the config's (every worker and the gateway)
     "classes": {},
+    "targets": {},  # classes with the config's interactive latency targets (``targets_env``)
     "today": {"INFERQ_SERVICE_CLASSES": "false"},
     "fifo": {"INFERQ_SERVICE_CLASSES": "false", "INFERQ_FAIR_SHARE": "false", "INFERQ_BATCH_PRIORITY": "5"},
     "fair": {"INFERQ_RUNNING_FAIR_SHARE": "true"},  # fair share in the queue and in running slots
@@ -69,6 +70,7 @@ class ClassesConfig:
     kv_cache_gib: float = 1.0
     gpu_memory_utilization: float = 0.9
     env: dict[str, str] = field(default_factory=dict)
+    targets_env: dict[str, str] = field(default_factory=dict)  # the "targets" fleet's latency targets
     stacks: list[str] = field(default_factory=lambda: list(STACKS))
     repeats: int = 3
     startup_timeout_s: float = 600.0
@@ -179,7 +181,7 @@ def _keep(out: Path, stack: str, runs: list[dict[str, Any]], ctx: dict[str, Any]
 
 
 def run_stack(cfg: ClassesConfig, stack: str, out: Path, ctx: dict[str, Any]) -> dict[str, Any]:
-    env = {**cfg.env, **STACKS[stack]}
+    env = {**cfg.env, **STACKS[stack], **(cfg.targets_env if stack == "targets" else {})}
     if stack in TENANT_STACKS:
         keys_file = out / "keys.txt"
         keys_file.write_text("".join(f"{k} {t} tenant={t}\n" for t, k in TENANT_KEYS.items()))
@@ -212,7 +214,7 @@ def run_stack(cfg: ClassesConfig, stack: str, out: Path, ctx: dict[str, Any]) ->
                 for k in range(cfg.repeats):
                     runs.append(classes_run(http, cfg, stack, ctx, k, out))
                     _keep(out, stack, runs, ctx)
-    return {"env": STACKS[stack], "runs": runs}
+    return {"env": {**STACKS[stack], **(cfg.targets_env if stack == "targets" else {})}, "runs": runs}
 
 
 def summarize(result: dict[str, Any]) -> dict[str, Any]:
@@ -262,7 +264,7 @@ def table(summary: dict[str, Any]) -> str:
              "| --- | --- | --- | --- | --- | --- | --- |"]
     # each fleet against its own interactive-alone runs (same fleet, same repeats): the fleets' settings
     # change how interactive work alone fares too (with classes off a worker takes no more than its slots)
-    for name in ("classes", "today", "fifo"):
+    for name in ("classes", "targets", "today", "fifo"):
         s = st.get(name)
         if not s:
             continue
