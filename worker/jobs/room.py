@@ -114,7 +114,8 @@ class Room:
         counts = Counter(h.tenant for h in held if h.service_class == "interactive")
         active = set(waiting) | set(counts)
         # without running-slot fair share every tenant's interactive work may take any batch slot
-        share = shares(active, await self._weights(active), total) if self.tenants else dict.fromkeys(active, total)
+        share = (shares(active, await self._weights(active), total) if self.tenants
+                 else dict.fromkeys(active, float(total)))
         handed = 0
         for tenant in needy(waiting, counts, share):
             for _ in range(waiting[tenant]):  # a room for each of its jobs queued, up to its share
