@@ -180,8 +180,13 @@ def _keep(out: Path, stack: str, runs: list[dict[str, Any]], ctx: dict[str, Any]
     (out / f"{stack}-runs.json").write_text(json.dumps({"runs": runs, **extra}, indent=1) + "\n")
 
 
+def stack_env(cfg: ClassesConfig, stack: str) -> dict[str, str]:
+    """What a fleet sets over the config's environment."""
+    return {**STACKS[stack], **(cfg.targets_env if stack == "targets" else {})}
+
+
 def run_stack(cfg: ClassesConfig, stack: str, out: Path, ctx: dict[str, Any]) -> dict[str, Any]:
-    env = {**cfg.env, **STACKS[stack], **(cfg.targets_env if stack == "targets" else {})}
+    env = {**cfg.env, **stack_env(cfg, stack)}
     if stack in TENANT_STACKS:
         keys_file = out / "keys.txt"
         keys_file.write_text("".join(f"{k} {t} tenant={t}\n" for t, k in TENANT_KEYS.items()))
@@ -214,7 +219,7 @@ def run_stack(cfg: ClassesConfig, stack: str, out: Path, ctx: dict[str, Any]) ->
                 for k in range(cfg.repeats):
                     runs.append(classes_run(http, cfg, stack, ctx, k, out))
                     _keep(out, stack, runs, ctx)
-    return {"env": {**STACKS[stack], **(cfg.targets_env if stack == "targets" else {})}, "runs": runs}
+    return {"env": stack_env(cfg, stack), "runs": runs}
 
 
 def summarize(result: dict[str, Any]) -> dict[str, Any]:

@@ -40,17 +40,14 @@ log = logging.getLogger(__name__)
 GiveBack = Callable[[str, int], Awaitable[None]]  # (job id, attempt): hand it back, end its run
 
 
-def victim(held: list[Held], attempts: dict[str, int], counts: Counter[str], share: dict[str, float],
-           tenants: bool = True) -> Held | None:
-    """The job to hand back: the youngest claimed batch job, else (``tenants``: running-slot fair
-    share) the youngest claimed interactive job of the tenant most above its share by a whole job;
-    None when there is none."""
+def victim(held: list[Held], attempts: dict[str, int], counts: Counter[str], share: dict[str, float]) -> Held | None:
+    """The job to hand back: the youngest claimed batch job, else the youngest claimed interactive
+    job of the tenant most above its share by a whole job (none is, where every share is all the
+    slots: running-slot fair share off); None when there is none."""
     claimed = [h for h in held if h.job_id in attempts]
     batch = [h for h in claimed if h.service_class == "batch"]
     if batch:
         return max(batch, key=lambda h: h.since)
-    if not tenants:
-        return None
     over = {t: n - share.get(t, 0.0) for t, n in counts.items() if n - share.get(t, 0.0) >= 1}
     if not over:
         return None
@@ -119,7 +116,7 @@ class Room:
         handed = 0
         for tenant in needy(waiting, counts, share):
             for _ in range(waiting[tenant]):  # a room for each of its jobs queued, up to its share
-                job = victim(held, self.attempts(), counts, share, self.tenants)
+                job = victim(held, self.attempts(), counts, share)
                 if counts[tenant] + 1 > share[tenant] + 1e-9 or job is None \
                         or not await self._room_for(tenant):
                     break
