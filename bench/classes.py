@@ -71,6 +71,8 @@ class ClassesConfig:
     gpu_memory_utilization: float = 0.9
     env: dict[str, str] = field(default_factory=dict)
     targets_env: dict[str, str] = field(default_factory=dict)  # the "targets" fleet's latency targets
+    # or, when set, targets this many times the classes fleet's interactive-alone p99s of the same run
+    targets_factor: float | None = None
     stacks: list[str] = field(default_factory=lambda: list(STACKS))
     repeats: int = 3
     startup_timeout_s: float = 600.0
@@ -183,6 +185,16 @@ def _keep(out: Path, stack: str, runs: list[dict[str, Any]], ctx: dict[str, Any]
 def stack_env(cfg: ClassesConfig, stack: str) -> dict[str, str]:
     """What a fleet sets over the config's environment."""
     return {**STACKS[stack], **(cfg.targets_env if stack == "targets" else {})}
+
+
+def measured_targets(summary: dict[str, Any], factor: float) -> dict[str, str]:
+    """The 'targets' fleet's latency targets: ``factor`` times the interactive-alone TTFT and ITL p99s
+    (medians of the repeats) the classes fleet measured on this host."""
+    alone = summary["stacks"].get("classes")
+    if not alone:
+        raise SystemExit("targets_factor: run the classes fleet first (in this call or an earlier one)")
+    return {"INFERQ_INTERACTIVE_TTFT_P99_MS": f"{factor * alone['alone_p99_ttft_ms']['median']:.1f}",
+            "INFERQ_INTERACTIVE_ITL_P99_MS": f"{factor * alone['alone_p99_itl_ms']['median']:.2f}"}
 
 
 def run_stack(cfg: ClassesConfig, stack: str, out: Path, ctx: dict[str, Any]) -> dict[str, Any]:
@@ -318,6 +330,8 @@ def main(argv: list[str] | None = None) -> int:
         if a.capacity:  # measured again on this call's first fleet; the interactive rate stays
             del ctx["capacity"]
     for stack in a.only or cfg.stacks:
+        if stack == "targets" and cfg.targets_factor:
+            cfg.targets_env = measured_targets(summarize(result), cfg.targets_factor)
         result["stacks"][stack] = run_stack(cfg, stack, a.out, ctx)
         if "capacity" in ctx:
             result["capacity_tok_s"], result["rate_rps"] = ctx["capacity"], ctx["rate"]

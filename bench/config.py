@@ -98,6 +98,9 @@ class Workload:
     client_processes: int = 1
     # the load client of the OpenAI HTTP targets (vllm-serve, inferq-sse) that name none
     client: str = "harness"
+    # set: vllm serve and inferq's workers run on bench/standin_core.py's stand-in EngineCore (one
+    # token for every running request each this many ms; 0: as fast as the frontend reads)
+    standin_core_step_ms: float | None = None
 
     def client_for(self, t: Target) -> str:
         """The load client that drives target ``t``: its own, else the workload's (SSE kinds only)."""
@@ -192,6 +195,8 @@ def parse_workload(raw: dict[str, Any]) -> Workload:
         raise ValueError("client_processes must be >= 1")
     if w.client not in CLIENTS:
         raise ValueError(f"client must be one of {CLIENTS}, not {w.client!r}")
+    if w.standin_core_step_ms is not None and any(t.kind == "inprocess" for t in w.targets):
+        raise ValueError("standin_core_step_ms: the stand-in EngineCore serves vllm serve and inferq, not inprocess")
     if w.prompt_len < 2 or w.output_len < 1:
         raise ValueError("prompt_len must be >= 2 and output_len >= 1")
     return w

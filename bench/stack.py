@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from bench.config import StackSpec, Workload
+from bench.standin_core import standin_env
 from inferq.cli.procs import Proc, Procs, http_ok, start_redis
 from tests.procs import free_port
 
@@ -48,6 +49,8 @@ def start_inferq(procs: Procs, w: Workload, spec: StackSpec, tag: str, redis_url
     base = f"http://127.0.0.1:{gport}"
     for i in range(spec.workers):
         extra = spec.worker_env[i] if i < len(spec.worker_env) else {}
+        if w.standin_core_step_ms is not None:
+            extra = {**standin_env(w.standin_core_step_ms), **extra}
         procs.start(f"worker-{tag}-{i}", [*py, "worker"],
                     base_env(**inferq, INFERQ_WORKER_ID=f"bench-{tag}-{i}", **extra))
         if spec.staggered:  # each engine sizes its KV cache once the one before holds its memory

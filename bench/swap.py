@@ -9,8 +9,9 @@ started, first token, finished: the gateway's and the worker's clocks, one host)
   is started (with INFERQ_SWAP_PREPARE the others start while the first is idle): what the rest of
   the start-up costs. Each repeat a new worker.
 - ``swap``: both models started, one awake and idle; a job for the other arrives: its time to first
-  token from its submission (the swap included), then ``steady`` jobs for the same model once awake
-  (steady-state TTFT: the first after a wake within 1.2x of it is the target); then the same for the
+  token from its submission (the swap included), then ``steady`` jobs for the same model, one after
+  the other, once awake: the first of them is the first job after the wake, whose TTFT must be within
+  1.2x of the others' median (steady state); then the same for the
   other model, ``samples`` times each way. Every first job after a wake is a fixed prompt at
   temperature 0, whose text must equal the model's text before its sleep (vLLM's sleep mode has had
   bugs there).
@@ -159,9 +160,13 @@ async def _wake_sample(cfg: SwapConfig, http: httpx.AsyncClient, model: str, bef
     s = cfg.swap
     first = await run_job(http, model, cfg.prompt("same"), s["max_tokens"])
     steady = [await run_job(http, model, cfg.prompt(f"steady {i}"), s["max_tokens"]) for i in range(s["steady"])]
-    steady_ttft = statistics.median([t for v in steady if (t := ttft(v)) is not None])
-    return {"model": model, "swap_ttft_s": ttft(first), "steady_ttft_s": steady_ttft,
-            "ratio": (ttft(first) or 0) / steady_ttft if steady_ttft else None,
+    ttfts = [ttft(v) for v in steady]  # the first is the first job after the wake, the rest steady state
+    rest = [t for t in ttfts[1:] if t is not None]
+    steady_ttft = statistics.median(rest) if rest else None
+    after = ttfts[0] if ttfts else None
+    return {"model": model, "swap_ttft_s": ttft(first), "first_after_wake_ttft_s": after,
+            "steady_ttft_s": steady_ttft, "steady_ttfts_s": ttfts,
+            "ratio": after / steady_ttft if after is not None and steady_ttft else None,
             "text": first["text"], "same_text": before is None or first["text"] == before}
 
 
@@ -239,7 +244,8 @@ def summary(doc: dict[str, Any]) -> dict[str, Any]:
     if swap := doc.get("swap"):
         out["swap"] = {"swap_ttft_p50_s": _p([s["swap_ttft_s"] for s in swap], 0.5),
                        "swap_ttft_p99_s": _p([s["swap_ttft_s"] for s in swap], 0.99),
-                       "first_vs_steady_p50": _p([s["ratio"] for s in swap], 0.5),
+                       "first_after_wake_vs_steady_p50": _p([s["ratio"] for s in swap], 0.5),
+                       "steady_ttft_p50_s": _p([s["steady_ttft_s"] for s in swap], 0.5),
                        "same_text": all(s["same_text"] for s in swap), "samples": len(swap)}
     if bursts := doc.get("bursts"):
         out["bursts"] = {"tokens_ratio_median": statistics.median([r["tokens_ratio"] for r in bursts]),

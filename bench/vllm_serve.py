@@ -20,6 +20,7 @@ from typing import Any
 
 from bench.config import StackSpec, Workload
 from bench.stack import ROOT, Procs, base_env, free_port, http_ok
+from bench.standin_core import standin_env
 
 #: The engine arguments an inferq worker sets, passed on as flags of the same name.
 FLAGS = ("served_model_name", "max_model_len", "gpu_memory_utilization", "kv_cache_memory_bytes",
@@ -65,6 +66,8 @@ def start_vllm_serve(procs: Procs, w: Workload, spec: StackSpec, model_path: str
         ["-m", "bench.vllm_serve", "serve", "--api-server-count", str(api_servers)]
     cmd = [sys.executable, *entry, "--host", "127.0.0.1", "--port", str(port), "--disable-uvicorn-access-log",
            *flags(args)]
+    if w.standin_core_step_ms is not None:
+        env = {**standin_env(w.standin_core_step_ms), **env}
     procs.start(name, cmd, base_env(**inferq_env, **w.inprocess_env, **env), cwd=ROOT)  # `-m bench...`
     base = f"http://127.0.0.1:{port}"
     procs.wait(lambda: http_ok(f"{base}/health"), spec.startup_timeout_s, f"vllm serve {name}")

@@ -9,7 +9,8 @@ for i = 0, #KEYS / 3 - 1 do
   local h, log, ch = KEYS[3 * i + 1], KEYS[3 * i + 2], KEYS[3 * i + 3]
   local attempt, seq, data, ttl, first = ARGV[5 * i + 1], ARGV[5 * i + 2], ARGV[5 * i + 3], ARGV[5 * i + 4],
     ARGV[5 * i + 5]
-  if redis.call('HGET', h, 'status') ~= STATUS.running or redis.call('HGET', h, 'attempt') ~= attempt then
+  local owner = redis.call('HMGET', h, 'status', 'attempt')
+  if owner[1] ~= STATUS.running or owner[2] ~= attempt then
     out[i + 1] = 0
   else
     local last = last_seq(log)
