@@ -189,6 +189,12 @@ def parse_workload(raw: dict[str, Any]) -> Workload:
             raise ValueError(f"target {t.name}: no load levels")
         for lv in w.levels(t):
             w.requests_for(t, lv)
+    _check_settings(w)
+    return w
+
+
+def _check_settings(w: Workload) -> None:
+    """The workload's own settings (not its targets') are in range."""
     if w.repeats < 1:
         raise ValueError("repeats must be >= 1")
     if w.client_processes < 1:
@@ -199,7 +205,6 @@ def parse_workload(raw: dict[str, Any]) -> Workload:
         raise ValueError("standin_core_step_ms: the stand-in EngineCore serves vllm serve and inferq, not inprocess")
     if w.prompt_len < 2 or w.output_len < 1:
         raise ValueError("prompt_len must be >= 2 and output_len >= 1")
-    return w
 
 
 def load_workload(path: str | Path) -> Workload:
