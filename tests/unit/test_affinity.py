@@ -325,3 +325,39 @@ def test_an_engines_event_socket_is_its_own_and_a_dead_ones_is_swept(tmp_path, m
     assert not dead.exists() and alive.exists()
     assert kv_events_endpoint(Settings(affinity="off")) is None
     assert kv_events_endpoint(Settings(affinity_index="writes")) is None
+
+
+def test_the_only_worker_of_a_model_places_without_reading_the_fleet(own_redis, sync_r) -> None:
+    w1 = worker(own_redis, "w1", load=1)
+    ids = list(range(16))
+    assert where(w1, job(ids), ids).why == "alone"
+    assert where(w1, job(ids, adapter="a1"), ids).why != "alone"  # an adapter's demand is still counted
+    beat(sync_r, "w2")
+    w1.view.invalidate()
+    assert where(w1, job(ids), ids).why != "alone"
+
+
+def test_the_published_load_ends_at_the_count_when_many_threads_take_and_end_jobs(own_redis, sync_r) -> None:
+    """Jobs taken and ended on many threads at once: writes that meet are merged, and the last one
+    written is the count as it is."""
+    from inferq.worker.jobs.intake import Intake
+
+    intake = Intake(host=None)  # type: ignore[arg-type]  # only the count is used here
+    intake.affinity = worker(own_redis, "w1")
+    barrier = threading.Barrier(16)
+
+    def take(n: int) -> None:
+        barrier.wait()
+        for _ in range(20):
+            intake._hold(1)
+        for _ in range(20 - n):
+            intake._hold(-1)
+
+    threads = [threading.Thread(target=take, args=(i % 3,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    kept = sum(i % 3 for i in range(16))
+    assert intake.load() == kept
+    assert int(sync_r.hget(keys.worker_loads(MODEL), "w1")) == kept

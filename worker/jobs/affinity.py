@@ -109,6 +109,13 @@ class Affinity:
         if msg.passed_by is not None:  # passed here once: it runs here, nothing to read
             return Decision(None, "passed")
         adapter = msg.adapter.name if msg.adapter is not None else None
+        try:  # the only worker of its model: it runs here, with no read of the fleet (an adapter's job
+            # is still read: its demand is counted for the homes of the workers that join)
+            if adapter is None and self.view.alone():
+                return Decision(None, "alone")
+        except Exception as e:
+            log.warning("job %s: cache-affine placement failed (%s); running it here", msg.id, e)
+            return None
         with self._deciding:
             self._undecided += 1
         try:

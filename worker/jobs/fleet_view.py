@@ -96,6 +96,14 @@ class FleetView:
         homes_ = self._plan.get(adapter) if adapter is not None else None
         return Reading(now, holders, peers, homes_, live)
 
+    def alone(self) -> bool:
+        """Whether this worker is its model's only live worker with a lane (the view refreshed at
+        most once a second): a job has nowhere else to go, and nothing needs reading to place it."""
+        now = time.time()
+        if now - self._workers_at > VIEW_S:
+            self._refresh_workers(now)
+        return not self._workers
+
     def _refresh_workers(self, now: float) -> None:
         live = texts(self.redis.zrangebyscore(keys.workers(self.model), now - self.settings.worker_ttl_s, "+inf"))
         others = [w for w in live if w != self.worker_id]

@@ -26,6 +26,8 @@ class Intake:
         self.runner: JobRunner | None = None  # set once the job path has started
         self.affinity: Affinity | None = None  # cache-affine pull; None: plain pull
         self._kept, self._taking = 0, threading.Lock()  # jobs taken here (not passed on, not ended)
+        self._publishing = threading.Lock()  # one thread at a time writes the count for the fleet
+        self._stale = False  # the count changed since the last write began
 
     def load(self) -> int:
         """Jobs this worker holds while it decides where a job runs: those taken and not passed on
@@ -34,10 +36,22 @@ class Intake:
         return self._kept
 
     def _hold(self, n: int) -> None:
-        with self._taking:  # (published under the lock: two ends at once never write out of order)
+        with self._taking:
             self._kept += n
-            if self.affinity is not None:
-                self.affinity.publish_load(self._kept)
+        if self.affinity is not None:
+            self._publish(self.affinity)
+
+    def _publish(self, affinity: Affinity) -> None:
+        """Write the count as it is now, outside the count's lock: one thread writes at a time, and
+        a change made while it writes is written by it again after (the last write always has the
+        latest count; changes that meet in one write cost one round trip)."""
+        self._stale = True  # before trying: a writer that is busy now sees it when it is done
+        while self._stale and self._publishing.acquire(blocking=False):
+            try:
+                self._stale = False
+                affinity.publish_load(self._kept)
+            finally:
+                self._publishing.release()
 
     def take(self, msg: JobMessage) -> JobStatus | None:
         """Run the job here and return the state written, or pass it on (None)."""

@@ -69,7 +69,7 @@ class Rules:
 @dataclass(frozen=True)
 class Decision:
     to: str | None  # the worker to pass the job to; None: run it here
-    why: str  # passed | prefix | adapter | spread | here (what decided), for logs and metrics
+    why: str  # passed | alone | prefix | adapter | spread | here (what decided), for logs and metrics
 
     @property
     def here(self) -> bool:
