@@ -361,3 +361,26 @@ def test_the_published_load_ends_at_the_count_when_many_threads_take_and_end_job
     kept = sum(i % 3 for i in range(16))
     assert intake.load() == kept
     assert int(sync_r.hget(keys.worker_loads(MODEL), "w1")) == kept
+
+
+def test_a_claim_refreshes_only_the_prefixes_its_engine_was_seen_holding(own_redis, sync_r) -> None:
+    """With the engine's events feeding the index, a job run here refreshes the entries its reading
+    found for this engine, and writes nothing for the blocks nobody holds."""
+    w1 = worker(own_redis, "w1", load=0)
+    beat(sync_r, "w2", running=3)  # another live worker, busier: the job is read for and stays here
+    ids = list(range(4 * BLOCK))
+    hashes = block_hashes(ids, None, BLOCK)
+    w1.index.hold("w1-engine", hashes[:2])  # what the engine's events said it holds
+
+    def zadds() -> int:
+        return int(sync_r.info("commandstats").get("cmdstat_zadd", {}).get("calls", 0))
+
+    assert where(w1, job(ids), ids).here
+    before = zadds()
+    w1.ran_here(job(ids), ids)
+    assert zadds() - before == 2
+    fresh = list(range(1000, 1000 + 4 * BLOCK))  # nobody holds any of it: no write at all
+    assert where(w1, job(fresh), fresh).here
+    before = zadds()
+    w1.ran_here(job(fresh), fresh)
+    assert zadds() == before

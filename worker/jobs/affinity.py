@@ -41,6 +41,8 @@ log = logging.getLogger(__name__)
 
 #: How long a pass's effect on its receiver's load is counted here after the push (seconds).
 PASS_MEMORY_S = 5.0
+#: Jobs decided and not claimed yet whose seen prefixes are kept (a bound for jobs that never claim).
+SEEN_HERE_MAX = 4096
 
 
 class Affinity:
@@ -66,6 +68,9 @@ class Affinity:
         self._transit = 0  # jobs decided to go elsewhere whose push has not ended yet
         self._undecided = 0  # jobs taken and being placed, not yet decided
         self._passes: list[tuple[str, float | None]] = []  # (receiver, when its push ended) lately
+        # per job decided to run here, the prefixes its reading saw this engine hold: with the engine's
+        # events feeding the index, the claim refreshes only those (no command for a prefix nobody holds)
+        self._seen_here: dict[str, list[str]] = {}
         self.publish_load(0)  # a worker starting again under its id runs nothing yet
 
     def on(self) -> bool:
@@ -118,8 +123,9 @@ class Affinity:
             return None
         with self._deciding:
             self._undecided += 1
+        hashes = self.hashes(msg, ids)
         try:
-            reading = self.view.read(self.hashes(msg, ids), adapter, count_demand=True)
+            reading = self.view.read(hashes, adapter, count_demand=True)
         except Exception as e:
             log.warning("job %s: cache-affine placement failed (%s); running it here", msg.id, e)
             with self._deciding:
@@ -134,6 +140,11 @@ class Affinity:
             if decision.to is not None:
                 self._transit += 1
                 self._passes.append((decision.to, None))
+            elif self.settings.affinity_index == "events":
+                if len(self._seen_here) >= SEEN_HERE_MAX:  # jobs that never reached their claim
+                    self._seen_here.clear()
+                self._seen_here[msg.id] = [h for h, held in zip(hashes, reading.holders, strict=False)
+                                           if self.engine in held]
         return decision
 
     def _unseen(self, read_at: float) -> dict[str, int]:
@@ -158,13 +169,17 @@ class Affinity:
                 del self._passes[i]
 
     def ran_here(self, msg: JobMessage, ids: Sequence[int] | None) -> None:
-        """The job was claimed here: its prefix is this engine's (with the engine's events feeding
-        the index, only entries it already has are refreshed). Best effort."""
+        """The job was claimed here: its prefix is this engine's. With the engine's events feeding
+        the index, only entries it already has are refreshed: those its reading saw this engine hold
+        (none, and no command, for a prompt nobody held), or every block's where it was not read.
+        Best effort."""
+        seen = self._seen_here.pop(msg.id, None)
         if ids is None:
             return
+        events = self.settings.affinity_index == "events"
         try:
-            self.index.hold(self.engine, self.hashes(msg, ids),
-                            refresh_only=self.settings.affinity_index == "events")
+            self.index.hold(self.engine, seen if events and seen is not None else self.hashes(msg, ids),
+                            refresh_only=events)
         except Exception as e:
             log.debug("job %s: could not record its prefix (%s)", msg.id, e)
 
