@@ -121,9 +121,9 @@ class Affinity:
         except Exception as e:
             log.warning("job %s: cache-affine placement failed (%s); running it here", msg.id, e)
             return None
+        hashes = self.hashes(msg, ids)
         with self._deciding:
             self._undecided += 1
-        hashes = self.hashes(msg, ids)
         try:
             reading = self.view.read(hashes, adapter, count_demand=True)
         except Exception as e:
