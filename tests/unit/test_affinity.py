@@ -113,15 +113,15 @@ def worker(own_redis: str, wid: str, load: int = 0, **settings) -> Affinity:
 
 
 def beat(r: redis.Redis, wid: str, running: int = 0, draining: bool = False, age: float = 0.0,
-         lane: bool = True, max_loras: int = 4) -> None:
+         lane: bool = True, max_loras: int = 4, model: str = MODEL) -> None:
     """The worker's heartbeat, and the load it publishes as it takes jobs on and ends them."""
-    r.hset(keys.worker_loads(MODEL), wid, running)
+    r.hset(keys.worker_loads(model), wid, running)
     now = time.time()
-    info = WorkerInfo(id=wid, model=MODEL, host="h", pid=1, max_model_len=4096, max_num_seqs=4, started_at=now,
+    info = WorkerInfo(id=wid, model=model, host="h", pid=1, max_model_len=4096, max_num_seqs=4, started_at=now,
                       last_seen=now - age, draining=draining, stats=EngineStats(running=running), lane=lane,
                       engine=f"{wid}-engine", max_loras=max_loras)
     r.set(keys.worker(wid), info.model_dump_json())
-    r.zadd(keys.workers(MODEL), {wid: now - age})
+    r.zadd(keys.workers(model), {wid: now - age})
 
 
 def job(ids: list[int], adapter: str | None = None, passed_by: str | None = None) -> JobMessage:
@@ -275,6 +275,8 @@ async def test_a_worker_counts_a_burst_it_takes_before_placing_it(store, own_red
 
     rt.affinity.decide, rt.affinity.pass_to = slow_decide, lambda msg, to: None
     loads = redis.Redis.from_url(own_redis, decode_responses=True)
+    beat(loads, "w-other", model="scripted")  # another worker reads the load (an only worker writes none)
+    rt.affinity.view.invalidate()
 
     def published() -> int:
         return int(loads.hget(keys.worker_loads("scripted"), rt.id) or 0)
@@ -342,6 +344,7 @@ def test_the_published_load_ends_at_the_count_when_many_threads_take_and_end_job
     written is the count as it is."""
     from inferq.worker.jobs.intake import Intake
 
+    beat(sync_r, "w2")  # another live worker: the load is read, so it is written
     intake = Intake(host=None)  # type: ignore[arg-type]  # only the count is used here
     intake.affinity = worker(own_redis, "w1")
     barrier = threading.Barrier(16)
@@ -384,3 +387,16 @@ def test_a_claim_refreshes_only_the_prefixes_its_engine_was_seen_holding(own_red
     before = zadds()
     w1.ran_here(job(fresh), fresh)
     assert zadds() == before
+
+
+def test_an_only_worker_takes_its_load_out_and_writes_it_again_when_another_joins(own_redis, sync_r) -> None:
+    """Nobody reads the load of a model's only worker: it takes its entry out (a joiner reads its
+    heartbeat instead) and writes it again once its view sees another worker."""
+    w1 = worker(own_redis, "w1")
+    sync_r.hset(keys.worker_loads(MODEL), "w1", 7)  # from before it was alone
+    w1.publish_load(3)
+    assert sync_r.hget(keys.worker_loads(MODEL), "w1") is None
+    beat(sync_r, "w2")
+    w1.view.invalidate()
+    w1.publish_load(5)
+    assert sync_r.hget(keys.worker_loads(MODEL), "w1") == "5"

@@ -71,7 +71,8 @@ class Affinity:
         # per job decided to run here, the prefixes its reading saw this engine hold: with the engine's
         # events feeding the index, the claim refreshes only those (no command for a prefix nobody holds)
         self._seen_here: dict[str, list[str]] = {}
-        self.publish_load(0)  # a worker starting again under its id runs nothing yet
+        self._load_withdrawn = False  # this worker's load entry is out (it is its model's only worker)
+        self._write_load(0)  # a worker starting again under its id runs nothing yet
 
     def on(self) -> bool:
         """Whether cache-affine pull is on for the model now: an operator can switch every worker of a
@@ -185,7 +186,23 @@ class Affinity:
 
     def publish_load(self, running: int) -> None:
         """Say how many jobs this worker runs now (it has just taken one on, or ended one): other
-        workers compare it, live, when they place jobs. Best effort: a failed write leaves the last."""
+        workers compare it, live, when they place jobs. A model's only worker has no reader: it takes
+        its entry out once (a worker that joins reads its heartbeat's running and waiting instead,
+        until this worker's view sees it, within a second, and writes again). Best effort: a failed
+        write leaves the last."""
+        try:
+            if self.view.alone():
+                if not self._load_withdrawn:
+                    self.redis.hdel(keys.worker_loads(self.model), self.worker_id)
+                    self._load_withdrawn = True
+                return
+        except Exception as e:
+            log.debug("could not publish this worker's load: %s", e)
+            return
+        self._load_withdrawn = False
+        self._write_load(running)
+
+    def _write_load(self, running: int) -> None:
         try:
             self.redis.hset(keys.worker_loads(self.model), self.worker_id, running)
         except Exception as e:
