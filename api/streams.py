@@ -18,106 +18,31 @@ import asyncio
 import contextlib
 import json
 import logging
-import re
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from typing import ClassVar, Literal, NamedTuple
+from typing import NamedTuple
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from inferq.api.frames import Frame, StreamItem, frame, merged
 from inferq.api.metrics import CATCHUPS, StreamMeter
 from inferq.api.pubsub import Subscriber
 from inferq.shared import keys
 from inferq.shared.errors import job_not_found
 from inferq.shared.redis import Where, redis_retrying
-from inferq.shared.schemas import TERMINAL_STATUSES, TokenEvent, parse_event
-from inferq.shared.store import Event, JobStore
+from inferq.shared.schemas import TERMINAL_STATUSES
+from inferq.shared.store import JobStore
 
 log = logging.getLogger(__name__)
 MAX_BATCH = 256  # frames handed on at once to a reader that is behind
-_TOKEN = '{"type":"token","seq":'  # how a worker's token event starts (pydantic keeps field order)
-# a plain token event exactly as a worker writes it (no logprobs, tool calls or prompt log-probs):
-# the text's JSON string body is the group between its quotes (a quote inside it is escaped)
-_PLAIN = re.compile(r'\{"type":"token","seq":(\d+),"index":(\d+),"text":"(.*)","n_tokens":(\d+)\}', re.S)
-
-
-class Frame(NamedTuple):
-    """One event as stored and published: its type, ``seq`` and JSON text."""
-
-    type: str
-    seq: int
-    raw: str
-
-    @property
-    def terminal(self) -> bool:
-        return self.type in ("done", "error")
-
-    @property
-    def plain_token(self) -> bool:
-        """A token event without logprobs (the sampled tokens' or the prompt's) or tool calls, as a
-        worker writes it (:data:`_PLAIN`, which :func:`merged` reads too): the hot path, rebuilt from
-        JSON without validation (a worker wrote it through pydantic)."""
-        return self.type == "token" and _PLAIN.fullmatch(self.raw) is not None
-
-    def event(self) -> Event:
-        """The parsed event."""
-        if self.plain_token:
-            return TokenEvent.model_construct(**json.loads(self.raw))
-        return parse_event(self.raw)
-
-    def json(self) -> str:
-        """The text to send a client: a token event as it is; others in their canonical form
-        (the Lua scripts write a few events with cjson, which orders and omits fields its own way)."""
-        return self.raw if self.type == "token" else parse_event(self.raw).model_dump_json(exclude_none=True)
-
-
-@dataclass(slots=True)
-class PlainToken:
-    """Consecutive plain token events of one completion, joined, with the text as the worker's JSON
-    wrote it (escaped, without its quotes): a stream splices ``text_json`` into its chunk's JSON,
-    which is what dumping the chunk would write, without decoding and encoding the text again.
-    A member of the event union: ``type == "token"`` narrows to it or a :class:`TokenEvent`, and
-    it reads like one without logprobs, tool calls or prompt log-probs."""
-
-    seq: int
-    index: int
-    text_json: str
-    n_tokens: int
-
-    type: ClassVar[Literal["token"]] = "token"
-    logprobs: ClassVar[None] = None
-    tool_calls: ClassVar[None] = None
-    prompt_logprobs: ClassVar[None] = None
-
-    @property
-    def text(self) -> str:
-        text: str = json.loads(f'"{self.text_json}"')
-        return text
-
-    def event(self) -> TokenEvent:
-        return TokenEvent(seq=self.seq, index=self.index, text=self.text, n_tokens=self.n_tokens)
-
-
-#: An event as the OpenAI streams read it: parsed, or a run of plain tokens (``merge``)
-StreamItem = Event | PlainToken
-
-
 class Head(NamedTuple):
     """What a stream reads of the job's record with each log read."""
 
     status: str
     model: str
     created_at: float
-
-
-def frame(raw: str) -> Frame:
-    if raw.startswith(_TOKEN) and (end := raw.find(",", len(_TOKEN))) > 0:
-        return Frame("token", int(raw[len(_TOKEN):end]), raw)
-    d = json.loads(raw)
-    return Frame(str(d["type"]), int(d["seq"]), raw)
 
 
 class Listener:
@@ -326,43 +251,6 @@ def _following(raws: list[str], last: int) -> tuple[list[Frame], bool]:
     return batch, False
 
 
-def from_last_restart(frames: list[Frame]) -> list[Frame]:
-    """The frames from the last ``restart`` among them on: the events of an attempt that was lost
-    are dropped when the restart that ends it comes with them (a stream that replays a restarted
-    job from its log starts at the attempt that counts). A reader that already passed a lost
-    attempt's text on sees the restart itself, as before."""
-    for i in range(len(frames) - 1, -1, -1):
-        if frames[i].type == "restart":
-            return frames[i:]
-    return frames
-
-
 def _upto_terminal(frames: list[Frame]) -> list[Frame]:
     end = next((i for i, f in enumerate(frames) if f.terminal), len(frames) - 1)
     return frames[:end + 1]
-
-
-def merged(frames: list[Frame]) -> list[StreamItem]:
-    """The frames' events, consecutive plain token events of the same completion joined into
-    one :class:`PlainToken` (texts and token counts added up, ``seq`` the last one's). Events with
-    logprobs, and all others, pass as they are."""
-    out: list[StreamItem] = []
-    run: PlainToken | None = None
-    for f in frames:
-        m = _PLAIN.fullmatch(f.raw) if f.type == "token" else None
-        if m is not None:
-            seq, index, text, n = int(m[1]), int(m[2]), m[3], int(m[4])
-            if run is not None and run.index == index:
-                run = PlainToken(seq, index, run.text_json + text, run.n_tokens + n)
-                continue
-            if run is not None:
-                out.append(run)
-            run = PlainToken(seq, index, text, n)
-            continue
-        if run is not None:
-            out.append(run)
-            run = None
-        out.append(f.event())
-    if run is not None:
-        out.append(run)
-    return out

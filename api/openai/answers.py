@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from inferq.api.frames import PlainToken
 from inferq.api.openai import tools
 from inferq.api.openai.objects import (
     AssistantMessage,
@@ -22,7 +23,7 @@ from inferq.api.openai.objects import (
     TopLogprobOut,
 )
 from inferq.api.openai.params import ChatCompletionRequest, CompletionRequest
-from inferq.api.streams import PlainToken, StreamHub
+from inferq.api.streams import StreamHub
 from inferq.shared.errors import error_from
 from inferq.shared.schemas import (
     DoneEvent,

@@ -4,7 +4,7 @@ Every token of an OpenAI stream is a chunk that differs from the last only in it
 and dumping the pydantic models for each one (a chunk, its choice with the serializer that keeps
 nulls, its delta) was a tenth of a gateway's CPU streaming SSE; the chunk is instead dumped once
 per stream and completion with a marker for its text, and each token's JSON is the text spliced
-in. Text a worker's event already holds as JSON (:class:`~inferq.api.streams.PlainToken`) is
+in. Text a worker's event already holds as JSON (:class:`~inferq.api.frames.PlainToken`) is
 spliced as it is: pydantic wrote it, and pydantic escapes a string the same in any model. Other
 text takes the template when it is ASCII (``json.dumps`` and pydantic escape it alike, which the
 unit tests check character by character) and goes through the models otherwise.

@@ -13,6 +13,7 @@ from functools import partial
 from typing import Literal
 
 from inferq.api.errors import error_body
+from inferq.api.frames import PlainToken
 from inferq.api.openai import tools
 from inferq.api.openai.answers import Choice, add_usage, chat_logprobs, completion_logprobs
 from inferq.api.openai.chunk_template import TextTemplate
@@ -29,7 +30,7 @@ from inferq.api.openai.objects import (
 from inferq.api.openai.params import ChatCompletionRequest, CompletionRequest
 from inferq.api.openai.sent_events import sent_batches
 from inferq.api.sse import Payload
-from inferq.api.streams import PlainToken, StreamHub
+from inferq.api.streams import StreamHub
 from inferq.shared.errors import InferqError, Unavailable, error_from
 from inferq.shared.schemas import DoneEvent, ErrorEvent, RestartEvent, TokenEvent, Usage
 

@@ -14,7 +14,8 @@ from typing import Annotated, Any, Literal, TypeGuard, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from inferq.api.streams import PlainToken, StreamHub
+from inferq.api.frames import PlainToken
+from inferq.api.streams import StreamHub
 from inferq.shared.errors import Conflict, error_from
 from inferq.shared.keys import MODEL_NAME_PATTERN
 from inferq.shared.pooling import MAX_EMBED_INPUTS, EmbedInputs, unpack_vector

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from inferq.api.streams import PlainToken, StreamHub, from_last_restart, merged
+from inferq.api.frames import PlainToken, from_last_restart, merged
+from inferq.api.streams import StreamHub
 from inferq.shared.schemas import DoneEvent, ErrorEvent, RestartEvent, TokenEvent
 
 #: What an OpenAI stream is sent of a job's events (a ``loading`` event never is)
@@ -16,7 +17,7 @@ async def sent_batches(hub: StreamHub, job_id: str, merge: bool = True) -> Async
     """The job's events a client stream sends, in the lists the hub reads them in (a stream takes
     one async hop per list, not per token): the last attempt's, when a restart comes with the
     events of the attempt it ends; with ``merge``, consecutive plain tokens of a completion as one
-    :class:`~inferq.api.streams.PlainToken`. Left out: a token event holding the prompt's log-probs
+    :class:`~inferq.api.frames.PlainToken`. Left out: a token event holding the prompt's log-probs
     (never streamed), a ``loading`` event (OpenAI's streams have no chunk for a wait: the stream's
     headers wait for the first chunk, and the SSE pings keep the connection), and a restart while
     nothing of the job was sent yet (the next attempt just streams). A restart after that ends the

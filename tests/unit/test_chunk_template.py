@@ -36,7 +36,7 @@ def test_the_template_keeps_the_nulls_openai_sends() -> None:
 def test_a_workers_plain_token_events_splice_to_the_models_own_json(build) -> None:
     """The text of plain token events, as a worker writes them, joined (a reader that is behind)
     and spliced into the chunk as JSON: the same bytes as dumping the chunk of the joined text."""
-    from inferq.api.streams import PlainToken, frame, merged
+    from inferq.api.frames import PlainToken, frame, merged
     from inferq.shared.schemas import TokenEvent
 
     t = TextTemplate(build)

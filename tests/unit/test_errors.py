@@ -19,11 +19,11 @@ from starlette.websockets import WebSocketDisconnect
 from inferq.api import errors
 from inferq.api import openai as oc
 from inferq.api.auth import KeyRing
+from inferq.api.frames import Frame
 from inferq.api.limits import BodyLimit
 from inferq.api.openai.params import ChatCompletionRequest
 from inferq.api.routes import stream
 from inferq.api.service import JobService
-from inferq.api.streams import Frame
 from inferq.shared.errors import (
     BY_TYPE,
     BodyTooLarge,

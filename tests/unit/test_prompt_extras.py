@@ -13,10 +13,10 @@ import pytest
 from pydantic import ValidationError
 
 from inferq.api.errors import to_response
+from inferq.api.frames import frame, merged
 from inferq.api.openai import Collected, Collector, chat_job, completion_jobs, completion_response
 from inferq.api.openai.params import ChatCompletionRequest, CompletionRequest
 from inferq.api.service import JobService
-from inferq.api.streams import frame, merged
 from inferq.shared.errors import ContextLengthExceeded, InvalidRequest
 from inferq.shared.request_limits import check_limits
 from inferq.shared.schemas import DoneEvent, JobMessage, JobRequest, PromptLogprob, TokenEvent, TokenLogprob, WorkerInfo

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from inferq.api.streams import frame
+from inferq.api.frames import frame
 from inferq.shared import keys
 from inferq.shared.schemas import (
     TERMINAL_STATUSES,

@@ -254,7 +254,7 @@ async def test_hub_resubscribes_after_its_connection_is_killed(store, unit_redis
 
 
 def test_frame_reads_type_and_seq_of_every_event_form() -> None:
-    from inferq.api.streams import frame
+    from inferq.api.frames import frame
 
     tok = TokenEvent(seq=12, text='a,"b"').model_dump_json(exclude_none=True)
     assert frame(tok)[:2] == ("token", 12)
@@ -318,7 +318,7 @@ async def _pings(url: str) -> bool:
 
 
 def test_merged_joins_consecutive_plain_deltas_of_one_completion() -> None:
-    from inferq.api.streams import frame, merged
+    from inferq.api.frames import frame, merged
     from inferq.shared.schemas import TokenLogprob
 
     lp = [TokenLogprob(token="b", logprob=-1.0)]
@@ -346,7 +346,7 @@ async def test_hub_batches_what_waited_and_merges_on_request(store, unit_redis) 
 
 
 def test_frame_event_equals_the_validated_parse() -> None:
-    from inferq.api.streams import frame
+    from inferq.api.frames import frame
     from inferq.shared.schemas import TokenLogprob, parse_event
 
     for ev in (TokenEvent(seq=3, index=1, text='say "logprobs"', n_tokens=2),

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
+from inferq.api.frames import frame
 from inferq.api.openai.answers import Collector
 from inferq.api.openai.chunks import chat_chunks
 from inferq.api.openai.params import ChatCompletionRequest
 from inferq.api.service import JobService
-from inferq.api.streams import frame
 from inferq.api.swap_metrics import swap_families
 from inferq.shared import keys
 from inferq.shared.celery_app import make_celery
