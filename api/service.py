@@ -203,7 +203,13 @@ class JobService:
 
     async def _say_loading(self, job_id: str, model: str) -> None:
         """A job queued for a model no worker holds awake, while workers hold it asleep: its first
-        event says that it waits for a wake, and how long that should take (api/standby.py)."""
+        event says that it waits for a wake, and how long that should take (api/standby.py); the
+        workers holding it asleep hear of it at once (worker/multi/wanted.py). What this gateway
+        remembers of the model's awake workers is read again when it is a second old: a model that
+        has just gone to sleep is seen asleep by its next job."""
+        seen = self._served.get(model)
+        if seen is not None and time.monotonic() - seen[0] >= WORKERS_CACHE_S:
+            await self._look_up(model, background=True)
         if model in self._served:  # a worker holds it awake
             return
         asleep = await self.standby.get(model)

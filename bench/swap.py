@@ -159,12 +159,15 @@ async def case_cold(cfg: SwapConfig, fleet: Fleet, http: httpx.AsyncClient) -> l
 async def _wake_sample(cfg: SwapConfig, http: httpx.AsyncClient, model: str, before: str | None) -> dict[str, Any]:
     s = cfg.swap
     first = await run_job(http, model, cfg.prompt("same"), s["max_tokens"])
+    swaps = [r for sw in await swappers(http) for r in sw.get("recent", [])
+             if r["to_model"] == model and r["at"] >= first["created_at"] - 1.0]
+    decided = min(swaps, key=lambda r: r["at"])["at"] - first["created_at"] if swaps else None
     steady = [await run_job(http, model, cfg.prompt(f"steady {i}"), s["max_tokens"]) for i in range(s["steady"])]
     ttfts = [ttft(v) for v in steady]  # the first is the first job after the wake, the rest steady state
     rest = [t for t in ttfts[1:] if t is not None]
     steady_ttft = statistics.median(rest) if rest else None
     after = ttfts[0] if ttfts else None
-    return {"model": model, "swap_ttft_s": ttft(first), "first_after_wake_ttft_s": after,
+    return {"model": model, "swap_ttft_s": ttft(first), "decided_after_s": decided, "first_after_wake_ttft_s": after,
             "steady_ttft_s": steady_ttft, "steady_ttfts_s": ttfts,
             "ratio": after / steady_ttft if after is not None and steady_ttft else None,
             "text": first["text"], "same_text": before is None or first["text"] == before}
@@ -244,6 +247,7 @@ def summary(doc: dict[str, Any]) -> dict[str, Any]:
     if swap := doc.get("swap"):
         out["swap"] = {"swap_ttft_p50_s": _p([s["swap_ttft_s"] for s in swap], 0.5),
                        "swap_ttft_p99_s": _p([s["swap_ttft_s"] for s in swap], 0.99),
+                       "submission_to_decision_p50_s": _p([s.get("decided_after_s") for s in swap], 0.5),
                        "first_after_wake_vs_steady_p50": _p([s["ratio"] for s in swap], 0.5),
                        "steady_ttft_p50_s": _p([s["steady_ttft_s"] for s in swap], 0.5),
                        "same_text": all(s["same_text"] for s in swap), "samples": len(swap)}

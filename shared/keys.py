@@ -89,6 +89,9 @@ MODEL_NAME_PATTERN = r"^[A-Za-z0-9._/@+-]+$"
 #: The longest model name (a client's ``model``, an operator's INFERQ_SERVED_MODEL_NAME).
 MODEL_NAME_MAX_LEN = 256
 CONTROL_CHANNEL = f"{PREFIX}:control"
+#: pub/sub: a model's name, when a job is queued for it and no worker holds it awake (the gateway's
+#: ``loading`` event): multi-model workers that hold it asleep read their demand at once
+WANTED_CHANNEL = f"{PREFIX}:wanted"
 ADAPTERS = f"{PREFIX}:adapters"
 #: counter: the last LoRA adapter id given out (shared/adapters.py)
 ADAPTER_IDS = f"{PREFIX}:adapter-ids"

@@ -250,8 +250,8 @@ class JobStore:
 
     async def loading(self, job_id: str, event: LoadingEvent) -> bool:
         """Log the job's ``loading`` event (its first) if it is still queued with an empty log."""
-        return bool(await self._loading(keys=[keys.job(job_id), keys.job_log(job_id), keys.job_channel(job_id)],
-                                        args=[lua.event_json(event)]))
+        return bool(await self._loading(keys=[keys.job(job_id), keys.job_log(job_id), keys.job_channel(job_id),
+                                              keys.WANTED_CHANNEL], args=[lua.event_json(event), event.model]))
 
     async def fail_queued(self, job_id: str, error: ErrorInfo, *, message_waits: bool = False) -> bool:
         """End a job that is still queued as failed, with its final ``error`` event (a job whose

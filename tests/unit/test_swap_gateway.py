@@ -85,6 +85,26 @@ async def test_a_model_awake_somewhere_gets_no_loading_event(r, own_redis) -> No
     assert await svc.store.read_log(rec.id) == []
 
 
+async def test_a_model_that_has_just_gone_to_sleep_is_seen_asleep_by_its_next_job(r, own_redis) -> None:
+    """The gateway remembers a model's awake workers; once that memory is a second old, the next job
+    reads it again, so a model whose worker has just put it to sleep gets its loading event (and its
+    sleepers hear of the job) from that job on."""
+    model = f"napping-{uuid.uuid4().hex[:6]}"
+    svc = service(r, own_redis)
+    await hold_asleep(r, model, info=worker_info(model), wake_s=0.8, eta_s=0.8)
+    w = worker_info(model)
+    await r.set(keys.worker(w.id), w.model_dump_json())
+    await r.zadd(keys.workers(model), {w.id: time.time()})
+    awake = await svc.submit(JobRequest(model=model, prompt="hi", max_tokens=4))
+    assert await svc.store.read_log(awake.id) == []
+    await r.zrem(keys.workers(model), w.id)  # its model's process leaves the live set as it sleeps
+    at, info = svc._served[model]
+    svc._served[model] = (at - 2.0, info)  # what the gateway remembers is two seconds old
+    rec = await svc.submit(JobRequest(model=model, prompt="hi", max_tokens=4))
+    [first] = await svc.store.read_log(rec.id)
+    assert isinstance(first, LoadingEvent)
+
+
 async def test_a_model_of_INFERQ_MODELS_is_queued_for_with_no_worker_at_all(r, own_redis) -> None:
     model = f"zero-{uuid.uuid4().hex[:6]}"
     svc = service(r, own_redis, models=[{"name": model}])
@@ -188,3 +208,28 @@ def test_models_lists_every_model_with_its_state(own_redis: str) -> None:
         ("offline", 0, 0)
     assert one["state"] == "asleep"
     assert f'inferq_workers{{model="{asleep}",state="asleep"}} 1.0' in metrics
+
+
+async def test_a_loading_event_tells_the_sleeping_models_workers_at_once(store) -> None:
+    """With the job's ``loading`` event the model's name goes out on the wanted channel, where the
+    multi-model workers that hold it asleep listen (worker/multi/wanted.py) and read their demand at
+    once; a job that is no longer waiting says nothing."""
+    import asyncio
+
+    from inferq.worker.multi.wanted import listen
+    from tests.unit.workerkit import queued_job
+
+    kicked = {name: asyncio.Event() for name in ("m", "other")}
+    listeners = [asyncio.create_task(listen(store.redis, [name], ev)) for name, ev in kicked.items()]
+    try:
+        for _ in range(600):  # until both listeners are subscribed
+            if (await store.redis.pubsub_numsub(keys.WANTED_CHANNEL))[0][1] >= 2:
+                break
+            await asyncio.sleep(0.05)
+        msg = await queued_job(store, "m")
+        assert await store.loading(msg.id, LoadingEvent(seq=0, model="m", expected_s=1.0))
+        await asyncio.wait_for(kicked["m"].wait(), 30)
+        assert not kicked["other"].is_set()
+    finally:
+        for task in listeners:
+            task.cancel()

@@ -52,7 +52,7 @@ class FakeProc(ModelProc):
 
 def swapper(url: str, wid: str, **extra: Any) -> Swapper:
     s = Settings(redis_url=url, worker_id=wid, models=[{"name": "ma"}, {"name": "mb"}],  # type: ignore[list-item]
-                 sleep_mode="off", heartbeat_s=0.1, swap_check_s=0.05, **extra)
+                 sleep_mode="off", heartbeat_s=0.1, **{"swap_check_s": 0.05, **extra})
     sw = Swapper(s, "INFO", lambda *_: None)
     sw.models = [FakeProc(m.spec, m.worker_id, m.swapper_id, 0, m.main, "INFO") for m in sw.models]
     sw.by_name = {m.name: m for m in sw.models}
@@ -116,3 +116,14 @@ async def test_wake_first_wakes_the_other_model_before_the_awake_one_sleeps(r, o
     last = sw.recent[-1]
     assert (last.from_model, last.to_model, last.cold) == ("mb", "ma", False)
     assert last.sleep_s == 0.2 and last.handed_back == 1, "the sleep that came after is recorded with the swap"
+
+
+async def test_a_kick_ends_the_wait_for_the_next_demand_check(own_redis) -> None:
+    """Told that a job waits for one of its models, the supervisor reads its demand at once, not at
+    its next INFERQ_SWAP_CHECK_S; the kick is spent by that read."""
+    sw = swapper(own_redis, "sw-k", swap_check_s=10)
+    sw.kick.set()
+    await asyncio.wait_for(sw._until_next_check(), 5)
+    assert not sw.kick.is_set()
+    sw.stop.set()  # and a stop ends it too
+    await asyncio.wait_for(sw._until_next_check(), 5)

@@ -1,8 +1,9 @@
 """The supervisor of a multi-model worker (``INFERQ_MODELS``): it runs one process per model it has
 woken (worker/multi/procs.py), holds one model awake at a time, and follows the queue's demand.
 
-Every ``INFERQ_SWAP_CHECK_S`` it reads its models' queues and the fleet's awake workers
-(``demand``) and asks the rule (``policy``) whether to swap. A swap claims the model it wakes
+Every ``INFERQ_SWAP_CHECK_S`` (and at once when a gateway says a job waits for one of its models:
+``wanted``) it reads its models' queues and the fleet's awake workers (``demand``) and asks the
+rule (``policy``) whether to swap. A swap claims the model it wakes
 (``inferq:waking:{model}``, so that other multi-model workers do not wake it too), puts the awake
 model to sleep (its jobs end or go back: worker/multi/nap.py), then wakes the other (or starts its
 process, the first time). Every heartbeat it publishes itself (``inferq:swapper:{id}``: its models'
@@ -31,7 +32,7 @@ from inferq.shared.schemas import SwapperInfo, SwapRecord
 from inferq.shared.served_models import model_worker_id
 from inferq.shared.settings import Settings
 from inferq.worker.engine.args import uses_sleep_mode
-from inferq.worker.multi import demand, policy
+from inferq.worker.multi import demand, policy, wanted
 from inferq.worker.multi.procs import ModelMain, ModelProc, ModelProcessDied
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,7 @@ class Swapper:
         self.started_at = time.time()
         self.redis: Redis | None = None
         self.stop = asyncio.Event()
+        self.kick = asyncio.Event()  # a job waits for one of its models: check the demand now
 
     # --- the loop -----------------------------------------------------------------------------
     async def run(self) -> int:
@@ -69,6 +71,7 @@ class Swapper:
             loop.add_signal_handler(sig, self.stop.set)
         self.redis = make_redis(self.s, max_connections=8)
         beats = loop.create_task(self._beat_forever())
+        kicks = loop.create_task(wanted.listen(self.redis, self.by_name, self.kick))
         log.info("multi-model worker %s: models %s, %s", self.id, [m.name for m in self.models],
                  "sleep mode" if self.sleep_mode else "a swap stops one engine and starts the other")
         try:
@@ -76,9 +79,10 @@ class Swapper:
         finally:
             self.stop.set()
             await asyncio.to_thread(self._stop_models)
-            beats.cancel()
-            with contextlib.suppress(BaseException):
-                await beats
+            for task in (beats, kicks):
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
             await self._forget()
             await self.redis.aclose()
 
@@ -98,9 +102,20 @@ class Swapper:
                 return self._died(self.by_name[e.model])
             except Exception:  # Redis away, or a swap that failed: look again at the next check
                 log.exception("multi-model worker: checking the demand or swapping failed")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stop.wait(), self.s.swap_check_s)
+            await self._until_next_check()
         return 0
+
+    async def _until_next_check(self) -> None:
+        """``INFERQ_SWAP_CHECK_S``, or less: until a gateway says a job waits for one of this
+        worker's models (worker/multi/wanted.py) or the worker stops. A kick that comes while the
+        demand is read is not lost: the next read sees the job that caused it."""
+        waits = [asyncio.ensure_future(self.stop.wait()), asyncio.ensure_future(self.kick.wait())]
+        try:
+            await asyncio.wait(waits, timeout=self.s.swap_check_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+        self.kick.clear()
 
     def _awake_for(self) -> float:
         return time.monotonic() - self.awake_since if self.awake is not None else 0.0
