@@ -159,9 +159,15 @@ async def case_cold(cfg: SwapConfig, fleet: Fleet, http: httpx.AsyncClient) -> l
 async def _wake_sample(cfg: SwapConfig, http: httpx.AsyncClient, model: str, before: str | None) -> dict[str, Any]:
     s = cfg.swap
     first = await run_job(http, model, cfg.prompt("same"), s["max_tokens"])
-    swaps = [r for sw in await swappers(http) for r in sw.get("recent", [])
-             if r["to_model"] == model and r["at"] >= first["created_at"] - 1.0]
-    decided = min(swaps, key=lambda r: r["at"])["at"] - first["created_at"] if swaps else None
+
+    async def its_swap() -> list[dict[str, Any]]:  # (the worker publishes its swaps with its heartbeat)
+        return [r for sw in await swappers(http) for r in sw.get("recent", [])
+                if r["to_model"] == model and r["at"] >= first["created_at"] - 1.0]
+    try:
+        swaps = await until(its_swap, 10.0, "the swap's record", interval=0.1)
+        decided = min(r["at"] for r in swaps) - first["created_at"]
+    except TimeoutError:
+        decided = None
     steady = [await run_job(http, model, cfg.prompt(f"steady {i}"), s["max_tokens"]) for i in range(s["steady"])]
     ttfts = [ttft(v) for v in steady]  # the first is the first job after the wake, the rest steady state
     rest = [t for t in ttfts[1:] if t is not None]
