@@ -154,6 +154,10 @@ class Swapper:
             self.waking = None
             await self.redis.delete(keys.waking(to.name))
         await self._record(rec)
+        try:  # the fleet sees the swap now, not at the next heartbeat: the standby sets, the record
+            await self.beat()
+        except Exception as e:
+            log.warning("multi-model worker heartbeat after a swap failed: %s", e)
 
     async def _put_to_sleep(self, m: ModelProc, rec: SwapRecord) -> None:
         napped = await m.sleep(self.s.swap_grace_s, SLEEP_TIMEOUT_S)
