@@ -209,7 +209,8 @@ class JobService:
         has just gone to sleep is seen asleep by its next job."""
         seen = self._served.get(model)
         if seen is not None and time.monotonic() - seen[0] >= WORKERS_CACHE_S:
-            await self._look_up(model, background=True)
+            pending = self._looking.get(model)  # the look-up resolving the model started, if it did
+            await (asyncio.shield(pending) if pending is not None else self._look_up(model, background=True))
         if model in self._served:  # a worker holds it awake
             return
         asleep = await self.standby.get(model)
