@@ -84,6 +84,7 @@ class Fleet:
         procs.start("gateway", [sys.executable, "-m", "inferq.cli", "api", "--port", str(port)], base_env(**self.env))
         procs.wait(lambda: http_ok(f"{self.base}/healthz"), 60, "gateway")
         self.spawned = 0
+        self.multi_up = False  # a multi-model worker runs, every model started (the next case may use it)
 
     def worker(self, model: dict[str, Any] | None = None) -> float:
         """Start a multi-model worker (or, with ``model``, a dedicated worker of it); its spawn time."""
@@ -101,6 +102,7 @@ class Fleet:
         return t
 
     def stop_workers(self) -> None:
+        self.multi_up = False
         while self.procs.procs and self.procs.procs[-1].name.startswith("worker"):
             self.procs.procs.pop().stop(grace=60)
 
@@ -137,9 +139,11 @@ async def until(probe: Any, timeout: float, what: str, interval: float = 0.2) ->
     raise TimeoutError(what)
 
 
-async def case_cold(cfg: SwapConfig, fleet: Fleet, http: httpx.AsyncClient) -> list[dict[str, Any]]:
-    first, out = cfg.models[0]["name"], []
-    for _ in range(cfg.repeats):
+async def case_cold(cfg: SwapConfig, fleet: Fleet, http: httpx.AsyncClient,
+                    out: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each repeat a new worker; the last one is left running for the swap case."""
+    first = cfg.models[0]["name"]
+    for k in range(cfg.repeats):
         t0 = fleet.worker()
         v = await asyncio.wait_for(run_job(http, first, cfg.prompt("cold"), 8), cfg.startup_timeout_s)
 
@@ -152,7 +156,10 @@ async def case_cold(cfg: SwapConfig, fleet: Fleet, http: httpx.AsyncClient) -> l
         out.append({"spawn_to_first_token_s": v["first_token_at"] - t0, "first_job_ttft_s": ttft(v),
                     "all_models_started_s": time.time() - t0 if sws[0]["sleep_mode"] else None,
                     "starts": [s for s in sws[0]["recent"] if s["cold"]], "swaps": sws[0]["recent"]})
-        fleet.stop_workers()
+        if k < cfg.repeats - 1 or not sws[0]["sleep_mode"]:
+            fleet.stop_workers()
+        else:
+            fleet.multi_up = True
     return out
 
 
@@ -164,28 +171,35 @@ async def _wake_sample(cfg: SwapConfig, http: httpx.AsyncClient, model: str, bef
         return [r for sw in await swappers(http) for r in sw.get("recent", [])
                 if r["to_model"] == model and r["at"] >= first["created_at"] - 1.0]
     try:
-        swaps = await until(its_swap, 10.0, "the swap's record", interval=0.1)
-        decided = min(r["at"] for r in swaps) - first["created_at"]
+        rec = min(await until(its_swap, 10.0, "the swap's record", interval=0.1), key=lambda r: r["at"])
     except TimeoutError:
-        decided = None
+        rec = None
+    # where the time went: submission to the decision, the swap's steps, its end to the job's start
+    steps = {"decided_after_s": rec["at"] - first["created_at"] if rec else None,
+             "swap": {k: rec[k] for k in ("drain_s", "sleep_s", "wake_s", "total_s")} if rec else None,
+             "awake_to_started_s": first["started_at"] - rec["at"] - rec["total_s"]
+             if rec and first.get("started_at") else None,
+             "started_to_first_token_s": first["first_token_at"] - first["started_at"]
+             if first.get("first_token_at") and first.get("started_at") else None}
     steady = [await run_job(http, model, cfg.prompt(f"steady {i}"), s["max_tokens"]) for i in range(s["steady"])]
     ttfts = [ttft(v) for v in steady]  # the first is the first job after the wake, the rest steady state
     rest = [t for t in ttfts[1:] if t is not None]
     steady_ttft = statistics.median(rest) if rest else None
     after = ttfts[0] if ttfts else None
-    return {"model": model, "swap_ttft_s": ttft(first), "decided_after_s": decided, "first_after_wake_ttft_s": after,
+    return {"model": model, "swap_ttft_s": ttft(first), **steps, "first_after_wake_ttft_s": after,
             "steady_ttft_s": steady_ttft, "steady_ttfts_s": ttfts,
             "ratio": after / steady_ttft if after is not None and steady_ttft else None,
             "text": first["text"], "same_text": before is None or first["text"] == before}
 
 
-async def case_swap(cfg: SwapConfig, fleet: Fleet, http: httpx.AsyncClient) -> list[dict[str, Any]]:
+async def case_swap(cfg: SwapConfig, fleet: Fleet, http: httpx.AsyncClient,
+                    out: list[dict[str, Any]]) -> list[dict[str, Any]]:
     names = [m["name"] for m in cfg.models[:2]]
-    fleet.worker()
+    if not fleet.multi_up:
+        fleet.worker()
     for m in names:  # both started (a cold start is not a swap), the first one awake at the end
         await asyncio.wait_for(run_job(http, m, cfg.prompt("warm"), 4), cfg.startup_timeout_s)
     texts: dict[str, str | None] = dict.fromkeys(names)
-    out = []
     for i in range(2 * cfg.swap["samples"] + 1):
         model = names[i % 2]
         sample = await _wake_sample(cfg, http, model, texts[model])
@@ -219,30 +233,30 @@ async def _bursts(cfg: SwapConfig, http: httpx.AsyncClient) -> dict[str, Any]:
             "job_run_s_p50": statistics.median(runs) if runs else None}
 
 
-async def case_bursts(cfg: SwapConfig, fleet: Fleet, http: httpx.AsyncClient) -> list[dict[str, Any]]:
-    out = []
-    for _ in range(cfg.repeats):
-        fleet.worker()
-        for m in cfg.models[:2]:
-            await asyncio.wait_for(run_job(http, m["name"], cfg.prompt("warm"), 4), cfg.startup_timeout_s)
-        one = await _bursts(cfg, http)
-        sws = await swappers(http)
-        one["swaps"] = [s for s in (sws[0]["recent"] if sws else []) if not s["cold"]]
-        fleet.stop_workers()
-        for m in cfg.models[:2]:
+async def case_bursts(cfg: SwapConfig, fleet: Fleet, http: httpx.AsyncClient, out: list[dict[str, Any]],
+                      sides: tuple[str, ...] = ("one", "dedicated")) -> list[dict[str, Any]]:
+    """``repeats`` runs of the bursts on each side (``one``: the multi-model worker; ``dedicated``: a
+    worker per model), each side's workers started once; the two sides may run in separate calls
+    (``--side``) and be merged."""
+    for side in sides:
+        for m in cfg.models[:2] if side == "dedicated" else [None]:
             fleet.worker(m)
         for m in cfg.models[:2]:
             await asyncio.wait_for(run_job(http, m["name"], cfg.prompt("warm"), 4), cfg.startup_timeout_s)
-        two = await _bursts(cfg, http)
+        for k in range(cfg.repeats):
+            t0 = time.time()
+            one = await _bursts(cfg, http)
+            if side == "one":
+                one["swaps"] = [s for sw in await swappers(http) for s in sw["recent"]
+                                if not s["cold"] and s["at"] >= t0]
+            out.append({"side": side, "repeat": k, **one})
         fleet.stop_workers()
-        out.append({"one_worker": one, "dedicated": two,
-                    "tokens_ratio": one["tokens"] / two["tokens"] if two["tokens"] else None})
     return out
 
 
-def _p(xs: list[float], q: float) -> float | None:
-    xs = sorted(x for x in xs if x is not None)
-    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else None
+def _p(xs: list[float | None], q: float) -> float | None:
+    got = sorted(x for x in xs if x is not None)
+    return got[min(len(got) - 1, int(q * len(got)))] if got else None
 
 
 def summary(doc: dict[str, Any]) -> dict[str, Any]:
@@ -254,32 +268,63 @@ def summary(doc: dict[str, Any]) -> dict[str, Any]:
         out["swap"] = {"swap_ttft_p50_s": _p([s["swap_ttft_s"] for s in swap], 0.5),
                        "swap_ttft_p99_s": _p([s["swap_ttft_s"] for s in swap], 0.99),
                        "submission_to_decision_p50_s": _p([s.get("decided_after_s") for s in swap], 0.5),
+                       **{f"{k}_p50_s": _p([(s.get("swap") or {}).get(f"{k}_s") for s in swap], 0.5)
+                          for k in ("drain", "sleep", "wake")},
+                       "awake_to_started_p50_s": _p([s.get("awake_to_started_s") for s in swap], 0.5),
+                       "started_to_first_token_p50_s": _p([s.get("started_to_first_token_s") for s in swap], 0.5),
                        "first_after_wake_vs_steady_p50": _p([s["ratio"] for s in swap], 0.5),
                        "steady_ttft_p50_s": _p([s["steady_ttft_s"] for s in swap], 0.5),
                        "same_text": all(s["same_text"] for s in swap), "samples": len(swap)}
     if bursts := doc.get("bursts"):
-        out["bursts"] = {"tokens_ratio_median": statistics.median([r["tokens_ratio"] for r in bursts]),
-                         "max_wait_s": max(r["one_worker"]["max_wait_s"] or 0 for r in bursts),
-                         "job_run_s_p50": statistics.median([r["one_worker"]["job_run_s_p50"] or 0 for r in bursts])}
+        one = [r for r in bursts if r["side"] == "one"]
+        two = [r for r in bursts if r["side"] == "dedicated"]
+        ded = statistics.median([r["tokens"] for r in two]) if two else None
+        out["bursts"] = {
+            "repeats": [len(one), len(two)],
+            "one_worker_tokens_median": statistics.median([r["tokens"] for r in one]) if one else None,
+            "dedicated_tokens_median": ded,
+            # the median of the one worker's repeats over the median of the dedicated workers', and the range
+            "tokens_ratio_median": statistics.median([r["tokens"] for r in one]) / ded if one and ded else None,
+            "tokens_ratio_range": [min(r["tokens"] for r in one) / ded, max(r["tokens"] for r in one) / ded]
+            if one and ded else None,
+            "max_wait_s": max((r["max_wait_s"] or 0 for r in one), default=None),
+            "longest_swap_s": max((s["total_s"] for r in one for s in r.get("swaps", [])), default=None),
+            "job_run_s_p50": statistics.median([r["job_run_s_p50"] or 0 for r in one]) if one else None,
+            "failed": sum(r["failed"] for r in bursts)}
     return out
 
 
-async def run(cfg: SwapConfig, out: Path, only: list[str]) -> dict[str, Any]:
+async def _save_every(doc: dict[str, Any], path: Path, every_s: float = 5.0) -> None:
+    """The samples so far, every few seconds: a run cut at the GPU call's limit keeps what it measured."""
+    while True:
+        await asyncio.sleep(every_s)
+        doc["summary"] = summary(doc)
+        path.write_text(json.dumps(doc, indent=1))
+
+
+async def run(cfg: SwapConfig, out: Path, only: list[str],
+              sides: tuple[str, ...] = ("one", "dedicated")) -> dict[str, Any]:
     doc: dict[str, Any] = {"config": cfg.__dict__, "started_at": time.time()}
     with Procs(out / "logs") as procs:
         fleet = Fleet(cfg, procs)
+        saver = asyncio.create_task(_save_every(doc, out / "swap.json"))
         async with httpx.AsyncClient(base_url=fleet.base, timeout=60) as http:
-            for name, case in (("cold", case_cold), ("swap", case_swap), ("bursts", case_bursts)):
+            for name in ("cold", "swap", "bursts"):
                 if name in only:
-                    doc[name] = await case(cfg, fleet, http)
-                    doc["summary"] = summary(doc)
-                    (out / "swap.json").write_text(json.dumps(doc, indent=1))  # after each case
+                    doc[name] = []
+                    if name == "bursts":
+                        await case_bursts(cfg, fleet, http, doc[name], sides)
+                    else:
+                        await (case_cold if name == "cold" else case_swap)(cfg, fleet, http, doc[name])
+        saver.cancel()
+        doc["summary"] = summary(doc)
+        (out / "swap.json").write_text(json.dumps(doc, indent=1))
     return doc
 
 
 def merge(paths: list[Path]) -> dict[str, Any]:
     """Several runs' swap.json as one (each case's samples and repeats together), summarised again:
-    a GPU call has 10 minutes, so the repeats of the bursts run one call each."""
+    a GPU call has 10 minutes, so the two sides of the bursts run one call each."""
     doc: dict[str, Any] = {"merged": [str(p) for p in paths]}
     for p in paths:
         one = json.loads(p.read_text())
@@ -296,6 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path("/tmp/bench-swap"))
     p.add_argument("--only", nargs="+", default=["cold", "swap", "bursts"], choices=["cold", "swap", "bursts"])
     p.add_argument("--repeats", type=int, help="override the config's repeats (cold, bursts)")
+    p.add_argument("--side", choices=["one", "dedicated"], help="bursts: only this side (merge the two runs)")
     p.add_argument("--merge", type=Path, nargs="+", help="merge these swap.json files into --out/swap.json")
     a = p.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
@@ -306,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
         (a.out / "logs").mkdir(parents=True, exist_ok=True)
         cfg = SwapConfig.load(a.config)
         cfg.repeats = a.repeats or cfg.repeats
-        doc = asyncio.run(run(cfg, a.out, a.only))
+        doc = asyncio.run(run(cfg, a.out, a.only, (a.side,) if a.side else ("one", "dedicated")))
     print(json.dumps(doc.get("summary"), indent=1))
     return 0
 

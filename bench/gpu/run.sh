@@ -8,8 +8,8 @@
 #   bench/gpu/run.sh sessions   # bench.sessions on h200-sessions.json (plain vs cache-affine pull);
 #       SESSIONS=h200-lora-mix bench/gpu/run.sh sessions 560 2w-prefix-1a 2w-prefix-16a: the adapter mix
 #   bench/gpu/run.sh fleet h200-lora 560   # bench.fleet: plain vs cache-affine pull under vllm bench serve
-#   bench/gpu/run.sh swap CONFIG CASE [TAG]   # bench.swap on bench/configs/swap/CONFIG.json, one case (cold,
-#       swap or bursts; bursts one repeat a call, TAG 1 2 3), then locally:
+#   bench/gpu/run.sh swap CONFIG CASES [SIDE]   # bench.swap on bench/configs/swap/CONFIG.json: cold,swap in
+#       one call; bursts one side a call (SIDE one, then dedicated), then locally:
 #       python -m bench.swap --merge h200-swap-*.json --out DIR
 #   bench/gpu/run.sh classes h200-mistral7b-classes classes   # bench.classes, one fleet a call (then today, fifo, ...)
 #   bench/gpu/run.sh config NAME TARGETS TAG   # bench/configs/NAME.json, those targets only
@@ -63,14 +63,17 @@ case "${1:-serving}" in
     tail -n 25 /tmp/b-fleet-$2/logs/fleet/worker-fleet-0.log /tmp/b-fleet-$2/logs/fleet/gateway-fleet.log \
       /tmp/b-fleet-$2/logs/client-*.log > "$out/fleet-$2-logs.txt" 2>/dev/null
     cp "/tmp/b-fleet-$2.log" "$out/"; tail -n 30 "/tmp/b-fleet-$2.log" ;;
-  swap)  # CONFIG CASE [TAG [TIMEOUT_S]]: a multi-model worker (two 7B shapes, sleep mode): its cold start, its
-    # swaps (swap to first token, the first request against steady state, the text after a wake), or one repeat of
-    # the alternating bursts against two dedicated workers; swap.json is written after each case
-    name="$2-$3${4:+-$4}"; reps=(); [ "$3" = bursts ] && reps=(--repeats 1)
-    timeout "${5:-560}" python3 -m bench.swap "bench/configs/swap/$2.json" --only "$3" "${reps[@]}" \
+  swap)  # CONFIG CASES [SIDE [TIMEOUT_S]]: a multi-model worker (two 7B shapes, sleep mode): CASES, comma-separated
+    # (cold,swap: the cold starts, then the swaps on the last worker started), or bursts on one SIDE (one: the
+    # multi-model worker; dedicated: a worker per model), each side one call; swap.json is written after each case
+    name="$2-${3//,/-}${4:+-$4}"; side=(); [ -n "${4:-}" ] && side=(--side "$4")
+    timeout "${5:-560}" python3 -m bench.swap "bench/configs/swap/$2.json" --only ${3//,/ } "${side[@]}" \
       --out "/tmp/b-$name" > "/tmp/b-$name.log" 2>&1
     cp "/tmp/b-$name/swap.json" "$out/$name.json" 2>/dev/null
     tail -n 40 /tmp/b-$name/logs/*.log > "$out/$name-logs.txt" 2>/dev/null
+    # where a start's time goes (vLLM's own lines) and every swap's steps
+    grep -h -E "took|takes|finished in|Compil|compil|capturing|swapped|swap .* ->" /tmp/b-$name/logs/*.log \
+      > "$out/$name-steps.txt" 2>/dev/null
     cp "/tmp/b-$name.log" "$out/"; tail -n 30 "/tmp/b-$name.log" ;;
   classes)  # CONFIG STACK [TIMEOUT_S]: bench.classes on bench/configs/classes/CONFIG.json, one fleet (classes, today,
     # fifo, fair, tenants-fifo, tenants-queue); the results of every call add up in /tmp/b-classes (one machine)
