@@ -86,5 +86,8 @@ class LoopHost:
         await self.engine.wake_up()
         return 0.0
 
+    async def wake_weights(self) -> bool:
+        return False  # no GPU memory to share: the wake brings everything
+
     def stop(self) -> None:
         self._thread.stop()

@@ -279,6 +279,11 @@ class Settings(BaseSettings):
         "jobs end meanwhile, both models awake for that while): a swap's wait is the wake alone. Only where the "
         "GPU holds both models' weights and KV caches at once (size INFERQ_KV_CACHE_GIB and "
         "INFERQ_GPU_MEMORY_UTILIZATION for it); a model's first start always waits for the other's sleep.")
+    swap_overlap: bool = Field(
+        default=True, description="With sleep mode: a swap brings the other model's weights back while the "
+        "awake one goes to sleep, where the GPU has room for them beside it (NVML's free memory against their "
+        "size at that model's last wake, plus 2 GiB); its KV cache comes back once the other has slept. The "
+        "two copies (to host memory, and back) run at once, so a swap takes about the longer of them, not both.")
     swap_prepare: bool = Field(
         default=True, description="With sleep mode: while the awake model is idle, start each model not yet "
         "started (and leave the last one awake), so that a model's first wake is a wake, not an engine start.")

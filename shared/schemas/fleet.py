@@ -102,6 +102,8 @@ class SwapRecord(BaseModel):
     handed_back: int = Field(default=0, description="Jobs still running at the end of the grace, sent back to "
                              "the queue.")
     reason: str = Field(default="", description="Why the worker swapped (the policy's rule).")
+    overlapped: bool = Field(default=False, description="The woken model's weights came back while the other "
+                             "slept (INFERQ_SWAP_OVERLAP): wake_s is then its KV cache and queue alone.")
 
 
 class ModelSlot(BaseModel):

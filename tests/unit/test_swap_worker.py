@@ -15,6 +15,7 @@ from celery.exceptions import Reject
 from inferq.shared import keys
 from inferq.shared.schemas import JobStatus, WorkerInfo
 from inferq.shared.settings import Settings
+from inferq.worker.engine import gpumem
 from inferq.worker.engine.host import EngineHost
 from inferq.worker.multi.nap import put_to_sleep, wake
 from tests.unit.test_engine_death_and_drain import generating, handed_back
@@ -32,7 +33,7 @@ class SleepyEngine(GatedEngine):
         self.calls.append(f"sleep {level}")
 
     async def wake_up(self, tags: list[str] | None = None) -> bool:
-        self.calls.append("wake_up")
+        self.calls.append(f"wake_up {','.join(tags or ['all'])}")
         return True
 
     def shutdown(self) -> None:
@@ -77,7 +78,7 @@ async def test_sleep_hands_back_after_the_grace_then_sleeps_and_wake_takes_jobs_
 
         slept = rt.engine_id
         await asyncio.to_thread(wake, rt, consuming)
-        assert engine.calls == ["sleep 1", "wake_up"] and consuming.calls == ["pause", "resume"]
+        assert engine.calls == ["sleep 1", "wake_up all"] and consuming.calls == ["pause", "resume"]
         assert await live(r, "scripted", rt.id)
         info = WorkerInfo.model_validate_json(await r.get(keys.worker(rt.id)))
         assert info.engine == rt.engine_id != slept, "a woken engine is a new instance: it holds no old cache"
@@ -123,7 +124,37 @@ def test_the_host_with_sleep_mode_sleeps_and_wakes_the_same_engine() -> None:
         host.run(host.sleep())
         assert host.engine is engine and engine.calls == ["sleep 1"]
         host.run(host.wake())
-        assert host.engine is engine and engine.calls == ["sleep 1", "wake_up"]
+        assert host.engine is engine and engine.calls == ["sleep 1", "wake_up weights", "wake_up kv_cache"]
+    finally:
+        host.engine = None
+        host.stop()
+
+
+def test_the_weights_wake_early_only_where_they_fit_beside_the_awake_model(monkeypatch) -> None:
+    """A wake learns the weights' size (NVML's free memory before and after them); asleep again, the
+    weights come back early only with that size and a 2 GiB margin free; the wake then maps the KV
+    cache alone. Without a reading (no GPU) nothing is woken early."""
+    gib = 2**30
+    free: list[int | None] = []
+    monkeypatch.setattr(gpumem, "free_bytes", lambda: free.pop(0))
+    host = _host("on")
+    try:
+        host.engine = engine = SleepyEngine()
+        host.run(host.sleep())
+        assert not host.run(host.wake_weights()), "its weights' size is not known before a wake"
+        free[:] = [100 * gib, 86 * gib]
+        host.run(host.wake())
+        assert host.weights_bytes == 14 * gib and engine.calls[-2:] == ["wake_up weights", "wake_up kv_cache"]
+        host.run(host.sleep())
+        free[:] = [15 * gib]
+        assert not host.run(host.wake_weights()) and engine.calls[-1] == "sleep 1", "14 GiB + 2 do not fit in 15"
+        free[:] = [None]
+        assert not host.run(host.wake_weights())
+        free[:] = [16 * gib]
+        assert host.run(host.wake_weights()) and engine.calls[-1] == "wake_up weights"
+        host.run(host.wake())
+        assert engine.calls[-2:] == ["wake_up weights", "wake_up kv_cache"] and not host.weights_up
+        assert free == [], "the wake after an early one reads nothing"
     finally:
         host.engine = None
         host.stop()

@@ -23,6 +23,7 @@ class FakeProc(ModelProc):
 
     exitcode: int | None = None
     started = False
+    fits = True  # its weights fit beside the awake model (wake_weights)
 
     async def start(self, timeout_s: float) -> float:
         CALLS.append(f"start {self.name}")
@@ -36,6 +37,10 @@ class FakeProc(ModelProc):
         CALLS.append(f"sleep {self.name}")
         self.state = "asleep"
         return {"drain_s": 0.1, "sleep_s": 0.2, "handed_back": 1}
+
+    async def wake_weights(self, timeout_s: float) -> bool:
+        CALLS.append(f"weights {self.name}")
+        return self.fits
 
     async def wake(self, timeout_s: float) -> float:
         CALLS.append(f"wake {self.name}")
@@ -52,7 +57,7 @@ class FakeProc(ModelProc):
 
 def swapper(url: str, wid: str, **extra: Any) -> Swapper:
     s = Settings(redis_url=url, worker_id=wid, models=[{"name": "ma"}, {"name": "mb"}],  # type: ignore[list-item]
-                 sleep_mode="off", heartbeat_s=0.1, **{"swap_check_s": 0.05, **extra})
+                 heartbeat_s=0.1, **{"swap_check_s": 0.05, "sleep_mode": "off", **extra})
     sw = Swapper(s, "INFO", lambda *_: None)
     sw.models = [FakeProc(m.spec, m.worker_id, m.swapper_id, 0, m.main, "INFO") for m in sw.models]
     sw.by_name = {m.name: m for m in sw.models}
@@ -116,6 +121,29 @@ async def test_wake_first_wakes_the_other_model_before_the_awake_one_sleeps(r, o
     last = sw.recent[-1]
     assert (last.from_model, last.to_model, last.cold) == ("mb", "ma", False)
     assert last.sleep_s == 0.2 and last.handed_back == 1, "the sleep that came after is recorded with the swap"
+
+
+async def test_with_sleep_mode_the_weights_come_back_while_the_other_model_sleeps(r, own_redis) -> None:
+    """INFERQ_SWAP_OVERLAP: the woken model's weights are asked back at the same time as the awake
+    model's sleep (not for a first start, nor without sleep mode); the record says whether they fit."""
+    sw = swapper(own_redis, "sw-o", sleep_mode="on")
+    sw.redis = r
+    CALLS.clear()
+    await sw._swap(policy.Swap("ma", "start"))
+    await sw._swap(policy.Swap("mb", "idle"))
+    await sw._swap(policy.Swap("ma", "idle"))
+    assert CALLS == ["start ma", "sleep ma", "start mb", "weights ma", "sleep mb", "wake ma"]
+    assert [s.overlapped for s in sw.recent] == [False, False, True]
+    sw.by_name["mb"].fits = False  # type: ignore[attr-defined]
+    await sw._swap(policy.Swap("mb", "idle"))
+    assert CALLS[-3:] == ["weights mb", "sleep ma", "wake mb"] and not sw.recent[-1].overlapped
+
+    off = swapper(own_redis, "sw-p", sleep_mode="on", swap_overlap=False)
+    off.redis = r
+    CALLS.clear()
+    for to in ("ma", "mb", "ma"):
+        await off._swap(policy.Swap(to, "idle"))
+    assert "weights ma" not in CALLS and CALLS[-2:] == ["sleep mb", "wake ma"]
 
 
 async def test_a_kick_ends_the_wait_for_the_next_demand_check(own_redis) -> None:

@@ -25,6 +25,7 @@ from typing_extensions import override
 from inferq.shared import prompt_probe
 from inferq.shared.schemas import EngineStats
 from inferq.shared.settings import Settings
+from inferq.worker.engine import gpumem
 from inferq.worker.engine.adapters import EngineAdapters
 from inferq.worker.engine.args import engine_args_for, kv_events_endpoint, uses_sleep_mode
 from inferq.worker.engine.encode import encode_request
@@ -33,6 +34,9 @@ from inferq.worker.engine.models import resolve_model
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+#: Headroom beyond a model's weights for waking them beside another model (allocator granularity,
+#: the other model's activations growing meanwhile).
+WEIGHTS_MARGIN_BYTES = 2 * 2**30
 
 
 def _stats_logger_class(stats: EngineStats) -> type:
@@ -89,6 +93,8 @@ class EngineHost:
         # where the engine publishes its KV-cache events (the group's EngineCore, for a frontend)
         self.kv_events = kv_events_endpoint(settings) if frontend is None else frontend.kv_events
         self.sleep_mode = uses_sleep_mode(settings)  # a multi-model worker's engine sleeps (else it stops)
+        self.weights_bytes: int | None = None  # GPU memory its weights took at its last wake (NVML)
+        self.weights_up = False  # asleep, its weights already back (wake_weights): the KV cache is next
 
     def start(self) -> None:
         """Build the engine (blocks until it is ready to serve)."""
@@ -145,16 +151,43 @@ class EngineHost:
         return time.monotonic() - t0
 
     async def wake(self) -> float:
-        """Bring the engine back after :meth:`sleep`: vLLM's wake-up, or a new engine started.
+        """Bring the engine back after :meth:`sleep`: vLLM's wake-up (the weights, unless
+        :meth:`wake_weights` brought them already, then the KV cache), or a new engine started.
         Returns the seconds it took."""
         t0 = time.monotonic()
         if self.sleep_mode:
-            await self.engine.wake_up()
+            if not self.weights_up:
+                before = gpumem.free_bytes()
+                await self.engine.wake_up(tags=["weights"])
+                after = gpumem.free_bytes()
+                if before is not None and after is not None and before > after:
+                    self.weights_bytes = before - after
+            await self.engine.wake_up(tags=["kv_cache"])
+            self.weights_up = False
         elif self.engine is None:
             await self._create()
         log.info("engine awake (%s) in %.2f s", "sleep mode" if self.sleep_mode else "started",
                  time.monotonic() - t0)
         return time.monotonic() - t0
+
+    async def wake_weights(self) -> bool:
+        """Asleep in sleep mode: bring the weights back now if the GPU has room for them beside what
+        runs there (NVML's free memory against their size at the last wake, and a margin), so that
+        the wake that follows only maps the KV cache again. False where it cannot tell or they do
+        not fit: the wake brings them as usual."""
+        if not self.sleep_mode or self.weights_up or self.weights_bytes is None:
+            return False
+        free = gpumem.free_bytes()
+        if free is None or free < self.weights_bytes + WEIGHTS_MARGIN_BYTES:
+            log.info("weights not woken early: %s GiB free, %.1f GiB needed",
+                     "?" if free is None else f"{free / 2**30:.1f}",
+                     (self.weights_bytes + WEIGHTS_MARGIN_BYTES) / 2**30)
+            return False
+        t0 = time.monotonic()
+        await self.engine.wake_up(tags=["weights"])
+        self.weights_up = True
+        log.info("weights woken early (%.1f GiB) in %.2f s", self.weights_bytes / 2**30, time.monotonic() - t0)
+        return True
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run ``coro`` on the engine loop from another thread and wait for its result."""

@@ -1,8 +1,9 @@
 """One model's process of a multi-model worker: a complete worker of that model (Celery consumer,
 runner, heartbeat, reaper), which its supervisor (``swapper``) puts to sleep and wakes over a pipe.
 
-Messages from the supervisor: ``("sleep", grace_s)`` and ``("wake",)``; answers: ``("ready", info)``
-once the worker consumes its queue, ``("asleep", napped, info)``, ``("awake", wake_s, info)`` or
+Messages from the supervisor: ``("sleep", grace_s)``, ``("wake_weights",)`` and ``("wake",)``; answers:
+``("ready", info)`` once the worker consumes its queue, ``("asleep", napped, info)``,
+``("weights", woken)``, ``("awake", wake_s, info)`` or
 ``("error", text)`` (the process then takes the engine-death path: every job back, exit 4). A pipe
 that closes (the supervisor is gone) drains the process as SIGTERM does.
 """
@@ -21,7 +22,7 @@ from typing import Any
 from inferq.shared import keys, logs
 from inferq.shared.served_models import ModelSpec
 from inferq.shared.settings import Settings, get_settings
-from inferq.worker.multi.nap import CeleryConsumption, put_to_sleep, wake
+from inferq.worker.multi.nap import CeleryConsumption, put_to_sleep, wake, wake_weights
 from inferq.worker.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
@@ -81,6 +82,8 @@ class ModelLink:
         if msg[0] == "sleep":
             napped = put_to_sleep(rt, consumption, float(msg[1]))
             return "asleep", dataclasses.asdict(napped), rt.describe().model_dump_json()
+        if msg[0] == "wake_weights":
+            return "weights", wake_weights(rt)
         if msg[0] == "wake":
             wake_s = wake(rt, consumption)
             return "awake", wake_s, rt.describe().model_dump_json()

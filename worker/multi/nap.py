@@ -5,7 +5,7 @@ its queue and lane; a message popped meanwhile goes back unclaimed), its lane go
 the jobs it runs finish for up to the grace and the rest are handed back (``restart`` event, reason
 ``model_swap``, a new message each: nothing lost, nothing run twice), it leaves the model's live set,
 and only then is the engine put to sleep (or stopped). Wake is the reverse: engine, registration,
-then the queue.
+then the queue; its weights may come back first, while the other model goes to sleep.
 """
 
 from __future__ import annotations
@@ -79,6 +79,12 @@ def put_to_sleep(rt: WorkerRuntime, consumption: Consumption, grace_s: float) ->
     rt.heartbeat.set_asleep(True)
     sleep_s = rt.host.run(rt.host.sleep())
     return Napped(drain_s=drain_s, sleep_s=sleep_s, handed_back=handed)
+
+
+def wake_weights(rt: WorkerRuntime) -> bool:
+    """Asleep: bring the weights back while the other model still goes to sleep, where they fit
+    (EngineHost.wake_weights); the queue stays closed until :func:`wake`."""
+    return rt.host.run(rt.host.wake_weights())
 
 
 def wake(rt: WorkerRuntime, consumption: Consumption) -> float:

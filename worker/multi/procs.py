@@ -97,6 +97,11 @@ class ModelProc:
         self.state = "asleep"
         return dict(napped)
 
+    async def wake_weights(self, timeout_s: float) -> bool:
+        """Asleep: its weights back now if they fit beside the awake model (the KV cache at the wake)."""
+        _, woken = await self._call(("wake_weights",), timeout_s)
+        return bool(woken)
+
     async def wake(self, timeout_s: float) -> float:
         self.state = "waking"
         _, wake_s, info = await self._call(("wake",), timeout_s)
@@ -108,7 +113,7 @@ class ModelProc:
     async def _call(self, msg: tuple[Any, ...], timeout_s: float) -> tuple[Any, ...]:
         assert self.conn is not None
         self.conn.send(msg)
-        return await self._receive({"sleep": "asleep", "wake": "awake"}[msg[0]], timeout_s)
+        return await self._receive({"sleep": "asleep", "wake": "awake", "wake_weights": "weights"}[msg[0]], timeout_s)
 
     async def _receive(self, expected: str, timeout_s: float) -> tuple[Any, ...]:
         reply: tuple[Any, ...] = await asyncio.to_thread(self._wait, timeout_s)

@@ -142,7 +142,12 @@ class Swapper:
         wake_first = self.s.swap_wake_first and to.state != "cold"
         try:
             if old is not None and not wake_first:
-                await self._put_to_sleep(old, rec)
+                if self.sleep_mode and self.s.swap_overlap and to.state == "asleep":
+                    # the weights come back while the other sleeps (copies in both directions at once)
+                    woken, _ = await asyncio.gather(to.wake_weights(START_TIMEOUT_S), self._put_to_sleep(old, rec))
+                    rec.overlapped = bool(woken)
+                else:
+                    await self._put_to_sleep(old, rec)
             t1 = time.monotonic()
             await (to.start(START_TIMEOUT_S) if to.state == "cold" else to.wake(START_TIMEOUT_S))
             rec.wake_s = time.monotonic() - t1
