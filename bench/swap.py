@@ -176,7 +176,8 @@ async def _wake_sample(cfg: SwapConfig, http: httpx.AsyncClient, model: str, bef
         rec = None
     # where the time went: submission to the decision, the swap's steps, its end to the job's start
     steps = {"decided_after_s": rec["at"] - first["created_at"] if rec else None,
-             "swap": {k: rec[k] for k in ("drain_s", "sleep_s", "wake_s", "total_s")} if rec else None,
+             "swap": {k: rec.get(k) for k in ("drain_s", "sleep_s", "wake_s", "total_s", "overlapped")}
+             if rec else None,
              "awake_to_started_s": first["started_at"] - rec["at"] - rec["total_s"]
              if rec and first.get("started_at") else None,
              "started_to_first_token_s": first["first_token_at"] - first["started_at"]
@@ -270,6 +271,7 @@ def summary(doc: dict[str, Any]) -> dict[str, Any]:
                        "submission_to_decision_p50_s": _p([s.get("decided_after_s") for s in swap], 0.5),
                        **{f"{k}_p50_s": _p([(s.get("swap") or {}).get(f"{k}_s") for s in swap], 0.5)
                           for k in ("drain", "sleep", "wake")},
+                       "overlapped": sum(bool((s.get("swap") or {}).get("overlapped")) for s in swap),
                        "awake_to_started_p50_s": _p([s.get("awake_to_started_s") for s in swap], 0.5),
                        "started_to_first_token_p50_s": _p([s.get("started_to_first_token_s") for s in swap], 0.5),
                        "first_after_wake_vs_steady_p50": _p([s["ratio"] for s in swap], 0.5),
