@@ -207,7 +207,7 @@ async def case_swap(cfg: SwapConfig, fleet: Fleet, http: httpx.AsyncClient,
         texts[model] = sample["text"]
         if i:  # the first wakes a model that may not have slept yet
             out.append(sample)
-    fleet.stop_workers()
+    fleet.multi_up = True  # left running: the bursts' one worker, if they come next
     return out
 
 
@@ -240,8 +240,10 @@ async def case_bursts(cfg: SwapConfig, fleet: Fleet, http: httpx.AsyncClient, ou
     worker per model), each side's workers started once; the two sides may run in separate calls
     (``--side``) and be merged."""
     for side in sides:
-        for m in cfg.models[:2] if side == "dedicated" else [None]:
-            fleet.worker(m)
+        if side == "dedicated" or not fleet.multi_up:
+            fleet.stop_workers()
+            for m in cfg.models[:2] if side == "dedicated" else [None]:
+                fleet.worker(m)
         for m in cfg.models[:2]:
             await asyncio.wait_for(run_job(http, m["name"], cfg.prompt("warm"), 4), cfg.startup_timeout_s)
         for k in range(cfg.repeats):
