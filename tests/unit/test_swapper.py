@@ -24,6 +24,7 @@ class FakeProc(ModelProc):
     exitcode: int | None = None
     started = False
     fits = True  # its weights fit beside the awake model (wake_weights)
+    nap_s = 0.0  # how long its sleep takes
 
     async def start(self, timeout_s: float) -> float:
         CALLS.append(f"start {self.name}")
@@ -35,6 +36,7 @@ class FakeProc(ModelProc):
 
     async def sleep(self, grace_s: float, timeout_s: float) -> dict[str, Any]:
         CALLS.append(f"sleep {self.name}")
+        await asyncio.sleep(self.nap_s)
         self.state = "asleep"
         return {"drain_s": 0.1, "sleep_s": 0.2, "handed_back": 1}
 
@@ -128,11 +130,14 @@ async def test_with_sleep_mode_the_weights_come_back_while_the_other_model_sleep
     model's sleep (not for a first start, nor without sleep mode); the record says whether they fit."""
     sw = swapper(own_redis, "sw-o", sleep_mode="on")
     sw.redis = r
+    sw.by_name["mb"].nap_s = 0.5  # type: ignore[attr-defined]
     CALLS.clear()
     await sw._swap(policy.Swap("ma", "start"))
     await sw._swap(policy.Swap("mb", "idle"))
     await sw._swap(policy.Swap("ma", "idle"))
     assert CALLS == ["start ma", "sleep ma", "start mb", "weights ma", "sleep mb", "wake ma"]
+    estimate = sw.by_name["ma"].wake_estimate()
+    assert estimate is not None and estimate >= 0.4, "what a job waits for a wake: the other's sleep (0.5 s) too"
     assert [s.overlapped for s in sw.recent] == [False, False, True]
     sw.by_name["mb"].fits = False  # type: ignore[attr-defined]
     await sw._swap(policy.Swap("mb", "idle"))

@@ -153,6 +153,8 @@ class Swapper:
             rec.wake_s = time.monotonic() - t1
             self.awake, self.awake_since = to, time.monotonic()
             rec.total_s = self.awake_since - t0  # the decision to the model taking jobs
+            if to.wakes and not rec.cold:  # what a job waits for the next wake: the other's sleep too
+                to.wakes[-1] = max(rec.total_s - rec.drain_s, to.wakes[-1])
             if old is not None and wake_first:  # its jobs end while the other model serves already
                 await self._put_to_sleep(old, rec)
         finally:
