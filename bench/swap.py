@@ -38,6 +38,7 @@ from typing import Any
 import httpx
 
 from bench.stack import Procs, base_env, free_port, http_ok, start_redis
+from bench.sysinfo import environment
 
 TERMINAL = {"succeeded", "failed", "cancelled"}
 
@@ -308,7 +309,7 @@ async def _save_every(doc: dict[str, Any], path: Path, every_s: float = 5.0) -> 
 
 async def run(cfg: SwapConfig, out: Path, only: list[str],
               sides: tuple[str, ...] = ("one", "dedicated")) -> dict[str, Any]:
-    doc: dict[str, Any] = {"config": cfg.__dict__, "started_at": time.time()}
+    doc: dict[str, Any] = {"config": cfg.__dict__, "started_at": time.time(), "environment": environment()}
     with Procs(out / "logs") as procs:
         fleet = Fleet(cfg, procs)
         saver = asyncio.create_task(_save_every(doc, out / "swap.json"))
