@@ -31,7 +31,9 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -314,13 +316,12 @@ async def run(cfg: SwapConfig, out: Path, only: list[str],
         fleet = Fleet(cfg, procs)
         saver = asyncio.create_task(_save_every(doc, out / "swap.json"))
         async with httpx.AsyncClient(base_url=fleet.base, timeout=60) as http:
-            for name in ("cold", "swap", "bursts"):
+            cases: dict[str, Callable[..., Awaitable[Any]]] = {
+                "cold": case_cold, "swap": case_swap, "bursts": partial(case_bursts, sides=sides)}
+            for name, case in cases.items():
                 if name in only:
-                    doc[name] = []
-                    if name == "bursts":
-                        await case_bursts(cfg, fleet, http, doc[name], sides)
-                    else:
-                        await (case_cold if name == "cold" else case_swap)(cfg, fleet, http, doc[name])
+                    doc[name] = []  # filled as the case goes (saved every few seconds)
+                    await case(cfg, fleet, http, doc[name])
         saver.cancel()
         doc["summary"] = summary(doc)
         (out / "swap.json").write_text(json.dumps(doc, indent=1))
