@@ -157,9 +157,11 @@ async def case_cold(cfg: SwapConfig, fleet: Fleet, http: httpx.AsyncClient,
                                                  or all(m["state"] != "cold" for m in sws[0]["models"]))
             return sws if done else None
         sws = await until(all_started, cfg.startup_timeout_s, "every model started")
+        starts = [s for s in sws[0]["recent"] if s["cold"]]
         out.append({"spawn_to_first_token_s": v["first_token_at"] - t0, "first_job_ttft_s": ttft(v),
+                    "spawn_to_decision_s": starts[0]["at"] - t0 if starts else None,
                     "all_models_started_s": time.time() - t0 if sws[0]["sleep_mode"] else None,
-                    "starts": [s for s in sws[0]["recent"] if s["cold"]], "swaps": sws[0]["recent"]})
+                    "starts": starts, "swaps": sws[0]["recent"]})
         if k < cfg.repeats - 1 or not sws[0]["sleep_mode"]:
             fleet.stop_workers()
         else:

@@ -19,6 +19,12 @@ def summary(doc: dict[str, Any]) -> dict[str, Any]:
     if cold := doc.get("cold"):
         out["cold"] = {k: statistics.median(xs) if (xs := [r[k] for r in cold if r[k] is not None]) else None
                        for k in ("spawn_to_first_token_s", "all_models_started_s")}
+        firsts = [r["starts"][0] for r in cold if r.get("starts")]  # the first model's start, each repeat
+        out["cold"]["first_start"] = {
+            "spawn_to_decision_s": _p([r.get("spawn_to_decision_s") for r in cold], 0.5),
+            "start_s": _p([s["wake_s"] for s in firsts], 0.5),
+            **{f"{k}_s": _p([s.get("phases", {}).get(k) for s in firsts], 0.5)
+               for k in ("process", "setup", "engine", "consumer")}}
     if swap := doc.get("swap"):
         out["swap"] = {"swap_ttft_p50_s": _p([s["swap_ttft_s"] for s in swap], 0.5),
                        "swap_ttft_p99_s": _p([s["swap_ttft_s"] for s in swap], 0.99),

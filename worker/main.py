@@ -11,6 +11,7 @@ import sys
 from inferq.shared import keys
 from inferq.shared.settings import Settings, get_settings
 from inferq.worker.engine.group import Frontend, become_frontend
+from inferq.worker.multi import child
 from inferq.worker.multi.child import ModelStart, become_model
 
 
@@ -38,6 +39,13 @@ def frontend_main(frontend: Frontend, loglevel: str) -> None:
 def model_main(start: ModelStart, loglevel: str) -> None:
     """Entry point of a model's process of a multi-model worker (spawned): a worker of that model."""
     s = become_model(start)
+    link = child.LINK
+    assert link is not None
+    child.preload()
+    link.mark("imported")
+    if start.park and not link.wait_for_start():
+        return  # spawned ahead, and its supervisor stopped before it was needed
+    link.mark("started")
     consume(s, s.max_num_seqs, s.reserve, loglevel)
 
 

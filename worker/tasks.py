@@ -43,8 +43,12 @@ def _start_engine(**_: Any) -> None:
     global _runtime
     try:
         settings = get_settings()
+        if child.LINK is not None:
+            child.LINK.mark("engine")
         _runtime = WorkerRuntime(settings, app, EngineHost(settings, group.FRONTEND))
         _runtime.start()
+        if child.LINK is not None:
+            child.LINK.mark("engine_ready")
         kombu_gate.use(_runtime.classes)  # before Celery consumes: batch work only where it fits
         if _runtime.classes is not None:
             _runtime.classes.delivered = kombu_gate.delivered

@@ -72,7 +72,7 @@ case "${1:-serving}" in
     cp "/tmp/b-$name/swap.json" "$out/$name.json" 2>/dev/null
     tail -n 40 /tmp/b-$name/logs/*.log > "$out/$name-logs.txt" 2>/dev/null
     # where a start's time goes (vLLM's own lines) and every swap's steps
-    grep -h -E "took|takes|finished in|Compil|compil|capturing|swapped|swap .* ->" /tmp/b-$name/logs/*.log \
+    grep -h -E "took|takes|finished in|Compil|compil|capturing|swapped|swap .* ->|Overriding|Initializing a V1|spawn" /tmp/b-$name/logs/*.log \
       > "$out/$name-steps.txt" 2>/dev/null
     cp "/tmp/b-$name.log" "$out/"; tail -n 30 "/tmp/b-$name.log" ;;
   classes)  # CONFIG STACK [TIMEOUT_S]: bench.classes on bench/configs/classes/CONFIG.json, one fleet (classes, today,

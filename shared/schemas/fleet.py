@@ -104,6 +104,8 @@ class SwapRecord(BaseModel):
     reason: str = Field(default="", description="Why the worker swapped (the policy's rule).")
     overlapped: bool = Field(default=False, description="The woken model's weights came back while the other "
                              "slept (INFERQ_SWAP_OVERLAP): wake_s is then its KV cache and queue alone.")
+    phases: dict[str, float] = Field(default_factory=dict, description="A cold start: where wake_s went "
+                                     "(process, setup, engine, consumer: worker/multi/procs.py start_phases).")
 
 
 class ModelSlot(BaseModel):

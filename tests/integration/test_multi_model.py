@@ -39,7 +39,8 @@ def start_multi(request: pytest.FixtureRequest) -> Fleet:
               {"name": B, "model": str(second), "settings": {"dtype": "float32"}}]
     f = Fleet(request.getfixturevalue("logdir"), extra_env={
         "INFERQ_MODELS": json.dumps(models), "INFERQ_MAX_NUM_SEQS": "8", "INFERQ_SWAP_MIN_AWAKE_S": "1",
-        "INFERQ_SWAP_GRACE_S": "1", "INFERQ_SWAP_CHECK_S": "0.2"})
+        "INFERQ_SWAP_GRACE_S": "1", "INFERQ_SWAP_CHECK_S": "0.2",
+        "INFERQ_SWAP_PRESPAWN": "true"})
     return f.launch()
 
 
@@ -123,6 +124,12 @@ def test_a_worker_follows_demand_between_two_models(multi: Fleet) -> None:
         assert [(s["from_model"], s["to_model"], s["cold"]) for s in swapper["recent"]] == \
             [(None, A, True), (A, B, True), (B, A, False)]
         assert swapper["recent"][1]["handed_back"] == 1
+        # B's process was spawned ahead (INFERQ_SWAP_PRESPAWN) and imported vLLM while A served: its
+        # start is its engine's; each start says where its seconds went
+        for start in swapper["recent"][:2]:
+            assert set(start["phases"]) == {"process", "setup", "engine", "consumer"}, start
+            assert start["phases"]["engine"] > 0 and sum(start["phases"].values()) <= start["wake_s"] + 0.1
+        assert swapper["recent"][1]["phases"]["process"] < 1.0, "imports done before B was needed"
         metrics = http.get("/metrics").text
     assert f'inferq_model_swap_seconds_count{{model="{A}"}} 1.0' in metrics
     assert f'inferq_model_starts_total{{model="{B}"}} 1.0' in metrics

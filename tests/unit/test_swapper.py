@@ -26,9 +26,13 @@ class FakeProc(ModelProc):
     fits = True  # its weights fit beside the awake model (wake_weights)
     nap_s = 0.0  # how long its sleep takes
 
+    def spawn(self, park: bool) -> None:
+        CALLS.append(f"spawn {self.name}{' parked' if park else ''}")
+
     async def start(self, timeout_s: float) -> float:
         CALLS.append(f"start {self.name}")
         self.started, self.state, self.started_s = True, "awake", 2.0
+        self.phases = {"process": 0.0, "setup": 0.1, "engine": 1.8, "consumer": 0.1}
         now = time.time()
         self.info = WorkerInfo(id=self.worker_id, model=self.name, host="h", pid=1, max_model_len=64, max_num_seqs=4,
                                started_at=now, last_seen=now)
@@ -105,9 +109,12 @@ async def test_only_one_worker_wakes_a_model_at_a_time(r, own_redis) -> None:
 
 async def test_the_worker_stops_when_a_model_process_dies(own_redis) -> None:
     sw = swapper(own_redis, "sw-d")
+    CALLS.clear()
     run = asyncio.create_task(sw.run())
     await asyncio.sleep(0.5)
     assert sw.awake is not None and sw.awake.name == "ma"  # started: the first model, nothing queued
+    assert not any(c.startswith("spawn") for c in CALLS), "no process spawned ahead without sleep mode"
+    assert sw.recent[0].cold and sw.recent[0].phases["engine"] == 1.8, "a cold start says where its time went"
     sw.by_name["ma"].exitcode = 4  # type: ignore[attr-defined]
     assert await asyncio.wait_for(run, 30) == 4
 
@@ -160,3 +167,18 @@ async def test_a_kick_ends_the_wait_for_the_next_demand_check(own_redis) -> None
     assert not sw.kick.is_set()
     sw.stop.set()  # and a stop ends it too
     await asyncio.wait_for(sw._until_next_check(), 5)
+
+
+async def test_with_sleep_mode_every_model_process_is_spawned_ahead_at_start(own_redis) -> None:
+    """INFERQ_SWAP_PRESPAWN (unset: on with sleep mode): each model's process is spawned, parked, as the
+    worker starts, before any swap; set off, none is."""
+    for extra, spawned in (({"sleep_mode": "on"}, True), ({"sleep_mode": "on", "swap_prespawn": False}, False),
+                           ({"swap_prespawn": True}, True)):
+        sw = swapper(own_redis, "sw-s", **extra)
+        CALLS.clear()
+        run = asyncio.create_task(sw.run())
+        await asyncio.sleep(0.5)
+        sw.stop.set()
+        assert await asyncio.wait_for(run, 30) == 0
+        assert (CALLS[:2] == ["spawn ma parked", "spawn mb parked"]) is spawned, (extra, CALLS)
+        assert CALLS[2 if spawned else 0] == "start ma"

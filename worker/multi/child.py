@@ -1,8 +1,14 @@
 """One model's process of a multi-model worker: a complete worker of that model (Celery consumer,
 runner, heartbeat, reaper), which its supervisor (``swapper``) puts to sleep and wakes over a pipe.
 
-Messages from the supervisor: ``("sleep", grace_s)``, ``("wake_weights",)`` and ``("wake",)``; answers:
-``("ready", info)`` once the worker consumes its queue, ``("asleep", napped, info)``,
+A process the supervisor spawns ahead (``INFERQ_SWAP_PRESPAWN``) imports vLLM and the worker's modules,
+then waits for ``("start",)`` before it starts its engine: a model's first start then skips its
+process's start and imports.
+
+Messages from the supervisor: ``("start",)`` (a process spawned ahead), ``("sleep", grace_s)``,
+``("wake_weights",)`` and ``("wake",)``; answers:
+``("ready", info, marks)`` once the worker consumes its queue (``marks``: when it reached each step
+of its start, Unix time), ``("asleep", napped, info)``,
 ``("weights", woken)``, ``("awake", wake_s, info)`` or
 ``("error", text)`` (the process then takes the engine-death path: every job back, exit 4). A pipe
 that closes (the supervisor is gone) drains the process as SIGTERM does.
@@ -15,7 +21,8 @@ import logging
 import os
 import signal
 import threading
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -39,6 +46,8 @@ class ModelStart:
     swapper_id: str
     metrics_port: int
     conn: Connection
+    park: bool = False  # spawned ahead: import, then wait for ("start",)
+    spawned_at: float = field(default_factory=time.time)
 
 
 class ModelLink:
@@ -49,6 +58,20 @@ class ModelLink:
         self.conn = start.conn
         self.runtime: WorkerRuntime | None = None
         self.consumption: CeleryConsumption | None = None
+        self.marks: dict[str, float] = {"spawned": start.spawned_at}  # step -> Unix time (procs.start_phases)
+
+    def mark(self, step: str) -> None:
+        self.marks[step] = time.time()
+
+    def wait_for_start(self) -> bool:
+        """A process spawned ahead: block until the supervisor starts it (False: the supervisor is gone)."""
+        try:
+            msg = self.conn.recv()
+        except (EOFError, OSError):
+            return False
+        if msg != ("start",):
+            raise ValueError(f"expected ('start',), got {msg!r}")
+        return True
 
     def ready(self, runtime: WorkerRuntime, app: Any, nodename: str) -> None:
         """The worker consumes its queue (Celery's worker_ready): tell the supervisor, then serve it."""
@@ -56,7 +79,8 @@ class ModelLink:
         model = runtime.settings.model_name
         queues = [keys.queue(model)] + ([keys.lane(model, runtime.id)] if runtime.affinity is not None else [])
         self.runtime, self.consumption = runtime, CeleryConsumption(app, nodename, queues)
-        self.conn.send(("ready", runtime.describe().model_dump_json()))
+        self.mark("ready")
+        self.conn.send(("ready", runtime.describe().model_dump_json(), self.marks))
         threading.Thread(target=self._serve, name="model-link", daemon=True).start()
 
     def _serve(self) -> None:
@@ -92,6 +116,14 @@ class ModelLink:
 
 #: Set in a model's process before its worker starts; None in any other worker.
 LINK: ModelLink | None = None
+
+
+def preload() -> None:
+    """The imports a model's start waits for most (vLLM's engine and the worker's tasks, which also
+    build the Celery app): once ``become_model`` has set the model's settings."""
+    import vllm.v1.engine.async_llm  # noqa: F401
+
+    import inferq.worker.tasks  # noqa: F401
 
 
 def become_model(start: ModelStart) -> Settings:

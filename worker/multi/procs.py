@@ -33,6 +33,18 @@ class ModelProcessDied(RuntimeError):
         self.model, self.code = name, code
 
 
+def start_phases(marks: dict[str, float], at: float) -> dict[str, float]:
+    """Where a model's start from ``at`` (Unix time) went, from its process's marks (Unix times):
+    ``process``: waiting for its process to start and import vLLM (none when it was spawned ahead in
+    time); ``setup``: its settings and Celery app; ``engine``: vLLM's engine (its EngineCore's start,
+    weights, compilation, CUDA graphs, KV cache), the job path and the worker's registration;
+    ``consumer``: Celery's consumer, until it takes jobs."""
+    imported = max(marks.get("imported", at), at)
+    engine, engine_ready = marks.get("engine", imported), marks.get("engine_ready", imported)
+    return {"process": imported - at, "setup": max(engine - imported, 0.0), "engine": engine_ready - engine,
+            "consumer": marks.get("ready", engine_ready) - engine_ready}
+
+
 class ModelProc:
     """One model of the worker: its process (None while cold), its state and its wakes' durations."""
 
@@ -46,6 +58,8 @@ class ModelProc:
         self.info: WorkerInfo | None = None  # as of its last wake
         self.wakes: deque[float] = deque(maxlen=8)  # seconds its last wakes took (its start counts while cold)
         self.started_s: float | None = None
+        self.parked = False  # its process spawned ahead, waiting to start (INFERQ_SWAP_PRESPAWN)
+        self.phases: dict[str, float] = {}  # where its start's seconds went (start_phases)
 
     @property
     def name(self) -> str:
@@ -69,24 +83,36 @@ class ModelProc:
         return self.started_s
 
     def slot(self, eta_s: float | None) -> ModelSlot:
-        return ModelSlot(name=self.name, state=self.state, worker=self.worker_id if self.alive() else None,
+        worker = self.worker_id if self.alive() and not self.parked else None
+        return ModelSlot(name=self.name, state=self.state, worker=worker,
                          info=self.info, wake_s=self.wake_estimate(), eta_s=eta_s)
 
-    async def start(self, timeout_s: float) -> float:
-        """Spawn its process; return once its worker consumes the queue (the seconds it took)."""
-        t0 = time.monotonic()
-        self.state = "waking"
+    def spawn(self, park: bool) -> None:
+        """Start its process; ``park``: it imports, then waits for :meth:`start` (spawned ahead)."""
         parent, child = multiprocessing.get_context("spawn").Pipe()
-        start = ModelStart(self.spec, self.worker_id, self.swapper_id, self.metrics_port, child)
+        start = ModelStart(self.spec, self.worker_id, self.swapper_id, self.metrics_port, child, park=park)
         self.proc = multiprocessing.get_context("spawn").Process(
             target=self.main, args=(start, self.loglevel), name=f"inferq-model-{self.name}")
         self.proc.start()
         child.close()
-        self.conn = parent
-        _, info = await self._receive("ready", timeout_s)
+        self.conn, self.parked = parent, park
+
+    async def start(self, timeout_s: float) -> float:
+        """Start its worker (its process first, unless spawned ahead); return once it consumes the
+        queue (the seconds it took; ``phases`` says where they went)."""
+        t0, at = time.monotonic(), time.time()
+        self.state = "waking"
+        if self.proc is None:
+            self.spawn(park=False)
+        elif self.parked:
+            assert self.conn is not None
+            self.conn.send(("start",))
+        self.parked = False
+        _, info, marks = await self._receive("ready", timeout_s)
         self.info = WorkerInfo.model_validate_json(info)
         self.state = "awake"
         self.started_s = time.monotonic() - t0
+        self.phases = start_phases(marks, at)
         return self.started_s
 
     async def sleep(self, grace_s: float, timeout_s: float) -> dict[str, Any]:

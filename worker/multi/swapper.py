@@ -74,6 +74,9 @@ class Swapper:
         kicks = loop.create_task(wanted.listen(self.redis, self.by_name, self.kick))
         log.info("multi-model worker %s: models %s, %s", self.id, [m.name for m in self.models],
                  "sleep mode" if self.sleep_mode else "a swap stops one engine and starts the other")
+        if self.s.swap_prespawn if self.s.swap_prespawn is not None else self.sleep_mode:
+            for m in self.models:  # each imports vLLM now: its first start is then its engine's alone
+                m.spawn(park=True)
         try:
             return await self._follow()
         finally:
@@ -151,6 +154,8 @@ class Swapper:
             t1 = time.monotonic()
             await (to.start(START_TIMEOUT_S) if to.state == "cold" else to.wake(START_TIMEOUT_S))
             rec.wake_s = time.monotonic() - t1
+            if rec.cold:
+                rec.phases = {k: round(v, 3) for k, v in to.phases.items()}
             self.awake, self.awake_since = to, time.monotonic()
             rec.total_s = self.awake_since - t0  # the decision to the model taking jobs
             if to.wakes and not rec.cold:  # what a job waits for the next wake: the other's sleep too
@@ -174,9 +179,10 @@ class Swapper:
         assert self.redis is not None
         self.recent.append(rec)
         self.swaps += 1
-        log.info("swapped %s -> %s in %.2f s (drain %.2f, sleep %.2f, %s %.2f; %d jobs handed back)",
+        log.info("swapped %s -> %s in %.2f s (drain %.2f, sleep %.2f, %s %.2f%s; %d jobs handed back)",
                  rec.from_model, rec.to_model, rec.total_s, rec.drain_s, rec.sleep_s,
-                 "start" if rec.cold else "wake", rec.wake_s, rec.handed_back)
+                 "start" if rec.cold else "wake", rec.wake_s,
+                 "".join(f", {k} {v:.2f}" for k, v in rec.phases.items()), rec.handed_back)
         kind = "cold" if rec.cold else "n"
         async with self.redis.pipeline(transaction=False) as p:
             p.hincrby(keys.SWAP_STATS, keys.swap_stat(kind, rec.to_model), 1)
