@@ -32,6 +32,7 @@ from inferq.shared.schemas import (
     JobStatus,
     LoadingEvent,
     RestartEvent,
+    Resume,
     TokenEvent,
     hash_fields,
     parse_event,
@@ -86,6 +87,7 @@ class Claim:
     previous: JobStatus
     attempt: int = 0
     last_seq: int = 0
+    resume: Resume | None = None  # the progress a paused job kept: this attempt continues it
 
 
 class JobStore:
@@ -191,7 +193,8 @@ class JobStore:
                                 args=[_Q(worker_id), str(time.time()), job_id, token, self.ttl_s])
         if res is None:
             return None
-        return Claim(JobStatus(json.loads(res[0])), int(res[1]), int(res[2]))
+        resume = Resume.model_validate_json(res[3]) if len(res) > 3 and res[3] else None
+        return Claim(JobStatus(json.loads(res[0])), int(res[1]), int(res[2]), resume)
 
     async def request_cancel(self, job_id: str) -> JobStatus | None:
         """Cancel: a queued job ends now; a running one is flagged (its worker aborts it)."""
@@ -226,8 +229,9 @@ class JobStore:
 
     async def requeue(self, job_id: str, worker_id: str | None, attempt: int | None, reason: str,
                       max_attempts: int, claimed_before: float | None = None,
-                      silent: tuple[str, float] | None = None) -> str:
+                      silent: tuple[str, float] | None = None, resume: Resume | None = None) -> str:
         """Take a running job back from its worker: 'requeued', 'failed', 'cancelled' or 'skip'.
+        ``resume``: queued again with that progress kept (no ``restart``: the next attempt continues it).
         ``attempt``: only that attempt; ``claimed_before``: only if it was claimed before that time
         (a reaper passes the time it read the worker's job set); ``silent``: (model, last beat) as
         a reaper judged the worker: 'alive' (and nothing changes) if it has beaten since. A job
@@ -242,7 +246,7 @@ class JobStore:
                   "" if claimed_before is None else repr(claimed_before),
                   "" if beat is None else repr(beat), wid, _CANCELLED, _given_up(reason),
                   lua.event_json(RestartEvent(seq=0, attempt=0, reason=reason)), MAX_ENGINE_FAILURES,
-                  _ENGINE_FAILURES]))
+                  _ENGINE_FAILURES, resume.model_dump_json() if resume is not None else ""]))
 
     async def sent(self, job_id: str) -> None:
         """The new message of a job :meth:`requeue` queued again is sent: it is no longer unsent."""

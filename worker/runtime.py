@@ -32,7 +32,7 @@ from redis.asyncio import Redis
 from inferq.shared import keys, logs, tracing
 from inferq.shared.celery_app import send_job
 from inferq.shared.redis import make_redis
-from inferq.shared.schemas import JobMessage, JobStatus, WorkerInfo
+from inferq.shared.schemas import JobMessage, JobStatus, Resume, WorkerInfo
 from inferq.shared.settings import Settings
 from inferq.shared.store import JobStore
 from inferq.worker import metrics
@@ -223,10 +223,11 @@ class WorkerRuntime:
             self.death.trigger()
         await self.handback.job(job_id, attempt, "engine_failure")
 
-    async def _hand_back_one(self, job_id: str, attempt: int, reason: str) -> str:
-        """The runner gives a job back (its events could not be logged): requeue and re-send it."""
+    async def _hand_back_one(self, job_id: str, attempt: int, reason: str, resume: Resume | None = None) -> str:
+        """The runner gives a job back (its events could not be logged; paused, its progress kept):
+        requeue and re-send it."""
         assert self.handback is not None
-        return await self.handback.job(job_id, attempt, reason)
+        return await self.handback.job(job_id, attempt, reason, resume)
 
     async def _hand_back_all(self, reason: str) -> None:
         if self.handback is not None:

@@ -2,7 +2,8 @@
 -- KEYS: job hash, log, worker's job set, queued zset, then the keys of the list the job was queued on
 -- (list_keys in shared/store.py: its fair share's three and its cancelled jobs' zset), then (optional)
 -- its tenant's room counter (room_take.lua: a claim of a tenant's job uses up one room made for it). ARGV: worker id (JSON), now,
--- job id, claim token ('' : none), ttl. Returns {status before (JSON), attempt, last seq in the log}. The same token
+-- job id, claim token ('' : none), ttl. Returns {status before (JSON), attempt, last seq in the log,
+-- the progress a paused job kept (its record's `resume`, job_requeue.lua) or nil}. The same token
 -- again (a retry whose first call took the job but whose answer was lost) gets the same answer,
 -- not "running": else the job would stay running with nobody on it.
 -- Every claim consumes one of the job's messages: a job cancelled while queued is no longer among
@@ -22,7 +23,8 @@ if fair and fair.tag and redis.call('ZREM', fk.order, ARGV[3]) == 1 then
 end
 if st ~= STATUS.queued then
   if ARGV[4] ~= '' and st == STATUS.running and redis.call('HGET', KEYS[1], 'claim') == ARGV[4] then
-    return {STATUS.queued, tonumber(redis.call('HGET', KEYS[1], 'attempt')), last_seq(KEYS[2])}
+    return {STATUS.queued, tonumber(redis.call('HGET', KEYS[1], 'attempt')), last_seq(KEYS[2]),
+            redis.call('HGET', KEYS[1], 'resume')}
   end
   return {st, 0, 0}
 end
@@ -35,4 +37,4 @@ redis.call('SADD', KEYS[3], ARGV[3])
 redis.call('ZREM', KEYS[4], ARGV[3])
 fair_unqueue(KEYS[1], fair, fk)
 if KEYS[9] and tonumber(redis.call('GET', KEYS[9]) or '0') > 0 then redis.call('DECR', KEYS[9]) end
-return {st, attempt, last_seq(KEYS[2])}
+return {st, attempt, last_seq(KEYS[2]), redis.call('HGET', KEYS[1], 'resume')}

@@ -6,7 +6,7 @@
 -- check), worker id, then the three events the caller made (JSON): cancelled, given up (its
 -- message's {attempt} filled here), restart; then the engine deaths a job may be running at before
 -- it is failed instead (reason 'engine_failure': the count is the record's `engine_failures`) and
--- the event that fails it then. Returns 'requeued', 'failed', 'cancelled', 'skip' or 'alive'.
+-- the event that fails it then, then the progress it keeps (a Resume, JSON; '' : none). Returns 'requeued', 'failed', 'cancelled', 'skip' or 'alive'.
 -- The job leaves the worker's set only when it is handed back, or when it is not that worker's
 -- running job at all (a stale entry); a newer attempt of the same worker, or a job it claimed after
 -- the caller looked (`started_at` above ARGV[8]), stays. A reaper passes the beat it judged
@@ -15,6 +15,9 @@
 -- worker/jobs/room.py) is queued again whatever its attempts: its attempts counted against max
 -- attempts are those that were not preempted (the record's `preemptions`). So is a job handed back as
 -- its model went to sleep on a multi-model worker (reason 'model_swap'): no fault of its run.
+-- A job queued again with its progress kept (ARGV[16]: a worker that paused it to make room,
+-- worker/jobs/resume.py) logs no `restart`: its next attempt continues the stream from the record's
+-- `resume`. Any other requeue drops a `resume` left from before: the `restart` starts over.
 -- A job queued again is also marked unsent (KEYS[8]) until its caller has sent its new message:
 -- a message that could not be sent (or a caller that died first) is the reaper's to send.
 if ARGV[9] ~= '' then
@@ -53,8 +56,13 @@ elseif attempt - tonumber(redis.call('HGET', KEYS[1], 'preemptions') or '0') >= 
   outcome = 'failed'
   count(KEYS[7], KEYS[1], 'end', 'failed', ev.error.code)
 else
-  ev = event(ARGV[13], seq)
-  ev.attempt = attempt
+  if ARGV[16] ~= '' then
+    redis.call('HSET', KEYS[1], 'resume', ARGV[16])
+  else
+    ev = event(ARGV[13], seq)
+    ev.attempt = attempt
+    redis.call('HDEL', KEYS[1], 'resume')
+  end
   redis.call('HSET', KEYS[1], 'status', STATUS.queued)
   redis.call('ZADD', KEYS[5], ARGV[4], ARGV[6])
   redis.call('ZADD', KEYS[8], ARGV[4], ARGV[6])
@@ -63,7 +71,7 @@ else
   outcome = 'requeued'
   count(KEYS[7], KEYS[1], 'requeue', ARGV[5])
 end
-log_event(KEYS[1], KEYS[2], KEYS[3], ev, ARGV[7])
+if ev then log_event(KEYS[1], KEYS[2], KEYS[3], ev, ARGV[7]) end
 if outcome == 'requeued' then  -- queued again: its record lives until its deadline and a ttl after it
   local deadline = tonumber(redis.call('HGET', KEYS[1], 'deadline') or '')
   if deadline then

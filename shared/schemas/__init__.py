@@ -67,6 +67,7 @@ from inferq.shared.schemas.records import (
     JobRecord,
     JobView,
     ResponseOptions,
+    Resume,
     hash_fields,
 )
 
@@ -75,7 +76,7 @@ __all__ = [
     "ChoiceView", "ClassesInfo", "ControlMessage", "DEFAULT_PRIORITY", "DoneEvent", "EngineStats", "ErrorEvent",
     "ErrorInfo", "hash_fields", "JobAccepted", "JobLinks", "JobMessage", "JobRecord", "JobRequest", "JobStatus",
     "JobView", "LoadingEvent", "ModelSlot", "ModelState", "NO_CONTROL_CHARS", "parse_event", "PromptLogprob",
-    "PromptLogprobs", "ResponseOptions", "RestartEvent", "SamplingOptions", "SERVICE_CLASSES", "ServiceClass",
+    "PromptLogprobs", "ResponseOptions", "RestartEvent", "Resume", "SamplingOptions", "SERVICE_CLASSES", "ServiceClass",
     "StreamEvent", "STRUCTURE_MAX_CHARS", "SwapperInfo", "SwapRecord", "TERMINAL_STATUSES", "TokenEvent",
     "TokenLogprob", "ToolCall", "ToolCallFunction", "ToolCallPiece", "TopLogprob", "Usage", "WorkerInfo"
 ]

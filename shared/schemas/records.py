@@ -24,6 +24,15 @@ class AdapterRef(BaseModel):
                     "registry written before ids, derived from name and path.")
 
 
+class Resume(BaseModel):
+    """What a job handed back with its progress kept has produced (its one completion): the next
+    attempt continues from it, the tokens as the end of its prompt, instead of starting over
+    (worker/jobs/resume.py). Written in the record (``resume``) by the hand-back, read by the claim."""
+
+    ids: list[int] = Field(description="The completion's token ids so far.")
+    text: str = Field(description="Their text, as the job's stream carried it.")
+
+
 class JobMessage(BaseModel):
     """The Celery task payload: everything a worker needs to run the job."""
 

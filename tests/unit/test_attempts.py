@@ -318,7 +318,7 @@ async def test_events_that_cannot_be_written_in_time_hand_the_job_back(store, wr
     engine = TrackingEngine(script(200), delay=0.005)
     handed: list[tuple[str, int, str]] = []
 
-    async def hand_back(job_id: str, attempt: int, reason: str) -> str:
+    async def hand_back(job_id: str, attempt: int, reason: str, resume=None) -> str:
         handed.append((job_id, attempt, reason))
         return await store.requeue(job_id, "w", attempt, reason, max_attempts=3)
 

@@ -17,7 +17,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wai
 
 from inferq.shared.errors import EngineError, InferqError, InvalidRequest
 from inferq.shared.redis import TRANSIENT, retried
-from inferq.shared.schemas import EngineStats, ErrorInfo, JobStatus
+from inferq.shared.schemas import EngineStats, ErrorInfo, JobStatus, Resume
 from inferq.shared.store import JobStore
 from inferq.worker.jobs.outputs import Progress
 from inferq.worker.jobs.sampling import client_error, engine_dead
@@ -25,8 +25,8 @@ from inferq.worker.jobs.writer import EventsLost, EventWriter, FencedOut
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-#: (job id, attempt, reason) -> requeue the job and send it again; returns the requeue's outcome
-HandBack = Callable[[str, int, str], Awaitable[str]]
+#: (job id, attempt, reason, progress kept) -> requeue the job and send it again; the requeue's outcome
+HandBack = Callable[[str, int, str, Resume | None], Awaitable[str]]
 
 
 @dataclass
@@ -38,6 +38,7 @@ class Outcome:
     hand_back: str | None = None  # set: requeue the job for another attempt instead of ending it
     fenced: bool = False  # stopped as fenced out: an end written anyway is worth a log line
     engine_dead: bool = False  # the engine died under it: the caller hands it back and starts the exit
+    resume: Resume | None = None  # a hand-back that keeps the job's progress (paused: worker/jobs/resume.py)
 
 
 def outcome_of(e: BaseException, job_id: str, attempt: int, writes_end: bool) -> Outcome:
@@ -110,8 +111,8 @@ class Ending:
             log.error("job %s: attempt %d could not log all its events (%s); handing the job back",
                       job_id, attempt, lost)
             hand_back = "event_write_failed"
-        if hand_back is not None:
-            await self._hand_back(job_id, attempt, hand_back)
+        if hand_back is not None:  # progress is kept only where every event made it to the log
+            await self._hand_back(job_id, attempt, hand_back, outcome.resume if lost is None else None)
             return None
         assert status is not None
         written = await self._finish(job_id, attempt, status, p, outcome.error)
@@ -120,18 +121,20 @@ class Ending:
                       job_id, attempt, written.value)
         return written
 
-    async def _hand_back(self, job_id: str, attempt: int, reason: str) -> None:
+    async def _hand_back(self, job_id: str, attempt: int, reason: str, resume: Resume | None = None) -> None:
         async def once() -> str:
             if self.hand_back is not None:
-                return await self.hand_back(job_id, attempt, reason)
-            return await self.store.requeue(job_id, self.worker_id, attempt, reason, self.max_attempts)
+                return await self.hand_back(job_id, attempt, reason, resume)
+            return await self.store.requeue(job_id, self.worker_id, attempt, reason, self.max_attempts,
+                                            resume=resume)
 
         try:
             outcome = await persist(once, f"hand job {job_id} back", self.writer.budget_s)
         except Exception:
             log.exception("job %s: attempt %d could not be handed back (%s)", job_id, attempt, reason)
             return
-        log.warning("job %s: attempt %d handed back (%s): %s", job_id, attempt, reason, outcome)
+        kept = f", {len(resume.ids)} tokens kept" if resume is not None else ""
+        log.warning("job %s: attempt %d handed back (%s%s): %s", job_id, attempt, reason, kept, outcome)
 
     async def _finish(self, job_id: str, attempt: int, status: JobStatus, p: Progress,
                       error: ErrorInfo | None) -> JobStatus | None:

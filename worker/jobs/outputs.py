@@ -53,6 +53,7 @@ class Progress:
     embeddings: list[str] | None = None  # an embedding job's packed vectors, in input order
     embedding_tokens: list[int] | None = None  # and each input's prompt tokens
     queue_list: str | None = None  # the list the job was queued on: its fair share's keys (claim, end)
+    ids: list[int] | None = None  # a job that may be paused (worker/jobs/resume.py): its completion's token ids
 
     def usage(self) -> Usage:
         done = sum(self.tokens.values())
@@ -130,6 +131,8 @@ class OutputEvents:
             lps = None if echoed[1] is None else [*echoed[1], *(lps or [])]
         self.p.texts.setdefault(c.index, []).append(text)  # joined once, at the end
         self.p.tokens[c.index] = self.p.tokens.get(c.index, 0) + n
+        if self.p.ids is not None:
+            self.p.ids.extend(c.token_ids)
         if calls is not None:  # what the parser says is content, and the calls
             content, pieces = calls.feed(c.text, list(c.token_ids))
             if content or pieces:

@@ -29,7 +29,7 @@ from inferq.shared import keys, tracing
 from inferq.shared.errors import DeadlineExceeded, EngineError
 from inferq.shared.logs import job_context
 from inferq.shared.pooling import check_task
-from inferq.shared.schemas import ErrorInfo, JobMessage, JobStatus
+from inferq.shared.schemas import ChoiceEnd, ErrorInfo, JobMessage, JobStatus, Resume
 from inferq.shared.store import JobStore
 from inferq.worker.engine.host import EngineHost
 from inferq.worker.jobs.attempts import Attempt, AttemptTable
@@ -39,6 +39,7 @@ from inferq.worker.jobs.outputs import OutputEvents, Progress
 from inferq.worker.jobs.pooling import embed, fitted
 from inferq.worker.jobs.prepare import Prepared, Preparer
 from inferq.worker.jobs.prompt import PromptReturn
+from inferq.worker.jobs.resume import continued, resumable
 from inferq.worker.jobs.sampling import sampling_params
 from inferq.worker.jobs.toolcalls import parser_class, tool_streams
 from inferq.worker.jobs.writer import AttemptSink, EventWriter
@@ -132,6 +133,10 @@ class JobRunner:
             outcome.status = JobStatus.succeeded
         except (asyncio.CancelledError, Exception) as e:
             outcome = outcome_of(e, msg.id, run.attempt, run.writes_end)
+            if run.paused and outcome.status is JobStatus.cancelled and not run.cancel_requested:
+                # paused to make room (worker/jobs/resume.py): back to the queue, its progress kept
+                outcome = Outcome(None, hand_back="preempted", resume=Resume(
+                    ids=list(progress.ids or ()), text="".join(progress.texts.get(0, ()))))
             if outcome.engine_dead:
                 outcome = await self._engine_died(msg.id, run, e)
         finally:
@@ -159,7 +164,7 @@ class JobRunner:
         if claim is None or claim.previous is not JobStatus.queued:
             log.info("job %s skipped: status %s", msg.id, claim and claim.previous.value)
             return False
-        run.attempt, progress.seq = claim.attempt, claim.last_seq
+        run.attempt, progress.seq, run.resume = claim.attempt, claim.last_seq, claim.resume
         JOBS_CLAIMED.labels(msg.model).inc()
         if msg.adapter is not None:
             ADAPTER_JOBS.labels(msg.model, msg.adapter.name).inc()
@@ -190,14 +195,24 @@ class JobRunner:
                     progress.embeddings = await embed(self.host.engine, msg.id, inputs, spec, extra)
                     return
                 progress.prompt_tokens = len(pre.ids)
-                req = msg.request
+                req, resume = msg.request, run.resume
                 params = sampling_params(req, len(pre.ids), self.host.max_model_len, self.default_max_tokens)
                 hold = self.batch_event_interval_s if req.service_class == "batch" else 0.0
+                # a paused job's continuation is plain text as its first attempt's was (no parser)
+                calls = tool_streams(self.tool_parser, self.host.tokenizer, req) if resume is None else None
+                ids = pre.ids
+                if resumable(req, calls is not None) or resume is not None:
+                    progress.ids = []
+                if resume is not None:  # it continues from the tokens its paused attempt kept
+                    ids, progress.ids = [*pre.ids, *resume.ids], list(resume.ids)
+                    progress.texts[0], progress.tokens[0] = [resume.text], len(resume.ids)
+                    if continued(params, resume) < 1:  # paused on its last token
+                        progress.finish[0] = ChoiceEnd(index=0, finish_reason="length")
+                        return
                 events = OutputEvents(progress, PromptReturn(pre.ids, pre.echo, req.logprobs, self.host.tokenizer),
-                                      self.host.tokenizer, params.logprobs, sink,
-                                      tool_streams(self.tool_parser, self.host.tokenizer, req), hold)
+                                      self.host.tokenizer, params.logprobs, sink, calls, hold)
                 watch = Watch(self.latency if req.service_class == "interactive" else None, msg.created_at)
-                await self._generate(msg.id, run, pre.ids, params, events, sink, extra, watch)
+                await self._generate(msg.id, run, ids, params, events, sink, extra, watch)
         except TimeoutError:
             raise DeadlineExceeded("the job ran past its deadline and was aborted") from None
 
@@ -221,13 +236,14 @@ class JobRunner:
             await busy.wait()
         done = self._engine_busy[job_id] = asyncio.Event()
         first = True
+        run.pausable = events.p.ids is not None  # it may be paused from here on (worker/jobs/resume.py)
         try:
             # closing the generator (on any exit) is what aborts the engine request
             async with aclosing(self.host.engine.generate(TokensPrompt(prompt_token_ids=ids), params,
                                                           request_id=job_id, **extra)) as outputs:
                 async for out in outputs:
                     watch.output()  # an interactive job's latencies, for the batch limit
-                    if first:
+                    if first and run.resume is None:  # a continuation's first token was its first attempt's
                         sink.first_output()
                     sink.check()
                     events.feed(out)
@@ -236,6 +252,7 @@ class JobRunner:
                         sink.first_output_fed()
                         run.span.event("first_token")
         finally:
+            run.pausable = False
             events.flush()  # held text (batch work) goes out before the attempt's end
             del self._engine_busy[job_id]
             done.set()

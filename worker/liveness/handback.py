@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Protocol
+from typing import Any, Protocol
 
 from tenacity import AsyncRetrying, stop_after_delay, wait_exponential
 
 from inferq.shared.redis import retried
+from inferq.shared.schemas import Resume
 from inferq.shared.store import JobStore
 from inferq.worker.liveness.unacked import Send
 
@@ -27,11 +28,13 @@ SEND_BUDGET_S = 5.0
 
 async def hand_back(store: JobStore, send: Send, job_id: str, worker_id: str, attempt: int | None,
                     reason: str, max_attempts: int, claimed_before: float | None = None,
-                    silent: tuple[str, float] | None = None, send_budget_s: float = SEND_BUDGET_S) -> str:
+                    silent: tuple[str, float] | None = None, send_budget_s: float = SEND_BUDGET_S,
+                    resume: Resume | None = None) -> str:
     """Requeue a running job of ``worker_id`` (for another attempt) and send it to the queue again.
     Returns the outcome of :meth:`JobStore.requeue` ('skip': it was not that worker's to give;
-    'alive': the worker, judged ``silent``, has beaten since)."""
-    outcome = await store.requeue(job_id, worker_id, attempt, reason, max_attempts, claimed_before, silent)
+    'alive': the worker, judged ``silent``, has beaten since). ``resume``: the progress it keeps (no restart)."""
+    outcome = await store.requeue(job_id, worker_id, attempt, reason, max_attempts, claimed_before, silent,
+                                  resume)
     if outcome == "requeued":
         await send_again(store, send, job_id, send_budget_s)
     if outcome not in ("skip", "alive"):
@@ -75,6 +78,10 @@ class RunningJobs(Protocol):
     def stop(self, job_id: str, attempt: int) -> None:
         """End the attempt's run if it still holds the job here."""
 
+    def pause(self, job_id: str, attempt: int) -> asyncio.Task[Any] | None:
+        """Stop the attempt so that its run hands it back with its progress kept; its run's task, or
+        None where it cannot be paused."""
+
 
 class LocalHandBack:
     """This worker's own hand-backs. Runs on the engine loop (the running jobs live there).
@@ -91,19 +98,20 @@ class LocalHandBack:
         self.max_attempts = max_attempts
         self._inflight: dict[tuple[str, int], asyncio.Task[str]] = {}
 
-    async def job(self, job_id: str, attempt: int, reason: str) -> str:
-        """Hand back one attempt of a job (0: not claimed yet, any attempt of this worker)."""
+    async def job(self, job_id: str, attempt: int, reason: str, resume: Resume | None = None) -> str:
+        """Hand back one attempt of a job (0: not claimed yet, any attempt of this worker); ``resume``:
+        with that progress kept (a paused job, handing itself back)."""
         key = (job_id, attempt)
         task = self._inflight.get(key)
         if task is None:
-            task = asyncio.get_running_loop().create_task(self._hand_back(job_id, attempt, reason))
+            task = asyncio.get_running_loop().create_task(self._hand_back(job_id, attempt, reason, resume))
             self._inflight[key] = task
             task.add_done_callback(lambda _: self._inflight.pop(key, None))
         return await asyncio.shield(task)
 
-    async def _hand_back(self, job_id: str, attempt: int, reason: str) -> str:
+    async def _hand_back(self, job_id: str, attempt: int, reason: str, resume: Resume | None = None) -> str:
         return await retried(lambda: hand_back(self.store, self.send, job_id, self.worker_id, attempt or None,
-                                               reason, self.max_attempts))
+                                               reason, self.max_attempts, resume=resume))
 
     async def all(self, reason: str) -> None:
         """Hand back every active job and end its run (no end written); return when every
@@ -115,7 +123,13 @@ class LocalHandBack:
 
     async def preempt(self, job_id: str, attempt: int) -> None:
         """Hand back one running attempt to make room for work with a better claim on its slot (reason
-        ``preempted``: not counted against the job's attempts) and end its run (worker/jobs/room.py)."""
+        ``preempted``: not counted against the job's attempts) and end its run (worker/jobs/room.py):
+        paused, its progress kept, where a continuation is the same job (worker/jobs/resume.py), else
+        to start over. Returns once it is handed back (a paused run hands itself back as it ends)."""
+        paused = self.jobs.pause(job_id, attempt)
+        if paused is not None:
+            await asyncio.wait([paused])
+            return
         await self._give_up(job_id, attempt, "preempted")
 
     async def _give_up(self, job_id: str, attempt: int, reason: str) -> None:
