@@ -35,6 +35,14 @@ async def handed_back(store: JobStore, job_id: str, reason: str) -> bool:
     return rec.status is JobStatus.queued and log[-1].type == "restart" and log[-1].reason == reason
 
 
+async def paused(store: JobStore, job_id: str) -> bool:
+    """Handed back with its progress kept (worker/jobs/resume.py): queued, a ``resume`` in its record,
+    no restart in its log (its next attempt continues the stream)."""
+    rec, log = await store.get(job_id), await store.read_log(job_id)
+    return rec.status is JobStatus.queued and await store.redis.hexists(keys.job(job_id), "resume") \
+        and not [e for e in log if e.type == "restart"]
+
+
 async def test_a_job_that_sees_the_engine_die_hands_everything_back_before_exit(store, own_redis) -> None:
     engine = GatedEngine()
     rig = start_runtime(own_redis, engine)
@@ -80,7 +88,8 @@ async def test_drain_announces_itself_then_hands_back_what_is_left(store, own_re
         assert time.monotonic() - started >= 0.5
         info = WorkerInfo.model_validate_json(await r.get(keys.worker(rig.runtime.id)))
         assert info.draining
-        assert rig.sent == [job.id] and await handed_back(store, job.id, "worker_shutdown")
+        # the engine still runs: the job is paused, to continue on another worker where it stopped
+        assert rig.sent == [job.id] and await paused(store, job.id)
         assert runs[job.id].result(10) is None and not rig.exited.is_set()
     finally:
         rig.stop()

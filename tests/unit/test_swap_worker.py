@@ -18,7 +18,7 @@ from inferq.shared.settings import Settings
 from inferq.worker.engine import gpumem
 from inferq.worker.engine.host import EngineHost
 from inferq.worker.multi.nap import put_to_sleep, wake
-from tests.unit.test_engine_death_and_drain import generating, handed_back
+from tests.unit.test_engine_death_and_drain import generating, paused
 from tests.unit.workerkit import GatedEngine, queued_job, start_runtime
 from tests.wait import eventually_async
 
@@ -67,7 +67,7 @@ async def test_sleep_hands_back_after_the_grace_then_sleeps_and_wake_takes_jobs_
         napped = await asyncio.to_thread(put_to_sleep, rt, consuming, 0.3)
         assert consuming.calls == ["pause"] and engine.calls == ["sleep 1"]
         assert napped.handed_back == 1 and napped.drain_s >= 0.3
-        assert await handed_back(store, job.id, "model_swap") and rig.sent == [job.id]
+        assert await paused(store, job.id) and rig.sent == [job.id], "paused: it continues where it stopped"
         assert runs[job.id].result(10) is None, "its run wrote no end"
         assert await r.hget(keys.job(job.id), "preemptions") == "1", "a swap's hand-back is no failed attempt"
         assert not await live(r, "scripted", rt.id) and not await r.exists(keys.worker(rt.id))

@@ -27,7 +27,7 @@ class Attempt:
     released: bool = False  # handed back or taken away: its run writes no end
     superseded: bool = False  # a later attempt of the job won its claim on this worker: write no end
     pausable: bool = False  # generating, and a continuation would be the same job (worker/jobs/resume.py)
-    paused: bool = False  # stopped to be handed back with its progress kept
+    paused: str | None = None  # stopped to be handed back with its progress kept, for this reason
     resume: Resume | None = None  # the progress its claim found kept: this attempt continues it
     span: tracing.Span = field(default_factory=tracing.Span)  # this attempt's trace span (tracing on)
 
@@ -112,14 +112,14 @@ class AttemptTable:
         run.released = True
         return True
 
-    def pause(self, job_id: str, attempt: int) -> asyncio.Task[Any] | None:
+    def pause(self, job_id: str, attempt: int, reason: str = "preempted") -> asyncio.Task[Any] | None:
         """Stop the attempt's generation so that its run hands the job back with its progress kept
         (worker/jobs/resume.py); its run's task (done once it is handed back), or None where the
         attempt does not run here, was given up, or cannot be paused (hand it back to start over)."""
         run = self.active.get(job_id)
         if run is None or run.attempt != attempt or run.released or not run.pausable or run.task is None:
             return None
-        run.paused = True
+        run.paused = reason
         run.stop()
         return run.task
 

@@ -133,9 +133,9 @@ class JobRunner:
             outcome.status = JobStatus.succeeded
         except (asyncio.CancelledError, Exception) as e:
             outcome = outcome_of(e, msg.id, run.attempt, run.writes_end)
-            if run.paused and outcome.status is JobStatus.cancelled and not run.cancel_requested:
-                # paused to make room (worker/jobs/resume.py): back to the queue, its progress kept
-                outcome = Outcome(None, hand_back="preempted", resume=Resume(
+            if run.paused is not None and outcome.status is JobStatus.cancelled and not run.cancel_requested:
+                # paused (worker/jobs/resume.py): back to the queue, its progress kept
+                outcome = Outcome(None, hand_back=run.paused, resume=Resume(
                     ids=list(progress.ids or ()), text="".join(progress.texts.get(0, ()))))
             if outcome.engine_dead:
                 outcome = await self._engine_died(msg.id, run, e)

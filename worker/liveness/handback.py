@@ -24,6 +24,8 @@ log = logging.getLogger(__name__)
 #: How long a hand-back tries to send the job's new message (the broker away); a job whose message
 #: was not sent in that time stays marked unsent, and the reaper's next pass sends it.
 SEND_BUDGET_S = 5.0
+#: Hand-backs of every job where the engine still runs: a job that can be is paused (its progress kept).
+PAUSE_REASONS = frozenset({"worker_shutdown", "model_swap"})
 
 
 async def hand_back(store: JobStore, send: Send, job_id: str, worker_id: str, attempt: int | None,
@@ -78,9 +80,9 @@ class RunningJobs(Protocol):
     def stop(self, job_id: str, attempt: int) -> None:
         """End the attempt's run if it still holds the job here."""
 
-    def pause(self, job_id: str, attempt: int) -> asyncio.Task[Any] | None:
-        """Stop the attempt so that its run hands it back with its progress kept; its run's task, or
-        None where it cannot be paused."""
+    def pause(self, job_id: str, attempt: int, reason: str = "preempted") -> asyncio.Task[Any] | None:
+        """Stop the attempt so that its run hands it back (``reason``) with its progress kept; its
+        run's task, or None where it cannot be paused."""
 
 
 class LocalHandBack:
@@ -115,10 +117,16 @@ class LocalHandBack:
 
     async def all(self, reason: str) -> None:
         """Hand back every active job and end its run (no end written); return when every
-        hand-back in flight, including those jobs started themselves, is done."""
+        hand-back in flight, including those jobs started themselves, is done. A drain's and a
+        model's sleep (``PAUSE_REASONS``: the engine still runs) pause the jobs that can be: they
+        hand themselves back with their progress kept (worker/jobs/resume.py)."""
         jobs = self.jobs.attempts(released=True)
-        await asyncio.gather(*(self._give_up(job_id, attempt, reason) for job_id, attempt in jobs.items()),
-                             return_exceptions=True)
+        paused = {job_id: task for job_id, attempt in jobs.items()
+                  if reason in PAUSE_REASONS and (task := self.jobs.pause(job_id, attempt, reason)) is not None}
+        await asyncio.gather(*(self._give_up(job_id, attempt, reason) for job_id, attempt in jobs.items()
+                               if job_id not in paused), return_exceptions=True)
+        if paused:
+            await asyncio.wait(paused.values())
         await self.settle()
 
     async def preempt(self, job_id: str, attempt: int) -> None:
