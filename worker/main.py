@@ -41,7 +41,12 @@ def model_main(start: ModelStart, loglevel: str) -> None:
     s = become_model(start)
     link = child.LINK
     assert link is not None
-    child.preload()
+    # what a start waits for most: vLLM's engine, and the worker's tasks (which build the Celery app
+    # from the model's settings, set above), imported before the wait of a process spawned ahead
+    import vllm.v1.engine.async_llm  # noqa: F401
+
+    import inferq.worker.tasks  # noqa: F401
+
     link.mark("imported")
     if start.park and not link.wait_for_start():
         return  # spawned ahead, and its supervisor stopped before it was needed

@@ -3,6 +3,8 @@ gave them, or tokenized here), and with ``echo`` its text. CPU work for a thread
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import threading
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -62,6 +64,15 @@ class Preparer:
                                             for t in texts])
         ids = self.prompt_ids(msg)
         return Prepared(ids, self.echo_text(msg, ids) if msg.request.echo else None)
+
+    async def prepared(self, msg: JobMessage, fut: concurrent.futures.Future[Prepared] | None) -> Prepared:
+        """The job's prompt: from the caller's thread if it made it (usually done when the claim is
+        back), else tokenized on a thread now. Raises what :meth:`prepare` raised (e.g. a bad template)."""
+        if fut is None:
+            return await asyncio.to_thread(self.prepare, msg)
+        if not fut.done():
+            await asyncio.wrap_future(fut)
+        return fut.result()
 
     def prompt_ids(self, msg: JobMessage) -> list[int]:
         """The job's prompt as token ids: as the gateway tokenized it, as given, or tokenized here."""

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from inferq.shared.schemas import JobRequest, Resume
+from inferq.shared.schemas import ChoiceEnd, JobRequest, Resume
+from inferq.worker.jobs.outputs import Progress
 
 
 def resumable(req: JobRequest, parses_tools: bool) -> bool:
@@ -37,3 +38,25 @@ def continued(params: Any, resume: Resume) -> int:
     params.max_tokens = max(int(params.max_tokens) - kept, 0)
     params.min_tokens = max(int(params.min_tokens or 0) - kept, 0)
     return int(params.max_tokens)
+
+
+def continuation(p: Progress, prompt: list[int], resume: Resume | None, params: Any,
+                 pausable: bool) -> list[int] | None:
+    """The prompt ids an attempt generates from: ``prompt``, or, continuing ``resume``, ``prompt``
+    and the kept tokens (``p`` starts from their text and count, ``params`` shrink by them). A
+    ``pausable`` attempt (or a continuation) keeps its token ids in ``p``. None: the kept tokens
+    spent the budget (the completion ends with finish reason ``length``)."""
+    if pausable or resume is not None:
+        p.ids = []
+    if resume is None:
+        return prompt
+    p.ids, p.texts[0], p.tokens[0] = list(resume.ids), [resume.text], len(resume.ids)
+    if continued(params, resume) < 1:
+        p.finish[0] = ChoiceEnd(index=0, finish_reason="length")
+        return None
+    return [*prompt, *resume.ids]
+
+
+def kept(p: Progress) -> Resume:
+    """What a paused attempt hands back: its completion's token ids and text so far."""
+    return Resume(ids=list(p.ids or ()), text="".join(p.texts.get(0, ())))

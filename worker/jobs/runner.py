@@ -29,7 +29,7 @@ from inferq.shared import keys, tracing
 from inferq.shared.errors import DeadlineExceeded, EngineError
 from inferq.shared.logs import job_context
 from inferq.shared.pooling import check_task
-from inferq.shared.schemas import ChoiceEnd, ErrorInfo, JobMessage, JobStatus, Resume
+from inferq.shared.schemas import ErrorInfo, JobMessage, JobStatus
 from inferq.shared.store import JobStore
 from inferq.worker.engine.host import EngineHost
 from inferq.worker.jobs.attempts import Attempt, AttemptTable
@@ -39,7 +39,7 @@ from inferq.worker.jobs.outputs import OutputEvents, Progress
 from inferq.worker.jobs.pooling import embed, fitted
 from inferq.worker.jobs.prepare import Prepared, Preparer
 from inferq.worker.jobs.prompt import PromptReturn
-from inferq.worker.jobs.resume import continued, resumable
+from inferq.worker.jobs.resume import continuation, kept, resumable
 from inferq.worker.jobs.sampling import sampling_params
 from inferq.worker.jobs.toolcalls import parser_class, tool_streams
 from inferq.worker.jobs.writer import AttemptSink, EventWriter
@@ -134,9 +134,7 @@ class JobRunner:
         except (asyncio.CancelledError, Exception) as e:
             outcome = outcome_of(e, msg.id, run.attempt, run.writes_end)
             if run.paused is not None and outcome.status is JobStatus.cancelled and not run.cancel_requested:
-                # paused (worker/jobs/resume.py): back to the queue, its progress kept
-                outcome = Outcome(None, hand_back=run.paused, resume=Resume(
-                    ids=list(progress.ids or ()), text="".join(progress.texts.get(0, ()))))
+                outcome = Outcome(None, hand_back=run.paused, resume=kept(progress))  # worker/jobs/resume.py
             if outcome.engine_dead:
                 outcome = await self._engine_died(msg.id, run, e)
         finally:
@@ -181,7 +179,7 @@ class JobRunner:
             raise DeadlineExceeded("the job was still queued at its deadline; it never started")
         if run.cancel_requested:
             raise asyncio.CancelledError
-        pre = await self._prepared(msg, prepared)
+        pre = await self.preparer.prepared(msg, prepared)
         check_task(self.host.tasks, msg.request.embed is not None, msg.model)
         extra: dict[str, Any] = {"priority": msg.request.priority} if self.priority_scheduling else {}
         try:
@@ -200,30 +198,15 @@ class JobRunner:
                 hold = self.batch_event_interval_s if req.service_class == "batch" else 0.0
                 # a paused job's continuation is plain text as its first attempt's was (no parser)
                 calls = tool_streams(self.tool_parser, self.host.tokenizer, req) if resume is None else None
-                ids = pre.ids
-                if resumable(req, calls is not None) or resume is not None:
-                    progress.ids = []
-                if resume is not None:  # it continues from the tokens its paused attempt kept
-                    ids, progress.ids = [*pre.ids, *resume.ids], list(resume.ids)
-                    progress.texts[0], progress.tokens[0] = [resume.text], len(resume.ids)
-                    if continued(params, resume) < 1:  # paused on its last token
-                        progress.finish[0] = ChoiceEnd(index=0, finish_reason="length")
-                        return
+                ids = continuation(progress, pre.ids, resume, params, resumable(req, calls is not None))
+                if ids is None:  # paused on its last token: nothing is left to generate
+                    return
                 events = OutputEvents(progress, PromptReturn(pre.ids, pre.echo, req.logprobs, self.host.tokenizer),
                                       self.host.tokenizer, params.logprobs, sink, calls, hold)
                 watch = Watch(self.latency if req.service_class == "interactive" else None, msg.created_at)
                 await self._generate(msg.id, run, ids, params, events, sink, extra, watch)
         except TimeoutError:
             raise DeadlineExceeded("the job ran past its deadline and was aborted") from None
-
-    async def _prepared(self, msg: JobMessage, fut: concurrent.futures.Future[Prepared] | None) -> Prepared:
-        """The job's prompt: from the caller's thread if it made it (usually done when the claim is
-        back), else tokenized on a thread now. Raises what :meth:`prepare` raised (e.g. a bad template)."""
-        if fut is None:
-            return await asyncio.to_thread(self.prepare, msg)
-        if not fut.done():
-            await asyncio.wrap_future(fut)
-        return fut.result()
 
     async def _generate(self, job_id: str, run: Attempt, ids: list[int], params: Any, events: OutputEvents,
                         sink: AttemptSink, extra: dict[str, Any], watch: Watch) -> None:

@@ -118,13 +118,6 @@ class ModelLink:
 LINK: ModelLink | None = None
 
 
-def preload() -> None:
-    """The imports a model's start waits for most (vLLM's engine and the worker's tasks, which also
-    build the Celery app): once ``become_model`` has set the model's settings."""
-    import vllm.v1.engine.async_llm  # noqa: F401
-
-    import inferq.worker.tasks  # noqa: F401
-
 
 def become_model(start: ModelStart) -> Settings:
     """Make this (spawned) process the worker of ``start.spec``: its settings, logs and link."""
