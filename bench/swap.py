@@ -153,8 +153,8 @@ async def case_cold(cfg: SwapConfig, fleet: Fleet, http: httpx.AsyncClient,
 
         async def all_started() -> list[dict[str, Any]] | None:  # without sleep mode, a model starts when woken
             sws = await swappers(http)
-            done = sws and sws[0]["recent"] and (not sws[0]["sleep_mode"]
-                                                 or all(m["state"] != "cold" for m in sws[0]["models"]))
+            done = sws and sws[0]["recent"] and (not sws[0]["sleep_mode"]  # each one started, none starting
+                                                 or all(m["state"] in ("awake", "asleep") for m in sws[0]["models"]))
             return sws if done else None
         sws = await until(all_started, cfg.startup_timeout_s, "every model started")
         starts = [s for s in sws[0]["recent"] if s["cold"]]
