@@ -286,9 +286,9 @@ class Settings(BaseSettings):
         "two copies (to host memory, and back) run at once, so a swap takes about the longer of them, not both.")
     swap_prespawn: bool | None = Field(
         default=None, description="A multi-model worker spawns each model's process when it starts, and the "
-        "process imports vLLM then waits: a model's first start is then its engine's start alone, not a new "
-        "process's start and imports too (seconds; about 1 GiB of host memory a model meanwhile). Unset: on "
-        "with sleep mode.")
+        "process imports vLLM then waits: a model first started after those imports (about 15 s on a GPU host) "
+        "starts its engine alone, not a new process and its imports too (about 1 GiB of host memory a model "
+        "meanwhile). Unset: on with sleep mode.")
     swap_prepare: bool = Field(
         default=True, description="With sleep mode: while the awake model is idle, start each model not yet "
         "started (and leave the last one awake), so that a model's first wake is a wake, not an engine start.")
