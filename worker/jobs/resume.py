@@ -11,7 +11,9 @@ A continuation is the same job only for one completion (n = 1) without echo or p
 without a seed (a seeded job would no longer give its one text), stop strings (one could straddle
 the pause), presence or frequency penalties (vLLM counts them over the output, where the kept
 tokens no longer are), structured output or tool-call parsing (their state is not carried over):
-other jobs are handed back to start over, as before.
+other jobs are handed back to start over, as before. A continuation runs without a tool-call parser
+even on a worker that has one (its first attempt's text was plain), and its latencies are not an
+interactive job's first token (the batch limit does not watch it).
 """
 
 from __future__ import annotations

@@ -193,17 +193,17 @@ class JobRunner:
                     progress.embeddings = await embed(self.host.engine, msg.id, inputs, spec, extra)
                     return
                 progress.prompt_tokens = len(pre.ids)
-                req, resume = msg.request, run.resume
+                req, resume, tok = msg.request, run.resume, self.host.tokenizer
                 params = sampling_params(req, len(pre.ids), self.host.max_model_len, self.default_max_tokens)
                 hold = self.batch_event_interval_s if req.service_class == "batch" else 0.0
-                # a paused job's continuation is plain text as its first attempt's was (no parser)
-                calls = tool_streams(self.tool_parser, self.host.tokenizer, req) if resume is None else None
+                calls = tool_streams(self.tool_parser, tok, req) if resume is None else None  # resume.py
                 ids = continuation(progress, pre.ids, resume, params, resumable(req, calls is not None))
                 if ids is None:  # paused on its last token: nothing is left to generate
                     return
                 events = OutputEvents(progress, PromptReturn(pre.ids, pre.echo, req.logprobs, self.host.tokenizer),
                                       self.host.tokenizer, params.logprobs, sink, calls, hold)
-                watch = Watch(self.latency if req.service_class == "interactive" else None, msg.created_at)
+                watched = req.service_class == "interactive" and resume is None  # a continuation has no TTFT
+                watch = Watch(self.latency if watched else None, msg.created_at)
                 await self._generate(msg.id, run, ids, params, events, sink, extra, watch)
         except TimeoutError:
             raise DeadlineExceeded("the job ran past its deadline and was aborted") from None
