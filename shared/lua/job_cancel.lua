@@ -11,6 +11,11 @@ if not st then return nil end
 if st == STATUS.queued then
   redis.call('HSET', KEYS[1], 'status', STATUS.cancelled, 'finished_at', ARGV[1],
              'finish_reason', cjson.encode('cancelled'))
+  local kept = redis.call('HGET', KEYS[1], 'resume')  -- a paused job: its record keeps the text its stream carried
+  if kept then
+    redis.call('HSET', KEYS[1], 'choices',
+               cjson.encode({{index = 0, finish_reason = 'cancelled', text = cjson.decode(kept).text}}))
+  end
   log_event(KEYS[1], KEYS[2], KEYS[3], event(ARGV[4], last_seq(KEYS[2]) + 1), ARGV[3])
   redis.call('ZREM', KEYS[4], ARGV[2])
   local fair = fair_of(KEYS[1])

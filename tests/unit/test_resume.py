@@ -140,3 +140,17 @@ async def test_a_cancel_beats_a_pause(store, writers, spawn) -> None:  # noqa: F
     runner.cancel(msg.id)
     assert await first is JobStatus.cancelled
     assert (await store.get(msg.id)).status is JobStatus.cancelled
+
+
+async def test_a_paused_job_cancelled_while_queued_keeps_the_text_its_stream_carried(store, writers, spawn) -> None:  # noqa: F811
+    engine = ContinuingEngine(script(N), delay=0.005)
+    runner = runner_of(store, writers, engine)
+    msg = await queued(store, prompt="x", max_tokens=N)
+    first = spawn(runner.run(msg))
+    await logged(store, msg.id, 5)
+    runner.attempts.pause(msg.id, 1)
+    await first
+    assert await store.request_cancel(msg.id) is JobStatus.queued
+    rec, log = await store.get(msg.id), await store.read_log(msg.id)
+    assert rec.status is JobStatus.cancelled and log[-1].type == "done"
+    assert rec.choices is not None and rec.choices[0].text == replay(log)[0] != ""
