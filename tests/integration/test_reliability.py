@@ -162,12 +162,10 @@ def test_sigterm_drains_then_hands_back_what_is_left(fleet) -> None:
         events = asyncio.run_coroutine_threadsafe(ws_events(f"{fleet.ws}/v1/jobs/{job_id}/stream"), LOOP).result(60)
     fleet.workers.pop(victim)
     assert view["status"] == "succeeded" and view["usage"]["completion_tokens"] == 1500
-    restarts = [e for e in events if e["type"] == "restart"]
-    # finished within the grace period on the draining worker, or handed back and run elsewhere
-    if view["worker"] == victim:
-        assert not restarts
-    else:
-        assert [e["reason"] for e in restarts] == ["worker_shutdown"]
+    # finished within the grace period on the draining worker, or paused and continued elsewhere
+    # (worker/jobs/resume.py): either way no restart, and every token streamed once
+    assert not [e for e in events if e["type"] == "restart"]
+    assert sum(e["n_tokens"] for e in events if e["type"] == "token") == 1500
 
 
 @pytest.mark.faults
