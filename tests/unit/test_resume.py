@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from inferq.shared import keys
-from inferq.shared.schemas import JobRequest, JobStatus, Resume, TokenEvent
+from inferq.shared.schemas import JobMessage, JobRequest, JobStatus, Resume, TokenEvent
 from inferq.worker.jobs.resume import resumable
 from inferq.worker.jobs.runner import JobRunner
 from tests.unit.test_attempts import assert_whole, logged, queued, replay, spawn, store, writers  # noqa: F401
@@ -41,18 +41,43 @@ class ContinuingEngine(ScriptedEngine):
             raise
 
 
-def runner_of(store, writers, engine) -> JobRunner:  # noqa: F811
-    return JobRunner(ScriptedHost(engine, max_model_len=4096), store, writers(store), "w", default_max_tokens=8)
+@dataclass
+class Rig:
+    engine: ContinuingEngine
+    runner: JobRunner
+    msg: JobMessage
+    first: asyncio.Task | None = None  # the first attempt's run
 
 
-async def test_a_paused_job_continues_where_it_stopped_with_no_restart(store, writers, spawn) -> None:  # noqa: F811
-    engine = ContinuingEngine(script(N), delay=0.005)
-    runner = runner_of(store, writers, engine)
-    msg = await queued(store, prompt="x y z", max_tokens=N)
-    first = spawn(runner.run(msg))
-    await logged(store, msg.id, 5)
-    task = runner.attempts.pause(msg.id, 1)
-    assert task is not None and await first is None
+@pytest.fixture
+def rig(store, writers, spawn):  # noqa: F811
+    """Make a job of N tokens on a continuing engine; with ``events``, its first attempt runs until
+    its log holds that many events."""
+
+    async def make(events: int = 0, **req) -> Rig:
+        engine = ContinuingEngine(script(N), delay=0.005)
+        runner = JobRunner(ScriptedHost(engine, max_model_len=4096), store, writers(store), "w",
+                           default_max_tokens=8)
+        msg = await queued(store, **{"prompt": "x", "max_tokens": N, **req})
+        r = Rig(engine, runner, msg)
+        if events:
+            r.first = spawn(runner.run(msg))
+            await logged(store, msg.id, events)
+        return r
+
+    return make
+
+
+async def paused(r: Rig) -> None:
+    """Pause the first attempt; return once its run has handed the job back."""
+    assert r.runner.attempts.pause(r.msg.id, 1) is not None
+    assert r.first is not None and await r.first is None
+
+
+async def test_a_paused_job_continues_where_it_stopped_with_no_restart(store, rig) -> None:  # noqa: F811
+    r = await rig(5, prompt="x y z")
+    engine, runner, msg = r.engine, r.runner, r.msg
+    await paused(r)
     rec = await store.get(msg.id)
     raw = await store.redis.hget(keys.job(msg.id), "resume")
     kept = Resume.model_validate_json(raw)
@@ -73,10 +98,9 @@ async def test_a_paused_job_continues_where_it_stopped_with_no_restart(store, wr
     assert rec.attempt == 2 and await store.redis.hget(keys.job(msg.id), "preemptions") == "1"
 
 
-async def test_a_job_paused_on_its_last_token_ends_with_its_length(store, writers, spawn) -> None:  # noqa: F811
-    engine = ContinuingEngine(script(N), delay=0.005)
-    runner = runner_of(store, writers, engine)
-    msg = await queued(store, prompt="x", max_tokens=N)
+async def test_a_job_paused_on_its_last_token_ends_with_its_length(store, rig) -> None:  # noqa: F811
+    r = await rig()
+    engine, runner, msg = r.engine, r.runner, r.msg
     await store.claim(msg.id, "w")  # as if attempt 1 had run every token and was paused before its end
     kept = Resume(ids=list(range(N)), text="".join(f"t{i} " for i in range(N)))
     for i in range(N):
@@ -89,15 +113,11 @@ async def test_a_job_paused_on_its_last_token_ends_with_its_length(store, writer
 
 @pytest.mark.parametrize("extra", [{"seed": 1}, {"stop": ["t9"]}, {"n": 2}, {"frequency_penalty": 0.5},
                                    {"regex": "t.*"}, {"echo": True}])
-async def test_a_job_a_continuation_would_change_is_not_paused(store, writers, spawn, extra) -> None:  # noqa: F811
-    engine = ContinuingEngine(script(N), delay=0.005)
-    runner = runner_of(store, writers, engine)
-    msg = await queued(store, prompt="x", max_tokens=N, **extra)
-    first = spawn(runner.run(msg))
-    await logged(store, msg.id, 3)
-    assert runner.attempts.pause(msg.id, 1) is None  # the caller hands it back to start over instead
-    runner.cancel(msg.id)
-    assert await first is JobStatus.cancelled
+async def test_a_job_a_continuation_would_change_is_not_paused(rig, extra) -> None:
+    r = await rig(3, **extra)
+    assert r.runner.attempts.pause(r.msg.id, 1) is None  # the caller hands it back to start over instead
+    r.runner.cancel(r.msg.id)
+    assert await r.first is JobStatus.cancelled
 
 
 def test_what_may_be_paused() -> None:
@@ -110,14 +130,10 @@ def test_what_may_be_paused() -> None:
     assert not resumable(JobRequest(prompt="x", json_object=True), False)
 
 
-async def test_a_requeue_that_starts_over_drops_the_kept_progress(store, writers, spawn) -> None:  # noqa: F811
-    engine = ContinuingEngine(script(N), delay=0.005)
-    runner = runner_of(store, writers, engine)
-    msg = await queued(store, prompt="x", max_tokens=N)
-    first = spawn(runner.run(msg))
-    await logged(store, msg.id, 5)
-    runner.attempts.pause(msg.id, 1)
-    await first
+async def test_a_requeue_that_starts_over_drops_the_kept_progress(store, rig) -> None:  # noqa: F811
+    r = await rig(5)
+    engine, runner, msg = r.engine, r.runner, r.msg
+    await paused(r)
     assert await store.redis.hexists(keys.job(msg.id), "resume")
     claim = await store.claim(msg.id, "w2")  # attempt 2 continues it: its claim carries the progress
     assert claim is not None and claim.resume is not None and claim.attempt == 2
@@ -130,27 +146,18 @@ async def test_a_requeue_that_starts_over_drops_the_kept_progress(store, writers
     await assert_whole(store, msg.id, N)
 
 
-async def test_a_cancel_beats_a_pause(store, writers, spawn) -> None:  # noqa: F811
-    engine = ContinuingEngine(script(N), delay=0.005)
-    runner = runner_of(store, writers, engine)
-    msg = await queued(store, prompt="x", max_tokens=N)
-    first = spawn(runner.run(msg))
-    await logged(store, msg.id, 3)
-    runner.attempts.pause(msg.id, 1)
-    runner.cancel(msg.id)
-    assert await first is JobStatus.cancelled
-    assert (await store.get(msg.id)).status is JobStatus.cancelled
+async def test_a_cancel_beats_a_pause(store, rig) -> None:  # noqa: F811
+    r = await rig(3)
+    r.runner.attempts.pause(r.msg.id, 1)
+    r.runner.cancel(r.msg.id)
+    assert await r.first is JobStatus.cancelled
+    assert (await store.get(r.msg.id)).status is JobStatus.cancelled
 
 
-async def test_a_paused_job_cancelled_while_queued_keeps_the_text_its_stream_carried(store, writers, spawn) -> None:  # noqa: F811
-    engine = ContinuingEngine(script(N), delay=0.005)
-    runner = runner_of(store, writers, engine)
-    msg = await queued(store, prompt="x", max_tokens=N)
-    first = spawn(runner.run(msg))
-    await logged(store, msg.id, 5)
-    runner.attempts.pause(msg.id, 1)
-    await first
-    assert await store.request_cancel(msg.id) is JobStatus.queued
-    rec, log = await store.get(msg.id), await store.read_log(msg.id)
+async def test_a_paused_job_cancelled_while_queued_keeps_the_text_its_stream_carried(store, rig) -> None:  # noqa: F811
+    r = await rig(5)
+    await paused(r)
+    assert await store.request_cancel(r.msg.id) is JobStatus.queued
+    rec, log = await store.get(r.msg.id), await store.read_log(r.msg.id)
     assert rec.status is JobStatus.cancelled and log[-1].type == "done"
     assert rec.choices is not None and rec.choices[0].text == replay(log)[0] != ""
