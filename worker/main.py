@@ -50,7 +50,6 @@ def model_main(start: ModelStart, loglevel: str) -> None:
     link.mark("imported")
     if start.park and not link.wait_for_start():
         return  # spawned ahead, and its supervisor stopped before it was needed
-    link.mark("started")
     consume(s, s.max_num_seqs, s.reserve, loglevel)
 
 

@@ -22,7 +22,6 @@ def stand_in_main(start: ModelStart, loglevel: str) -> None:
     link.mark("imported")
     if start.park and not link.wait_for_start():
         return
-    link.mark("started")
     link.mark("engine")
     time.sleep(0.2)
     link.mark("engine_ready")
@@ -40,7 +39,7 @@ def proc() -> ModelProc:
 
 
 def test_phases_count_from_the_start_and_not_what_came_before_it() -> None:
-    marks = {"spawned": 90.0, "imported": 95.0, "engine": 101.0, "engine_ready": 110.0, "ready": 111.0}
+    marks = {"imported": 95.0, "engine": 101.0, "engine_ready": 110.0, "ready": 111.0}
     assert start_phases(marks, 100.0) == {"process": 0.0, "setup": 1.0, "engine": 9.0, "consumer": 1.0}
     late = start_phases({**marks, "imported": 104.0, "engine": 104.5}, 100.0)
     assert late["process"] == 4.0 and late["setup"] == 0.5, "imports still running at the start are waited for"

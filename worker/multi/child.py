@@ -3,7 +3,7 @@ runner, heartbeat, reaper), which its supervisor (``swapper``) puts to sleep and
 
 A process the supervisor spawns ahead (``INFERQ_SWAP_PRESPAWN``) imports vLLM and the worker's modules,
 then waits for ``("start",)`` before it starts its engine: a model's first start then skips its
-process's start and imports.
+process's start and imports, where they are done by then.
 
 Messages from the supervisor: ``("start",)`` (a process spawned ahead), ``("sleep", grace_s)``,
 ``("wake_weights",)`` and ``("wake",)``; answers:
@@ -22,7 +22,7 @@ import os
 import signal
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -47,7 +47,6 @@ class ModelStart:
     metrics_port: int
     conn: Connection
     park: bool = False  # spawned ahead: import, then wait for ("start",)
-    spawned_at: float = field(default_factory=time.time)
 
 
 class ModelLink:
@@ -58,7 +57,7 @@ class ModelLink:
         self.conn = start.conn
         self.runtime: WorkerRuntime | None = None
         self.consumption: CeleryConsumption | None = None
-        self.marks: dict[str, float] = {"spawned": start.spawned_at}  # step -> Unix time (procs.start_phases)
+        self.marks: dict[str, float] = {}  # step -> Unix time (procs.start_phases)
 
     def mark(self, step: str) -> None:
         self.marks[step] = time.time()
