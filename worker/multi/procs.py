@@ -1,7 +1,8 @@
 """The processes of a multi-model worker's models, as its supervisor (``swapper``) drives them: one
 spawned per model at its first wake, or as the worker starts (INFERQ_SWAP_PRESPAWN), a complete
-worker of that model (worker/multi/child.py), then put to sleep and woken over a pipe. A model's process lives from its first wake on: with sleep mode
-its engine sleeps in it; without, its engine is stopped and started again, in the same process."""
+worker of that model (worker/multi/child.py), then put to sleep and woken over a pipe. A model's
+process lives from its first wake on: with sleep mode its engine sleeps in it; without, its engine
+is stopped and started again, in the same process."""
 
 from __future__ import annotations
 
