@@ -63,3 +63,16 @@ def test_the_page_tables_come_from_the_summary() -> None:
            "| 1.20×, 1.10× | 900 (900–900) | 80 % |")  # against the fleet's own interactive-alone runs
     assert row in got
     assert "| fair | 1.10 (1.10–1.10) | 1,500 (1,500–1,500) | 60 (60–60) / 40 (40–40) |" in got
+
+
+def test_a_client_without_per_request_latencies_gets_them_from_its_token_gaps(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    from bench.classes_load import finish_client
+
+    (tmp_path / "old.json").write_text(json.dumps({"ttfts": [0.5, 0.25], "itls": [[0.1, 0.2], []],
+                                                   "start_times": [1.0, 2.0], "output_lens": [3, 1]}))
+    run = finish_client(subprocess.Popen([sys.executable, "-c", "pass"]), tmp_path, "old", 60)
+    assert run["requests"]["latencies"] == pytest.approx([0.8, 0.25])
