@@ -182,8 +182,9 @@ class JobService:
         with tracing.span("inferq.submit", job_id=record.id, model=model, priority=req.priority) as span:
             record.traceparent = span.traceparent
             queue_list, message = job_message(self.celery, record.message(ids))
-            cost = job_cost(req, len(ids) if ids is not None else None, self.settings.default_max_tokens)
-            fair = fair_share(share, cost, self.settings.fair_share)
+            weight = 1.0 if req.embed is not None else self.settings.fair_prompt_weight
+            cost = job_cost(req, len(ids) if ids is not None else None, self.settings.default_max_tokens, weight)
+            fair = fair_share(share, cost, self.settings.fair_share, weight)
             try:
                 depth = await self.store.submit(record, queue_list, message, limit, fair,
                                                 announce=req.service_class == "interactive")

@@ -17,13 +17,14 @@ its end and is audited: every line answered once, with all its tokens.
 
 **Tenants.** Two keys of equal weight run closed loops (``vllm bench serve``); ``heavy`` asks
 ``heavy_factor`` times the output tokens per request. Fleets: ``fair`` (the defaults) and
-``tenants-fifo`` (fair share and running-slot fair share off) and ``tenants-queue`` (fair share in the
-queue only, running-slot fair share off: as before). Per repeat: both backlogged
+``tenants-fifo`` (fair share and running-slot fair share off), ``tenants-queue`` (fair share in the
+queue only, running-slot fair share off: as before) and ``tenants-prompt-full`` (the same with prompt
+tokens charged in full, ``INFERQ_FAIR_PROMPT_WEIGHT=1``). Per repeat: both backlogged
 (``tenant_concurrency`` clients each): each tenant's output tokens in every ``window_s`` window
 (sliding by ``step_s``) while both run, the largest weighted service ratio of any window, the total
 output tokens/s; then the heavy one backlogged beside the light one with ``light_concurrency``
 clients (fewer than its share of the slots): the light one's TTFT p90 over the requests it sent
-while the heavy one ran, against its run alone (on ``fair``).
+while the heavy one ran, against its run alone (on ``fair`` and ``tenants-queue``).
 
 Results: ``OUT/classes.json`` (every run, each invocation adding its stacks: a GPU run may be split
 across calls with ``--only``) and ``OUT/summary.json`` (medians of the repeats with min and max).
@@ -55,8 +56,9 @@ STACKS = {  # name -> environment over the config's (every worker and the gatewa
     "fair": {"INFERQ_RUNNING_FAIR_SHARE": "true"},  # fair share in the queue and in running slots
     "tenants-fifo": {"INFERQ_FAIR_SHARE": "false"},
     "tenants-queue": {},  # fair share in the queue only (the default)
+    "tenants-prompt-full": {"INFERQ_FAIR_PROMPT_WEIGHT": "1"},  # the same, prompt tokens charged in full
 }
-TENANT_STACKS = ("fair", "tenants-fifo", "tenants-queue")
+TENANT_STACKS = ("fair", "tenants-fifo", "tenants-queue", "tenants-prompt-full")
 TENANT_KEYS = {"heavy": "bench-key-heavy", "light": "bench-key-light"}
 
 
@@ -158,7 +160,7 @@ def tenants_run(cfg: ClassesConfig, stack: str, ctx: dict[str, Any], repeat: int
     beside = together("beside", {"heavy": heavy, "light": few})
     got["light_beside_p90_ttft_ms"] = ttft_p90_while(beside["light"].pop("requests"), beside["heavy"].pop("requests"))
     got["beside"] = beside
-    if stack == "fair":
+    if stack in ("fair", "tenants-queue"):
         solo = run_client(few, *args, seed + 7, out, f"{stack}-{repeat}-solo", TENANT_KEYS["light"])
         got["light_solo_p90_ttft_ms"] = ttft_p90_while(solo.pop("requests"), None)
         got["light_solo"] = solo

@@ -56,6 +56,8 @@ class FairShare(BaseModel):
     tenant: str = Field(description="Whose share the job takes.")
     weight: float = Field(gt=0, description="The tenant's weight: its tags grow by cost / weight.")
     cost: int = Field(ge=1, description="Tokens the job is charged when queued (job_cost).")
+    prompt_weight: float = Field(default=1.0, ge=0, le=1, description="What a prompt token counts for against "
+                                 "an output token's 1, in the charge and in the refund at the job's end.")
     ordered: bool = Field(description="Placed in its list by virtual finish tag (fair share on); false: "
                           "pushed as it came (first in, first out).")
     tag: str | None = Field(default=None, description="Its virtual finish tag, set by job_submit.lua when "
@@ -70,10 +72,10 @@ def fair_keys(queue_list: str) -> list[str]:
     return [keys.fair_order(queue_list), keys.fair_state(queue_list), keys.fair_queued(queue_list)]
 
 
-def job_cost(req: JobRequest, prompt_tokens: int | None, default_max_tokens: int) -> int:
+def job_cost(req: JobRequest, prompt_tokens: int | None, default_max_tokens: int, prompt_weight: float = 1.0) -> int:
     """The tokens a job is expected to cost: its prompt (as counted, else estimated from its
-    characters) and its output, ``max_tokens`` for each of its ``n`` choices (none for an
-    embedding job)."""
+    characters) at ``prompt_weight`` a token, and its output, ``max_tokens`` for each of its ``n``
+    choices (none for an embedding job, whose prompt counts in full: it is all its work)."""
     if prompt_tokens is None:
         if req.embed is not None:
             prompt_tokens = sum(map(len, req.embed.token_ids or [])) + \
@@ -83,10 +85,13 @@ def job_cost(req: JobRequest, prompt_tokens: int | None, default_max_tokens: int
         else:
             chars = len(req.prompt or "") + sum(len(m.content) for m in req.messages or [])
             prompt_tokens = chars // CHARS_PER_TOKEN
-    output = 0 if req.embed is not None else (req.max_tokens or default_max_tokens) * req.n
-    return max(1, prompt_tokens + output)
+    if req.embed is not None:
+        return max(1, prompt_tokens)
+    output = (req.max_tokens or default_max_tokens) * req.n
+    return max(1, round(prompt_tokens * prompt_weight) + output)
 
 
-def fair_share(share: Share, cost: int, ordered: bool) -> FairShare:
+def fair_share(share: Share, cost: int, ordered: bool, prompt_weight: float = 1.0) -> FairShare:
     """The job's share as job_submit.lua takes it (its tag is the script's to set)."""
-    return FairShare(tenant=share.tenant, weight=share.weight, cost=cost, ordered=ordered)
+    return FairShare(tenant=share.tenant, weight=share.weight, cost=cost, ordered=ordered,
+                     prompt_weight=prompt_weight)

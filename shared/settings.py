@@ -157,6 +157,11 @@ class Settings(BaseSettings):
                              "fair share between tenants (API keys, or the tenant= their keys-file lines "
                              "name, weighted by weight=): a worker's next job is the one of the tenant "
                              "served least so far. Off: first in, first out.")
+    fair_prompt_weight: float = Field(
+        default=0.5, ge=0, le=1, description="What a prompt token counts for in a job's fair-share charge, "
+        "against an output token's 1 (embedding jobs: 1). An output token holds a running slot for an engine "
+        "step; a prompt token is prefilled in a batch of thousands, often from the prefix cache. 0.5 is the "
+        "pricing of Virtual Token Counter fair scheduling (Sheng et al., OSDI 2024).")
     max_concurrent_jobs_per_key: int = Field(default=0, ge=0, description="Unfinished jobs per key (per "
                                              "client IP without keys), 429 beyond; 0: off.")
     answered_embedding_ttl_s: int = Field(

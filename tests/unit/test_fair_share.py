@@ -18,7 +18,7 @@ from inferq.api.auth import KeyRing, KeySpec, key_id, read_keys_file
 from inferq.api.service import JobService
 from inferq.shared import keys
 from inferq.shared.celery_app import make_celery
-from inferq.shared.fairshare import Share, job_cost
+from inferq.shared.fairshare import FairShare, Share, job_cost
 from inferq.shared.schemas import DoneEvent, JobRequest, JobStatus, Usage
 from inferq.shared.settings import Settings
 from inferq.shared.store import JobStore
@@ -27,15 +27,18 @@ from tests.helpers import queue_depth
 MAX_TOKENS = 10  # each job costs 11 tokens: a 4-character prompt (~1 token) and 10 out
 
 
-def admission(url: str, r: redis.asyncio.Redis, shares: dict[str, Share], fair: bool = True) -> Admission:
-    s = Settings(redis_url=url, served_model_name=f"fair-{uuid.uuid4().hex[:6]}", fair_share=fair)
+def admission(url: str, r: redis.asyncio.Redis, shares: dict[str, Share], fair: bool = True,
+              prompt_weight: float = 1.0) -> Admission:
+    s = Settings(redis_url=url, served_model_name=f"fair-{uuid.uuid4().hex[:6]}", fair_share=fair,
+                 fair_prompt_weight=prompt_weight)
     return Admission(s, r, JobService(s, r, JobStore(r, s.job_ttl_s), make_celery(s)),
                      shares=lambda owner: shares.get(owner or "", Share(owner or "anonymous")))
 
 
-async def submit(adm: Admission, owner: str, n: int = 1, priority: int = 5, max_tokens: int = MAX_TOKENS) -> list[str]:
+async def submit(adm: Admission, owner: str, n: int = 1, priority: int = 5, max_tokens: int = MAX_TOKENS,
+                 prompt: str = "abcd") -> list[str]:
     ids = [f"job-{uuid.uuid4().hex}" for _ in range(n)]
-    reqs = [JobRequest(prompt="abcd", max_tokens=max_tokens, priority=priority) for _ in ids]
+    reqs = [JobRequest(prompt=prompt, max_tokens=max_tokens, priority=priority) for _ in ids]
     await adm.queue(owner, owner, reqs, ids)
     return ids
 
@@ -172,6 +175,43 @@ def test_job_cost_counts_prompt_and_every_choice() -> None:
     assert job_cost(JobRequest(prompt="x"), 1, 256) == 257
 
 
+def test_job_cost_counts_a_prompt_token_at_its_weight_but_an_embedding_s_in_full() -> None:
+    from inferq.shared.schemas.jobs import EmbedInputs
+
+    assert job_cost(JobRequest(prompt="x", max_tokens=5), 100, 256, prompt_weight=0.5) == 55
+    assert job_cost(JobRequest(prompt="x", max_tokens=5), 100, 256, prompt_weight=0.0) == 5
+    embed = JobRequest(embed=EmbedInputs(texts=["x" * 40]))
+    assert job_cost(embed, None, 256, prompt_weight=0.5) == 10
+
+
+async def test_a_long_prompt_costs_its_tenant_its_weight(own_redis: str, r: redis.asyncio.Redis) -> None:
+    """At half weight, a tenant whose jobs ask 10 tokens after a 400-character (100-token) prompt is
+    charged 60 a job: it gets one job for every 6 of a tenant asking 10 after a 1-token prompt
+    (with prompts in full it would be one for 10)."""
+    adm = admission(own_redis, r, {}, prompt_weight=0.5)
+    await submit(adm, "A", 20, prompt="x" * 400)
+    await submit(adm, "B", 100, prompt="abcd")
+    got = await take(adm, 35)
+    assert got.count("A") == 5, got
+    [a] = await submit(adm, "C", 1, prompt="x" * 400)
+    fair = FairShare.model_validate_json(await r.hget(keys.job(a), "fair"))
+    assert (fair.cost, fair.prompt_weight) == (60, 0.5)
+
+
+async def test_the_refund_counts_the_prompt_at_the_share_s_weight(own_redis: str, r: redis.asyncio.Redis) -> None:
+    adm = admission(own_redis, r, {}, prompt_weight=0.5)
+    store, model = adm.service.store, adm.settings.model_name
+    [a1, _] = await submit(adm, "A", 2, prompt="x" * 400)  # charged 50 + 10 = 60 each
+    state = keys.fair_state(keys.queue_lists(model)[5])
+    before = float(await r.hget(state, "t|A"))
+    await store.claim(a1, "w")
+    assert await store.finish(a1, "w", 1, DoneEvent(seq=1, status=JobStatus.succeeded), check_log=False,
+                              status=JobStatus.succeeded, usage=Usage(prompt_tokens=100, completion_tokens=4))
+    # used 100 x 0.5 + 4 = 54 of the 60: 6 back; the served count stays in plain tokens
+    assert float(await r.hget(state, "t|A")) == pytest.approx(before - 6)
+    assert int(await r.hget(keys.STATS, keys.stat("served", model, "A"))) == 104
+
+
 def test_keys_file_names_tenants_and_weights(tmp_path: Path) -> None:
     f = tmp_path / "keys"
     f.write_text("sk-1 ops team tenant=acme weight=3\nsk-2 tenant=acme\nsk-3 weight=0.5\nsk-4 carol\n")
@@ -286,13 +326,12 @@ async def test_a_script_refuses_a_share_whose_keys_were_not_declared(own_redis: 
 
 
 async def test_the_record_keeps_the_share_by_its_full_names(own_redis: str, r: redis.asyncio.Redis) -> None:
-    from inferq.shared.fairshare import FairShare
-
     adm = admission(own_redis, r, {"A": Share("acme", 2.0)})
     [a1] = await submit(adm, "A", 1)
     fair = FairShare.model_validate_json(await r.hget(keys.job(a1), "fair"))
     assert (fair.tenant, fair.weight, fair.cost, fair.ordered) == ("acme", 2.0, 11, True)
-    assert float(fair.tag or 0) == 5.5 and set(fair.model_dump()) == {"tenant", "weight", "cost", "ordered", "tag"}
+    assert float(fair.tag or 0) == 5.5 and set(fair.model_dump()) == {"tenant", "weight", "cost", "ordered",
+                                                                     "prompt_weight", "tag"}
 
 
 @pytest.mark.parametrize(("walk", "at"), [(8, 5), (5, 5), (3, 3), (1, 1)])
