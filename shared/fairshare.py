@@ -1,15 +1,16 @@
 """Fair share between tenants inside each priority level of a model's queue.
 
-A tenant is an API key, or the ``tenant=`` several keys name in the keys file (without keys,
-every caller is one tenant: the queue is first in, first out as before). Each job is charged its
-expected cost in tokens (its prompt and ``max_tokens`` per choice) divided by its key's weight,
-as a virtual finish tag (start-time fair queueing, as in weighted fair queueing): the tag is
-``max(virtual time, the tenant's last tag) + cost / weight``, where the virtual time is the tag of
-the job workers took last. The gateway's submit script (shared/lua/job_submit.lua) puts the job's
-Celery message into its list in tag order, so a worker's next job is always the one of the tenant
-with the least service so far; a tenant with 10,000 jobs queued does not delay another's next job
-by more than the jobs ahead of it in tag order. A job that ends having cost less than it was
-charged gives the difference back to its tenant (shared/lua/job_finish.lua).
+A tenant is an API key, or the ``tenant=`` several keys name in the keys file (without keys, every
+caller is one tenant: the queue is first in, first out as before). Each job is charged its expected
+cost in tokens (its prompt, at ``INFERQ_FAIR_PROMPT_WEIGHT`` a token, and ``max_tokens`` per choice)
+divided by its key's weight, as a virtual finish tag (start-time fair queueing, as in weighted fair
+queueing): the tag is ``max(virtual time, the tenant's last tag) + cost / weight``, where the
+virtual time is the tag of the job workers took last. The gateway's submit script
+(shared/lua/job_submit.lua) puts the job's Celery message into its list in tag order, so a worker's
+next job is always the one of the tenant with the least service so far; a tenant with 10,000 jobs
+queued does not delay another's next job by more than the jobs ahead of it in tag order. A job that
+ends having cost less than it was charged gives the difference back to its tenant
+(shared/lua/job_finish.lua).
 
 Nothing else changes: messages stay in Celery's lists (queue depth, KEDA triggers, cancels,
 redelivery and hand-backs see them as they were). The share crosses into the Lua scripts as one
