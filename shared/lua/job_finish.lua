@@ -31,8 +31,9 @@ if st == STATUS.failed and e and e ~= 'null' then
   if e.type == 'invalid_request_error' then label = 'invalid' end
 end
 count(KEYS[5], KEYS[1], 'end', label, code)
--- fair share: the tokens its tenant was served; a job that cost less than its tag assumed (its prompt
--- tokens at the share's prompt_weight) gives the difference back to the tenant's last tag (never below the virtual time)
+-- fair share: the tokens its tenant was served; a job that cost less than its tag assumed (its
+-- prompt's tokens at the share's prompt_weight) gives the difference back to the tenant's last tag
+-- (never below the virtual time)
 local fair = fair_of(KEYS[1])
 local fk = list_keys(6, fair)
 if fair then
@@ -40,7 +41,8 @@ if fair then
   if u and u ~= 'null' then
     u = cjson.decode(u)
     used = (tonumber(u.prompt_tokens) or 0) + (tonumber(u.completion_tokens) or 0)
-    charged = (tonumber(u.prompt_tokens) or 0) * (tonumber(fair.prompt_weight) or 1) + (tonumber(u.completion_tokens) or 0)
+    charged = (tonumber(u.prompt_tokens) or 0) * (tonumber(fair.prompt_weight) or 1)
+      + (tonumber(u.completion_tokens) or 0)
   end
   if used > 0 then count(KEYS[5], KEYS[1], 'served', fair.tenant, nil, used) end
   fair_refund(fair, fk, fair.cost - charged)
