@@ -295,6 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("config", type=Path)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--no-vllm-serve", action="store_true", help="leave out the vllm serve reference")
+    ap.add_argument("--vllm-serve-only", action="store_true",
+                    help="only the vllm serve reference, added to OUT/fleet.json (a fleet run earlier)")
     ap.add_argument("--cases", nargs="+", default=None, help="run only these cases")
     args = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # (a timeout's SIGTERM stops the fleet it started)
@@ -310,7 +312,11 @@ def main(argv: list[str] | None = None) -> int:
         result["fleet"] = fleet
         (args.out / "fleet.json").write_text(json.dumps(result, indent=1))
 
-    save(run_fleet(cfg, args.out, lora, save))
+    if args.vllm_serve_only:
+        earlier = args.out / "fleet.json"
+        result = json.loads(earlier.read_text()) if earlier.exists() else result
+    else:
+        save(run_fleet(cfg, args.out, lora, save))
     if cfg.vllm_serve and not args.no_vllm_serve:
         result["vllm_serve"] = run_vllm_serve(cfg, args.out, lora)
     (args.out / "fleet.json").write_text(json.dumps(result, indent=1))

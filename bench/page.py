@@ -163,29 +163,37 @@ def embeddings_table(spec: dict[str, Any]) -> str:
 FLEET_HEADER = ("| case | pull | out tok/s | vs plain pull | TTFT p50 / mean / p99 ms | prefix-cache hit rate "
                 "| busiest worker / mean |\n|---|---|---|---|---|---|---|")
 CASE_NAMES = {"lora-1": "1 LoRA adapter", "lora-16-uniform": "16 adapters, uniform",
-              "lora-16-zipf": "16 adapters, Zipf", "lora-16-uniform-2w": "16 adapters, uniform, 2 workers",
+              "lora-16-zipf": "16 adapters, Zipf", "lora-32-uniform": "32 adapters, uniform",
+              "lora-16-uniform-2w": "16 adapters, uniform, 2 workers",
               "random": "nothing shared", "prefix": "shared prefixes", "hot-prefix": "one hot prefix"}
+
+
+def _fleet_cells(s: dict[str, Any], plain: dict[str, float] | None) -> str:
+    """tok/s, vs plain pull, TTFT p50 / mean / p99 and hit rate of one summary, as table cells."""
+    vs = f"{s['output_throughput']['median'] / plain['median']:.2f}×" if plain else "—"
+    ttft = " / ".join(f"{s[k]['median']:,.0f}" for k in ("median_ttft_ms", "mean_ttft_ms", "p99_ttft_ms"))
+    hit = _range(s.get("hit_rate"), ".1f", 100) + " %" if s.get("hit_rate") else "—"
+    return f"{_range(s['output_throughput'], ',.0f')} | {vs} | {ttft} | {hit}"
 
 
 def fleet_table(spec: dict[str, Any]) -> str:
     """A ``python -m bench.fleet`` result (or its summary in docs/results): per case and pull, the
-    medians (range) of vLLM's client's figures over the repeats."""
+    medians (range) of vLLM's client's figures over the repeats; then ``vllm serve``'s, where run."""
     doc = json.loads((HERE / spec["file"]).read_text())
     cases = doc["cases"] if "cases" in doc else doc["fleet"]["cases"]
+    refs = (doc.get("vllm_serve") or {}).get("cases", {})
     lines = [spec["line"], "", FLEET_HEADER]
     for name, case in cases.items():
         plain = case.get("off", {}).get("summary", {}).get("output_throughput")
+        label = CASE_NAMES.get(name, name)
         for mode in ("off", "prefix"):
-            if mode not in case:
-                continue
-            s = case[mode]["summary"]
-            vs = f"{s['output_throughput']['median'] / plain['median']:.2f}×" if plain else "—"
-            ttft = " / ".join(f"{s[k]['median']:,.0f}" for k in ("median_ttft_ms", "mean_ttft_ms", "p99_ttft_ms"))
-            hit = _range(s.get("hit_rate"), ".1f", 100) + " %" if s.get("hit_rate") else "—"
-            label = CASE_NAMES.get(name, name) + (f" ({case['workers']} workers)" if "2w" in name else "")
-            lines.append(f"| {label} | {'cache-affine' if mode == 'prefix' else 'plain'} "
-                         f"| {_range(s['output_throughput'], ',.0f')} | {vs} | {ttft} | {hit} "
-                         f"| {_range(s.get('busiest_over_mean'), '.2f')} |")
+            if mode in case:
+                s = case[mode]["summary"]
+                lines.append(f"| {label} | {'cache-affine' if mode == 'prefix' else 'plain'} "
+                             f"| {_fleet_cells(s, plain)} | {_range(s.get('busiest_over_mean'), '.2f')} |")
+        if name in refs:
+            lines.append(f"| {label} | `vllm serve`, one engine of the fleet's size "
+                         f"| {_fleet_cells(refs[name]['summary'], plain)} | — |")
     lines += ["", "Runs: " + "; ".join(f"**{k}** {v}" for k, v in spec["runs"].items()) + "."]
     return "\n".join(lines)
 
