@@ -176,7 +176,7 @@ class JobService:
         ids = await self.check_context(req, info) if info is not None else None
         share = share or Share()
         record = JobRecord(id=job_id or new_job_id(), model=model, request=req, owner=owner, adapter=adapter,
-                           response=response, tenant=share.tenant)
+                           response=response, tenant=share.tenant, tenant_weight=share.weight)
         record.deadline = record.created_at + (req.timeout or self.settings.default_timeout_s)
         limit = self.settings.max_queue_depth if max_depth is None else max_depth
         with tracing.span("inferq.submit", job_id=record.id, model=model, priority=req.priority) as span:

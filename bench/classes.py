@@ -18,8 +18,9 @@ its end and is audited: every line answered once, with all its tokens.
 **Tenants.** Two keys of equal weight run closed loops (``vllm bench serve``); ``heavy`` asks
 ``heavy_factor`` times the output tokens per request. Fleets: ``fair`` (the defaults) and
 ``tenants-fifo`` (fair share and running-slot fair share off), ``tenants-queue`` (fair share in the
-queue only, running-slot fair share off: as before) and ``tenants-prompt-full`` (the same with prompt
-tokens charged in full, ``INFERQ_FAIR_PROMPT_WEIGHT=1``). Per repeat: both backlogged
+queue only, running-slot fair share off: as before), ``tenants-prompt-full`` (the same with prompt
+tokens charged in full, ``INFERQ_FAIR_PROMPT_WEIGHT=1``) and ``tenants-no-reserve`` (the same with
+the interactive reserve open to any tenant's job, ``INFERQ_TENANT_RESERVE=false``). Per repeat: both backlogged
 (``tenant_concurrency`` clients each): each tenant's output tokens in every ``window_s`` window
 (sliding by ``step_s``) while both run, the largest weighted service ratio of any window, the total
 output tokens/s; then the heavy one backlogged beside the light one with ``light_concurrency``
@@ -57,8 +58,9 @@ STACKS = {  # name -> environment over the config's (every worker and the gatewa
     "tenants-fifo": {"INFERQ_FAIR_SHARE": "false"},
     "tenants-queue": {},  # fair share in the queue only (the default)
     "tenants-prompt-full": {"INFERQ_FAIR_PROMPT_WEIGHT": "1"},  # the same, prompt tokens charged in full
+    "tenants-no-reserve": {"INFERQ_TENANT_RESERVE": "false"},  # the same, any tenant's job takes the reserve
 }
-TENANT_STACKS = ("fair", "tenants-fifo", "tenants-queue", "tenants-prompt-full")
+TENANT_STACKS = ("fair", "tenants-fifo", "tenants-queue", "tenants-prompt-full", "tenants-no-reserve")
 TENANT_KEYS = {"heavy": "bench-key-heavy", "light": "bench-key-light"}
 
 

@@ -87,8 +87,7 @@ def job_message(app: Celery, msg: JobMessage, queue: str | None = None) -> tuple
     headers, properties, body, _ = app.amqp.as_task_v2(
         msg.id, keys.TASK_NAME, args=[payload], kwargs={}, argsrepr=f"[{msg.id!r}]", kwargsrepr="{}",
         ignore_result=None)
-    if msg.traceparent:
-        headers["traceparent"] = msg.traceparent
+    headers.update(extra_headers(msg))
     envelope = {
         "body": base64.b64encode(json.dumps(body).encode()).decode(),
         "content-encoding": "utf-8",
@@ -101,9 +100,17 @@ def job_message(app: Celery, msg: JobMessage, queue: str | None = None) -> tuple
     return keys.priority_lists(queue)[priority], json.dumps(envelope)
 
 
+def extra_headers(msg: JobMessage) -> dict[str, Any]:
+    """What a job's message says in its headers beside Celery's: its trace context, and its tenant
+    and weight (what a worker's gate reads without opening the body: worker/kombu_gate.py)."""
+    out: dict[str, Any] = {"traceparent": msg.traceparent} if msg.traceparent else {}
+    if msg.tenant is not None:
+        out.update(tenant=msg.tenant, weight=msg.tenant_weight or 1.0)
+    return out
+
+
 def send_job(app: Celery, msg: JobMessage) -> None:
     """Put the job on its model's queue (blocking: call it from a thread in async code)."""
     app.send_task(keys.TASK_NAME, args=[msg.model_dump_json(exclude_none=True)], task_id=msg.id,
                   argsrepr=f"[{msg.id!r}]", kwargsrepr="{}",  # the prompt stays out of Celery's logs
-                  queue=keys.queue(msg.model), priority=msg.request.priority,
-                  headers={"traceparent": msg.traceparent} if msg.traceparent else None)
+                  queue=keys.queue(msg.model), priority=msg.request.priority, headers=extra_headers(msg) or None)

@@ -161,9 +161,17 @@ def queue_lists(model: str) -> list[str]:
     return priority_lists(queue(model))
 
 
+LANE_SEP = ".w."
+
+
 def lane(model: str, worker_id: str) -> str:
     """The worker's lane: a Celery queue of the model's jobs that only that worker consumes."""
-    return f"{queue(model)}.w.{worker_id}"
+    return f"{queue(model)}{LANE_SEP}{worker_id}"
+
+
+def is_lane(q: str) -> bool:
+    """Whether Celery queue ``q`` is a worker's lane (:func:`lane`), not a model's queue."""
+    return LANE_SEP in q
 
 
 def priority_lists(q: str) -> list[str]:

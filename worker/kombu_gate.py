@@ -9,21 +9,35 @@ kombu's own count, exact at the moment of the pop, before any job thread has sta
 the ``BRPOP`` waits on the other lists only, for :data:`GATED_TIMEOUT_S` instead of kombu's second,
 so that a batch slot that frees is filled within that time (a batch message already on its way
 is run: the limit can be passed by the one message a ``BRPOP`` in flight returns).
+
+The interactive reserve (the sequences beyond ``slots``) is shared between tenants as well: once the
+worker holds ``slots`` jobs, the gate reads the tenant of the message the ``BRPOP`` would return (the
+head of the first list that has one, as fair share ordered it; one pipelined ``LINDEX`` per list,
+kombu's own client) and pops it only while that tenant holds fewer jobs here than its share; else
+the ``BRPOP`` waits on a list nobody fills (:data:`IDLE_STEP`) for :data:`GATED_TIMEOUT_S`. A job
+passed to this worker's lane is always taken.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from kombu.transport import redis as kombu_redis
+
+from inferq.shared import keys
+from inferq.worker.jobs.classes import Tenant, Tenants
 
 log = logging.getLogger(__name__)
 
 #: How long a ``BRPOP`` that leaves the batch lane out blocks (seconds): the delay before a batch
 #: slot that frees is seen.
 GATED_TIMEOUT_S = 0.05
+#: The priority step of a list no job is ever put on: what a ``BRPOP`` that may pop nothing waits on.
+IDLE_STEP = 99
 
 
 class Gate(Protocol):
@@ -32,6 +46,11 @@ class Gate(Protocol):
     def lane_open(self, held: int, lane_held: int) -> bool:
         """Whether the lane may be popped while the worker holds ``held`` messages, ``lane_held`` of them
         from the lane."""
+
+    def reserve_open(self, held: int, tenants: Tenants, head: Callable[[], Tenant | None]) -> bool:
+        """Whether the next interactive message may be popped while the worker holds ``held``
+        messages, ``tenants`` the interactive ones; ``head``: the tenant of the message a ``BRPOP``
+        would return now (None: none, a lane's, or a message that names none)."""
 
 
 _gate: Gate | None = None
@@ -60,21 +79,62 @@ def priority_of(message: Any) -> int:
         return 0
 
 
-def held(qos: Any, lane: int) -> tuple[int, int]:
-    """Messages the channel holds (delivered, not acked) and how many of them came from ``lane``."""
+def tenant_of(headers: Any) -> Tenant | None:
+    """The tenant a message's headers name (None: a message sent before tenants were named)."""
+    if not isinstance(headers, dict) or not isinstance(name := headers.get("tenant"), str):
+        return None
+    try:
+        weight = float(headers.get("weight") or 1.0)
+    except (TypeError, ValueError):
+        weight = 1.0
+    return Tenant(name, weight if weight > 0 and math.isfinite(weight) else 1.0)
+
+
+def held(qos: Any, lane: int) -> tuple[int, int, Tenants]:
+    """Messages the channel holds (delivered, not acked), how many of them came from ``lane``, and
+    the others by tenant."""
     dirty = qos._dirty
     mine = [m for tag, m in list(qos._delivered.items()) if tag not in dirty]
-    return len(mine), sum(1 for m in mine if priority_of(m) == lane)
+    tenants = Tenants()
+    for m in mine:
+        if priority_of(m) != lane:
+            tenants.add(tenant_of(getattr(m, "headers", None)))
+    return len(mine), len(mine) - sum(tenants.count.values()), tenants
+
+
+def head_tenant(channel: Any, steps: list[int]) -> Tenant | None:
+    """The tenant of the message a ``BRPOP`` on ``steps`` of the channel's queues would return now:
+    the tail of the first list that has one (kombu pushes on the left), read with kombu's own client;
+    None for none, one on a worker's lane, or any failure (the ``BRPOP`` then decides)."""
+    try:
+        queues = sorted(channel.active_queues, key=keys.is_lane, reverse=True)  # a lane's jobs first
+        names = [(q, channel._q_for_pri(q, p)) for p in steps for q in queues]
+        with channel.conn_or_acquire() as client, client.pipeline(transaction=False) as pipe:
+            for _, name in names:
+                pipe.lindex(name, -1)
+            heads = pipe.execute()
+        for (queue, _), raw in zip(names, heads, strict=True):
+            if raw is not None:
+                return None if keys.is_lane(queue) else tenant_of(json.loads(raw).get("headers"))
+    except Exception as e:  # noqa: BLE001 (a peek: the BRPOP that follows meets any real trouble)
+        log.debug("could not read the queue's next message: %s", e)
+    return None
 
 
 def _gated(original: Callable[..., Any]) -> Callable[..., Any]:
     def _brpop_start(self: Any, timeout: float | None = None) -> Any:
         global _qos
         gate, _qos = _gate, self.qos
-        if gate is None or gate.lane_open(*held(self.qos, gate.lane)):
+        if gate is None:
             return original(self, timeout)
+        n, lane_n, tenants = held(self.qos, gate.lane)
         steps = self.priority_steps
-        self.priority_steps = [p for p in steps if p != gate.lane]
+        kept = steps if gate.lane_open(n, lane_n) else [p for p in steps if p != gate.lane]
+        if not gate.reserve_open(n, tenants, lambda: head_tenant(self, [p for p in kept if p != gate.lane])):
+            kept = [IDLE_STEP]  # nothing may be popped now: wait on a list nobody fills
+        if kept is steps:
+            return original(self, timeout)
+        self.priority_steps = kept
         try:
             return original(self, GATED_TIMEOUT_S)
         finally:

@@ -51,6 +51,8 @@ class JobMessage(BaseModel):
                                   "(cache-affine pull, worker/jobs/affinity.py): it is run, never passed again.")
     tenant: str | None = Field(default=None, description="The tenant whose fair share the job takes "
                                "(shared/fairshare.py); None: a message sent before tenants were named.")
+    tenant_weight: float | None = Field(default=None, gt=0, description="The tenant's weight when the job was "
+                                        "submitted (its share of a worker's interactive reserve); None: 1.")
 
 
 class ChoiceView(ChoiceEnd):
@@ -94,6 +96,8 @@ class JobRecord(BaseModel):
                                              "of a ``/v1/responses`` request); None for any other job.")
     tenant: str | None = Field(default=None, description="The tenant whose fair share the job takes (an API "
                                "key, or the tenant= its keys-file line names; shared/fairshare.py).")
+    tenant_weight: float | None = Field(default=None, gt=0, description="The tenant's weight when the job was "
+                                        "submitted; None: 1.")
 
     @property
     def served_name(self) -> str:
@@ -105,7 +109,7 @@ class JobRecord(BaseModel):
         where the gateway tokenized it; a job re-sent from its record is tokenized by the worker)."""
         return JobMessage(id=self.id, model=self.model, request=self.request, created_at=self.created_at,
                           deadline=self.deadline, traceparent=self.traceparent, prompt_ids=prompt_ids,
-                          adapter=self.adapter, tenant=self.tenant)
+                          adapter=self.adapter, tenant=self.tenant, tenant_weight=self.tenant_weight)
 
     def to_hash(self) -> dict[str, str]:
         return hash_fields(**self.model_dump(mode="json", exclude_none=True))

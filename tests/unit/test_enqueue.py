@@ -37,7 +37,7 @@ def consume(settings: Settings, model: str) -> dict[str, Any]:
 
 def job(priority: int, trace: str | None = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01") -> JobMessage:
     return JobMessage(id="job-" + "ab" * 16, model="m", created_at=time.time(), traceparent=trace,
-                      request=JobRequest(prompt="hello " * 50, max_tokens=7, priority=priority))
+                      tenant="acme", tenant_weight=2.0, request=JobRequest(prompt="hello " * 50, max_tokens=7, priority=priority))
 
 
 @pytest.mark.parametrize("priority", [0, 5, 9])
@@ -55,6 +55,7 @@ async def test_the_message_is_the_one_celery_publishes(own_redis: str, r, priori
     drop = lambda d, k: {x: v for x, v in d.items() if x not in k}  # noqa: E731
     assert drop(ours["headers"], VARYING_HEADERS) == drop(theirs["headers"], VARYING_HEADERS)
     assert ours["headers"]["traceparent"] == msg.traceparent
+    assert (ours["headers"]["tenant"], ours["headers"]["weight"]) == ("acme", 2.0)  # what a worker's gate reads
     assert drop(ours["properties"], VARYING_PROPERTIES) == drop(theirs["properties"], VARYING_PROPERTIES)
     assert ours["properties"]["priority"] == priority
     assert msg.request.prompt not in ours["headers"]["argsrepr"]  # prompts stay out of Celery's logs

@@ -26,7 +26,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from inferq.shared.fairshare import ANONYMOUS
 from inferq.shared.schemas import ClassesInfo, JobMessage
@@ -86,6 +86,27 @@ class BatchLimit:
 
 
 @dataclass(frozen=True)
+class Tenant:
+    """Whose job a message is, and that tenant's weight, as its headers say (shared/celery_app.py)."""
+
+    name: str
+    weight: float = 1.0
+
+
+@dataclass
+class Tenants:
+    """The interactive messages a worker holds, by tenant, and each tenant's weight."""
+
+    count: Counter[str] = field(default_factory=Counter)
+    weight: dict[str, float] = field(default_factory=dict)
+
+    def add(self, tenant: Tenant | None) -> None:
+        name = tenant.name if tenant is not None else ""
+        self.count[name] += 1
+        self.weight[name] = tenant.weight if tenant is not None else 1.0
+
+
+@dataclass(frozen=True)
 class Held:
     """A job the worker holds: its class and tenant, and since when (monotonic)."""
 
@@ -127,8 +148,9 @@ class Watch:
 class ServiceClasses:
     """The worker's gate (worker/kombu_gate.py) and what it runs, by class and tenant."""
 
-    def __init__(self, slots: int, reserve: int, lane: int, limit: BatchLimit) -> None:
+    def __init__(self, slots: int, reserve: int, lane: int, limit: BatchLimit, tenant_reserve: bool = True) -> None:
         self.slots, self.reserve, self.lane, self.limit = slots, reserve, lane, limit
+        self.tenant_reserve = tenant_reserve
         self._running: Counter[tuple[str, str]] = Counter()  # (class, tenant) -> jobs held
         self._held: dict[str, Held] = {}  # job id -> what it is, since when (the latest taking of it)
         #: messages the consumer holds, counted from their delivery (worker/kombu_gate.py: set by the
@@ -139,6 +161,20 @@ class ServiceClasses:
     def lane_open(self, held: int, lane_held: int) -> bool:
         """Batch work may grow: the worker holds fewer than ``slots`` jobs and fewer lane jobs than its limit."""
         return held < self.slots and lane_held < self.limit.value
+
+    def reserve_open(self, held: int, tenants: Tenants, head: Callable[[], Tenant | None]) -> bool:
+        """The next interactive job may be taken: always while the worker holds fewer than ``slots``
+        jobs; beyond (with the tenant reserve), if one more job of its tenant (``head``) stays within
+        that tenant's share of ``slots + reserve`` (by weight, among the tenants it holds and this
+        one), or if the tenants that one more job would take past their share hold fewer than
+        ``slots``: the reserve is kept for the tenants below their share, and a tenant alone fills it."""
+        if held < self.slots or not self.tenant_reserve or (tenant := head()) is None:
+            return True
+        weight = {**tenants.weight, tenant.name: tenant.weight}
+        whole = sum(weight.values())
+        share = {t: (self.slots + self.reserve) * w / whole for t, w in weight.items()}
+        full = {t for t, n in tenants.count.items() if n + 1 > share[t] + 1e-9}  # one more job passes the share
+        return tenant.name not in full or sum(tenants.count[t] for t in full) < self.slots
 
     @contextmanager
     def holding(self, msg: JobMessage) -> Iterator[None]:
@@ -188,4 +224,4 @@ class ServiceClasses:
             return None
         reserve = -(-settings.reserve // frontends)  # ceil, as the slots are split
         limit = BatchLimit(slots, settings.interactive_ttft_p99_ms, settings.interactive_itl_p99_ms)
-        return cls(slots, reserve, settings.batch_priority, limit)
+        return cls(slots, reserve, settings.batch_priority, limit, settings.tenant_reserve)

@@ -1,0 +1,133 @@
+"""The tenant reserve (worker/jobs/classes.py, worker/kombu_gate.py): once a worker holds its
+``slots`` jobs, its interactive reserve takes the queue's next job only for a tenant below its share
+of the worker, or while the tenants at or above their share hold fewer than ``slots``. The rule as a
+table; then the gate on real Redis, reading the head of the queue's lists as kombu's Redis channel
+would pop them."""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from inferq.shared import keys
+from inferq.shared.celery_app import job_message, make_celery
+from inferq.shared.schemas import JobMessage, JobRequest
+from inferq.shared.settings import Settings
+from inferq.worker import kombu_gate
+from inferq.worker.jobs.classes import BatchLimit, ServiceClasses, Tenant, Tenants
+
+LANE = 9
+
+
+def tenants(**held: int | tuple[int, float]) -> Tenants:
+    """Interactive jobs held, by tenant: a count, or (count, weight)."""
+    out = Tenants()
+    for name, n in held.items():
+        count, weight = n if isinstance(n, tuple) else (n, 1.0)
+        for _ in range(count):
+            out.add(Tenant(name, weight))
+    return out
+
+
+def gate(slots: int = 8, reserve: int = 6, on: bool = True) -> ServiceClasses:
+    return ServiceClasses(slots, reserve, LANE, BatchLimit(slots), tenant_reserve=on)
+
+
+@pytest.mark.parametrize(("held", "head", "taken"), [
+    # a tenant alone fills the reserve too: its share is every sequence
+    ({"heavy": 13}, Tenant("heavy"), True),
+    # beside another tenant, one at its share (7 of 14) takes no reserve sequence ...
+    ({"heavy": 8, "light": 4}, Tenant("heavy"), False),
+    ({"heavy": 7, "light": 4}, Tenant("heavy"), True),  # ... but fills the slots (7 < 8 at or above their share)
+    # the tenant below its share starts at once, in the reserve
+    ({"heavy": 8, "light": 4}, Tenant("light"), True),
+    ({"heavy": 13}, Tenant("light"), True),
+    ({"heavy": 7, "light": 7}, Tenant("light"), False),  # both at their share: the worker is full
+    # weights: 2 to 1 gives the heavier tenant 2/3 of 14 (9.3)
+    ({"a": (8, 2.0), "b": 4}, Tenant("a", 2.0), True),
+    ({"a": (9, 2.0), "b": 4}, Tenant("a", 2.0), False),
+    ({"a": 3, "b": (9, 2.0)}, Tenant("a"), True),  # a's share: 4.7
+    ({"a": 4, "b": (9, 2.0)}, Tenant("a"), False),  # a fifth job would pass it
+    # a message that names no tenant (sent before tenants were named), or none at the head: taken
+    ({"heavy": 8, "light": 4}, None, True),
+])
+def test_the_reserve_goes_to_tenants_below_their_share(held: dict[str, Any], head: Tenant | None,
+                                                       taken: bool) -> None:
+    t = tenants(**held)
+    assert gate().reserve_open(sum(t.count.values()), t, lambda: head) is taken
+
+
+def test_below_the_slots_or_off_every_job_is_taken_without_reading_the_queue() -> None:
+    def unread() -> Tenant | None:
+        raise AssertionError("the queue's head was read")
+
+    t = tenants(heavy=7, light=0)
+    assert gate().reserve_open(7, t, unread)
+    assert gate(on=False).reserve_open(12, tenants(heavy=8, light=4), unread)
+
+
+# --- the gate on real Redis -------------------------------------------------------------------
+
+
+def message(tenant: str | None, priority: int = 0, weight: float | None = None, queue: str | None = None,
+            settings: Settings | None = None) -> tuple[str, str]:
+    msg = JobMessage(id=f"job-{time.monotonic_ns()}", model="m", created_at=time.time(), tenant=tenant,
+                     tenant_weight=weight, request=JobRequest(prompt="hello", max_tokens=4, priority=priority))
+    return job_message(make_celery(settings or Settings()), msg, queue)
+
+
+@pytest.fixture
+def channel(own_redis: str) -> Iterator[Any]:
+    """A kombu Redis channel of a worker that consumes the model's queue and its own lane."""
+    app = make_celery(Settings(redis_url=own_redis))
+    with app.connection_for_read() as conn:
+        ch = conn.default_channel
+        ch._active_queues[:] = [keys.queue("m"), keys.lane("m", "w1")]
+        yield ch
+
+
+async def test_the_head_is_the_message_the_brpop_would_return(channel: Any, r: Any) -> None:
+    steps = list(range(LANE))
+    assert kombu_gate.head_tenant(channel, steps) is None  # nothing queued
+    for tenant, priority in (("light", 5), ("heavy", 0), ("heavy", 0)):
+        await r.lpush(*message(tenant, priority, weight=2.0 if tenant == "heavy" else None))
+    assert kombu_gate.head_tenant(channel, steps) == Tenant("heavy", 2.0)  # priority 0 first
+    await r.rpush(keys.queue("m"), message("light")[1])  # the tail of the list: popped next
+    assert kombu_gate.head_tenant(channel, steps) == Tenant("light", 1.0)
+    await r.lpush(*message("heavy", 0, queue=keys.lane("m", "w1")))  # a job passed to this worker
+    assert kombu_gate.head_tenant(channel, steps) is None  # is always taken
+    await r.delete(*keys.priority_lists(keys.lane("m", "w1")))
+    await r.lpush(*message(None))
+    await r.rpush(keys.queue("m"), message(None)[1])
+    assert kombu_gate.head_tenant(channel, steps) is None  # a message that names no tenant
+
+
+async def test_a_full_worker_waits_on_no_list_while_the_head_is_a_tenant_at_its_share(channel: Any, r: Any) -> None:
+    """The BRPOP the consumer starts: every list while the head's tenant is below its share, the
+    idle list (for the short timeout) while it is at its share beside another tenant."""
+    held_msgs = OrderedDict((f"t{i}", SimpleNamespace(properties={"priority": 0}, headers={"tenant": t}))
+                            for i, t in enumerate(["heavy"] * 8 + ["light"] * 4))
+    fake = SimpleNamespace(qos=SimpleNamespace(_delivered=held_msgs, _dirty=set()), priority_steps=list(range(10)),
+                           active_queues=channel.active_queues, _q_for_pri=channel._q_for_pri,
+                           conn_or_acquire=channel.conn_or_acquire)
+    seen: list[tuple[list[int], float | None]] = []
+    start = kombu_gate._gated(lambda self, timeout=None: seen.append((list(self.priority_steps), timeout)))
+    kombu_gate.use(gate())
+    try:
+        await r.lpush(*message("heavy"))
+        start(fake)
+        await r.rpush(keys.queue("m"), message("light")[1])
+        start(fake)
+    finally:
+        kombu_gate.use(None)
+    assert seen == [([kombu_gate.IDLE_STEP], kombu_gate.GATED_TIMEOUT_S), (list(range(9)), kombu_gate.GATED_TIMEOUT_S)]
+    assert fake.priority_steps == list(range(10))
+
+
+def test_the_idle_list_is_one_nobody_fills() -> None:
+    assert kombu_gate.IDLE_STEP not in keys.PRIORITIES
