@@ -163,7 +163,8 @@ def embeddings_table(spec: dict[str, Any]) -> str:
 FLEET_HEADER = ("| case | pull | out tok/s | vs plain pull | TTFT p50 / mean / p99 ms | prefix-cache hit rate "
                 "| busiest worker / mean |\n|---|---|---|---|---|---|---|")
 CASE_NAMES = {"lora-1": "1 LoRA adapter", "lora-16-uniform": "16 adapters, uniform",
-              "lora-16-zipf": "16 adapters, Zipf", "lora-32-uniform": "32 adapters, uniform",
+              "lora-16-zipf": "16 adapters, Zipf", "lora-32-uniform": "32 adapters, uniform, 8 slots",
+              "lora-1-8slots": "1 LoRA adapter, 8 slots",
               "lora-16-uniform-2w": "16 adapters, uniform, 2 workers",
               "random": "nothing shared", "prefix": "shared prefixes", "hot-prefix": "one hot prefix"}
 

@@ -241,11 +241,10 @@ class Settings(BaseSettings):
         "the KV cache runs short). Unset: a quarter of INFERQ_MAX_NUM_SEQS, and at least twice its square root "
         "(6 of 8, 12 of 32, 32 of 128); 0 with classes off.")
     tenant_reserve: bool = Field(
-        default=True, description="With service classes, a worker that holds INFERQ_MAX_NUM_SEQS jobs takes "
-        "an interactive job into its reserve only for a tenant below its share of the worker's sequences (by "
-        "weight, among the tenants it holds), or while the tenants at or above their share hold fewer than "
-        "INFERQ_MAX_NUM_SEQS: a tenant alone fills the reserve, but beside a backlogged tenant another "
-        "tenant's job starts at once instead of waiting for one of the backlog's to end.")
+        default=True, description="With service classes, a worker that holds INFERQ_MAX_NUM_SEQS jobs keeps a "
+        "free sequence of its reserve for each tenant it runs below its share (by weight, among the tenants it "
+        "holds) that has nothing queued: a job of a tenant past its share is not taken into that sequence, so "
+        "the other tenant's next job starts at once instead of waiting for one of a backlog's jobs to end.")
     running_fair_share: bool = Field(
         default=False, description="With service classes, a worker whose every slot is held hands its youngest "
         "batch job back (restart event, reason 'preempted', not counted against its attempts) when interactive "

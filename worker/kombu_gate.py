@@ -11,11 +11,12 @@ so that a batch slot that frees is filled within that time (a batch message alre
 is run: the limit can be passed by the one message a ``BRPOP`` in flight returns).
 
 The interactive reserve (the sequences beyond ``slots``) is shared between tenants as well: once the
-worker holds ``slots`` jobs, the gate reads the tenant of the message the ``BRPOP`` would return (the
-head of the first list that has one, as fair share ordered it; one pipelined ``LINDEX`` per list,
-kombu's own client) and pops it only while that tenant holds fewer jobs here than its share; else
-the ``BRPOP`` waits on a list nobody fills (:data:`IDLE_STEP`) for :data:`GATED_TIMEOUT_S`. A job
-passed to this worker's lane is always taken.
+worker holds ``slots`` jobs, the gate reads the message the ``BRPOP`` would return (the tail of the
+first list that has one, as fair share ordered it) and each tenant's queued jobs, in one pipeline on
+kombu's own client, and pops it unless its tenant is past its share of the worker and taking it
+would leave no free sequence for the next job of another tenant below its share with nothing queued
+(worker/jobs/classes.py); then the ``BRPOP`` waits on a list nobody fills (:data:`IDLE_STEP`) for
+:data:`GATED_TIMEOUT_S`. A job passed to this worker's lane is always taken.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Any, Protocol
 from kombu.transport import redis as kombu_redis
 
 from inferq.shared import keys
-from inferq.worker.jobs.classes import Tenant, Tenants
+from inferq.worker.jobs.classes import Head, Tenant, Tenants
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +48,10 @@ class Gate(Protocol):
         """Whether the lane may be popped while the worker holds ``held`` messages, ``lane_held`` of them
         from the lane."""
 
-    def reserve_open(self, held: int, tenants: Tenants, head: Callable[[], Tenant | None]) -> bool:
+    def reserve_open(self, held: int, tenants: Tenants, peek: Callable[[], Head | None]) -> bool:
         """Whether the next interactive message may be popped while the worker holds ``held``
-        messages, ``tenants`` the interactive ones; ``head``: the tenant of the message a ``BRPOP``
-        would return now (None: none, a lane's, or a message that names none)."""
+        messages, ``tenants`` the interactive ones; ``peek``: the message a ``BRPOP`` would return
+        now (None: none, a lane's, or a message that names no tenant)."""
 
 
 _gate: Gate | None = None
@@ -102,23 +103,38 @@ def held(qos: Any, lane: int) -> tuple[int, int, Tenants]:
     return len(mine), len(mine) - sum(tenants.count.values()), tenants
 
 
-def head_tenant(channel: Any, steps: list[int]) -> Tenant | None:
-    """The tenant of the message a ``BRPOP`` on ``steps`` of the channel's queues would return now:
-    the tail of the first list that has one (kombu pushes on the left), read with kombu's own client;
-    None for none, one on a worker's lane, or any failure (the ``BRPOP`` then decides)."""
+def head(channel: Any, steps: list[int]) -> Head | None:
+    """The message a ``BRPOP`` on ``steps`` of the channel's queues would return now (the tail of
+    the first list that has one: kombu pushes on the left) and the jobs each tenant has queued on
+    those lists, in one pipeline on kombu's own client; None for none, one on a worker's lane, one
+    that names no tenant, or any failure (the ``BRPOP`` then decides)."""
     try:
         queues = sorted(channel.active_queues, key=keys.is_lane, reverse=True)  # a lane's jobs first
         names = [(q, channel._q_for_pri(q, p)) for p in steps for q in queues]
         with channel.conn_or_acquire() as client, client.pipeline(transaction=False) as pipe:
             for _, name in names:
                 pipe.lindex(name, -1)
-            heads = pipe.execute()
-        for (queue, _), raw in zip(names, heads, strict=True):
+            for _, name in names:
+                pipe.hgetall(keys.fair_queued(name))
+            got = pipe.execute()
+        tails, counts = got[:len(names)], got[len(names):]
+        for (queue, _), raw in zip(names, tails, strict=True):
             if raw is not None:
-                return None if keys.is_lane(queue) else tenant_of(json.loads(raw).get("headers"))
+                tenant = None if keys.is_lane(queue) else tenant_of(json.loads(raw).get("headers"))
+                return None if tenant is None else Head(tenant, queued_by_tenant(counts))
     except Exception as e:  # noqa: BLE001 (a peek: the BRPOP that follows meets any real trouble)
         log.debug("could not read the queue's next message: %s", e)
     return None
+
+
+def queued_by_tenant(counts: list[dict[Any, Any]]) -> dict[str, int]:
+    """Fair share's queued counts of several lists, added up by tenant."""
+    out: dict[str, int] = {}
+    for row in counts:
+        for tenant, n in row.items():
+            name = tenant.decode() if isinstance(tenant, bytes) else str(tenant)
+            out[name] = out.get(name, 0) + int(n)
+    return out
 
 
 def _gated(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -130,7 +146,7 @@ def _gated(original: Callable[..., Any]) -> Callable[..., Any]:
         n, lane_n, tenants = held(self.qos, gate.lane)
         steps = self.priority_steps
         kept = steps if gate.lane_open(n, lane_n) else [p for p in steps if p != gate.lane]
-        if not gate.reserve_open(n, tenants, lambda: head_tenant(self, [p for p in kept if p != gate.lane])):
+        if not gate.reserve_open(n, tenants, lambda: head(self, [p for p in kept if p != gate.lane])):
             kept = [IDLE_STEP]  # nothing may be popped now: wait on a list nobody fills
         if kept is steps:
             return original(self, timeout)

@@ -19,7 +19,7 @@ from inferq.shared.celery_app import job_message, make_celery
 from inferq.shared.schemas import JobMessage, JobRequest
 from inferq.shared.settings import Settings
 from inferq.worker import kombu_gate
-from inferq.worker.jobs.classes import BatchLimit, ServiceClasses, Tenant, Tenants
+from inferq.worker.jobs.classes import BatchLimit, Head, ServiceClasses, Tenant, Tenants
 
 LANE = 9
 
@@ -38,37 +38,40 @@ def gate(slots: int = 8, reserve: int = 6, on: bool = True) -> ServiceClasses:
     return ServiceClasses(slots, reserve, LANE, BatchLimit(slots), tenant_reserve=on)
 
 
-@pytest.mark.parametrize(("held", "head", "taken"), [
-    # a tenant alone fills the reserve too: its share is every sequence
-    ({"heavy": 13}, Tenant("heavy"), True),
-    # beside another tenant, one at its share (7 of 14) takes no reserve sequence ...
-    ({"heavy": 8, "light": 4}, Tenant("heavy"), False),
-    ({"heavy": 7, "light": 4}, Tenant("heavy"), True),  # ... but fills the slots (7 < 8 at or above their share)
-    # the tenant below its share starts at once, in the reserve
-    ({"heavy": 8, "light": 4}, Tenant("light"), True),
-    ({"heavy": 13}, Tenant("light"), True),
-    ({"heavy": 7, "light": 7}, Tenant("light"), False),  # both at their share: the worker is full
+@pytest.mark.parametrize(("held", "head", "queued", "taken"), [
+    # a tenant alone fills the reserve too: its share is every sequence (14)
+    ({"heavy": 13}, Tenant("heavy"), {}, True),
+    # beside a tenant below its share (7) with nothing queued, one sequence stays free for that one's next job ...
+    ({"heavy": 8, "light": 4}, Tenant("heavy"), {}, True),  # 2 free
+    ({"heavy": 9, "light": 4}, Tenant("heavy"), {}, False),  # 1 free: kept
+    # ... but not when its jobs wait in the queue (behind this one: fair share put this one first)
+    ({"heavy": 9, "light": 4}, Tenant("heavy"), {"light": 2}, True),
+    ({"heavy": 9, "light": 4}, Tenant("heavy"), {"heavy": 5}, False),
+    # the head's own tenant within its share: taken
+    ({"heavy": 6, "light": 7}, Tenant("heavy"), {}, True),
+    ({"heavy": 7, "light": 6}, Tenant("light"), {}, True),
+    # two tenants below their share (14 / 3 each) keep a sequence each
+    ({"a": 6, "b": 3, "c": 3}, Tenant("a"), {}, False),  # 2 free, 2 kept
+    ({"a": 5, "b": 3, "c": 3}, Tenant("a"), {}, True),  # 3 free
     # weights: 2 to 1 gives the heavier tenant 2/3 of 14 (9.3)
-    ({"a": (8, 2.0), "b": 4}, Tenant("a", 2.0), True),
-    ({"a": (9, 2.0), "b": 4}, Tenant("a", 2.0), False),
-    ({"a": 3, "b": (9, 2.0)}, Tenant("a"), True),  # a's share: 4.7
-    ({"a": 4, "b": (9, 2.0)}, Tenant("a"), False),  # a fifth job would pass it
-    # a message that names no tenant (sent before tenants were named), or none at the head: taken
-    ({"heavy": 8, "light": 4}, None, True),
+    ({"a": (10, 2.0), "b": 3}, Tenant("a", 2.0), {}, False),  # 1 free, kept for b (share 4.7)
+    ({"a": (8, 2.0), "b": 5}, Tenant("a", 2.0), {}, True),  # within a's share
+    ({"a": 4, "b": (9, 2.0)}, Tenant("a"), {}, True),  # a passes its share, but b is at its own: nothing kept
+    ({"a": 5, "b": (8, 2.0)}, Tenant("a"), {}, False),  # b below its share: the one free sequence kept
 ])
-def test_the_reserve_goes_to_tenants_below_their_share(held: dict[str, Any], head: Tenant | None,
-                                                       taken: bool) -> None:
+def test_the_reserve_keeps_a_sequence_for_tenants_below_their_share(held: dict[str, Any], head: Tenant,
+                                                                     queued: dict[str, int], taken: bool) -> None:
     t = tenants(**held)
-    assert gate().reserve_open(sum(t.count.values()), t, lambda: head) is taken
+    assert gate().reserve_open(sum(t.count.values()), t, lambda: Head(head, queued)) is taken
 
 
-def test_below_the_slots_or_off_every_job_is_taken_without_reading_the_queue() -> None:
-    def unread() -> Tenant | None:
+def test_below_the_slots_or_off_or_with_no_tenant_at_the_head_every_job_is_taken() -> None:
+    def unread() -> Head | None:
         raise AssertionError("the queue's head was read")
 
-    t = tenants(heavy=7, light=0)
-    assert gate().reserve_open(7, t, unread)
-    assert gate(on=False).reserve_open(12, tenants(heavy=8, light=4), unread)
+    assert gate().reserve_open(7, tenants(heavy=7), unread)
+    assert gate(on=False).reserve_open(13, tenants(heavy=9, light=4), unread)
+    assert gate().reserve_open(13, tenants(heavy=9, light=4), lambda: None)
 
 
 # --- the gate on real Redis -------------------------------------------------------------------
@@ -93,25 +96,29 @@ def channel(own_redis: str) -> Iterator[Any]:
 
 async def test_the_head_is_the_message_the_brpop_would_return(channel: Any, r: Any) -> None:
     steps = list(range(LANE))
-    assert kombu_gate.head_tenant(channel, steps) is None  # nothing queued
+    assert kombu_gate.head(channel, steps) is None  # nothing queued
     for tenant, priority in (("light", 5), ("heavy", 0), ("heavy", 0)):
         await r.lpush(*message(tenant, priority, weight=2.0 if tenant == "heavy" else None))
-    assert kombu_gate.head_tenant(channel, steps) == Tenant("heavy", 2.0)  # priority 0 first
+    assert kombu_gate.head(channel, steps) == Head(Tenant("heavy", 2.0))  # priority 0 first
     await r.rpush(keys.queue("m"), message("light")[1])  # the tail of the list: popped next
-    assert kombu_gate.head_tenant(channel, steps) == Tenant("light", 1.0)
+    assert kombu_gate.head(channel, steps) == Head(Tenant("light", 1.0))
+    await r.hset(keys.fair_queued(keys.queue_lists("m")[0]), mapping={"heavy": 2, "light": 1})
+    await r.hset(keys.fair_queued(keys.queue_lists("m")[5]), mapping={"light": 1})
+    assert kombu_gate.head(channel, steps) == Head(Tenant("light", 1.0), {"heavy": 2, "light": 2})
     await r.lpush(*message("heavy", 0, queue=keys.lane("m", "w1")))  # a job passed to this worker
-    assert kombu_gate.head_tenant(channel, steps) is None  # is always taken
+    assert kombu_gate.head(channel, steps) is None  # is always taken
     await r.delete(*keys.priority_lists(keys.lane("m", "w1")))
     await r.lpush(*message(None))
     await r.rpush(keys.queue("m"), message(None)[1])
-    assert kombu_gate.head_tenant(channel, steps) is None  # a message that names no tenant
+    assert kombu_gate.head(channel, steps) is None  # a message that names no tenant
 
 
-async def test_a_full_worker_waits_on_no_list_while_the_head_is_a_tenant_at_its_share(channel: Any, r: Any) -> None:
-    """The BRPOP the consumer starts: every list while the head's tenant is below its share, the
-    idle list (for the short timeout) while it is at its share beside another tenant."""
+async def test_a_worker_waits_on_no_list_for_the_sequence_it_keeps(channel: Any, r: Any) -> None:
+    """The BRPOP the consumer starts with one sequence free, kept for a tenant below its share with
+    nothing queued: the idle list (for the short timeout) while the head is another tenant's, past
+    its share; every list once the head is the tenant the sequence is kept for."""
     held_msgs = OrderedDict((f"t{i}", SimpleNamespace(properties={"priority": 0}, headers={"tenant": t}))
-                            for i, t in enumerate(["heavy"] * 8 + ["light"] * 4))
+                            for i, t in enumerate(["heavy"] * 9 + ["light"] * 4))
     fake = SimpleNamespace(qos=SimpleNamespace(_delivered=held_msgs, _dirty=set()), priority_steps=list(range(10)),
                            active_queues=channel.active_queues, _q_for_pri=channel._q_for_pri,
                            conn_or_acquire=channel.conn_or_acquire)

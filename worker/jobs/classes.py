@@ -107,6 +107,15 @@ class Tenants:
 
 
 @dataclass(frozen=True)
+class Head:
+    """The message a ``BRPOP`` would return now: its tenant, and each tenant's jobs queued on the
+    model's lists (fair share's counts)."""
+
+    tenant: Tenant
+    queued: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Held:
     """A job the worker holds: its class and tenant, and since when (monotonic)."""
 
@@ -162,19 +171,24 @@ class ServiceClasses:
         """Batch work may grow: the worker holds fewer than ``slots`` jobs and fewer lane jobs than its limit."""
         return held < self.slots and lane_held < self.limit.value
 
-    def reserve_open(self, held: int, tenants: Tenants, head: Callable[[], Tenant | None]) -> bool:
+    def reserve_open(self, held: int, tenants: Tenants, peek: Callable[[], Head | None]) -> bool:
         """The next interactive job may be taken: always while the worker holds fewer than ``slots``
-        jobs; beyond (with the tenant reserve), if one more job of its tenant (``head``) stays within
-        that tenant's share of ``slots + reserve`` (by weight, among the tenants it holds and this
-        one), or if the tenants that one more job would take past their share hold fewer than
-        ``slots``: the reserve is kept for the tenants below their share, and a tenant alone fills it."""
-        if held < self.slots or not self.tenant_reserve or (tenant := head()) is None:
+        jobs; beyond (with the tenant reserve), if one more job of its tenant stays within that
+        tenant's share of ``slots + reserve`` (by weight, among the tenants it holds and this one),
+        or if the sequences left free would still keep one for each other tenant here that runs
+        below its share with nothing queued (its next job, which nothing else would wait for);
+        ``peek``: the message a ``BRPOP`` would return now."""
+        if held < self.slots or not self.tenant_reserve or (head := peek()) is None:
             return True
-        weight = {**tenants.weight, tenant.name: tenant.weight}
+        me = head.tenant.name
+        weight = {**tenants.weight, me: head.tenant.weight}
         whole = sum(weight.values())
         share = {t: (self.slots + self.reserve) * w / whole for t, w in weight.items()}
-        full = {t for t, n in tenants.count.items() if n + 1 > share[t] + 1e-9}  # one more job passes the share
-        return tenant.name not in full or sum(tenants.count[t] for t in full) < self.slots
+        if tenants.count[me] + 1 <= share[me] + 1e-9:
+            return True
+        kept = sum(1 for t, n in tenants.count.items()
+                   if t != me and n + 1 <= share[t] + 1e-9 and head.queued.get(t, 0) <= 0)
+        return self.slots + self.reserve - held > kept
 
     @contextmanager
     def holding(self, msg: JobMessage) -> Iterator[None]:
