@@ -114,7 +114,8 @@ def head(channel: Any, steps: list[int]) -> Head | None:
         with channel.conn_or_acquire() as client, client.pipeline(transaction=False) as pipe:
             for _, name in names:
                 pipe.lindex(name, -1)
-            for _, name in names:
+            shared = [name for q, name in names if not keys.is_lane(q)]
+            for name in shared:
                 pipe.hgetall(keys.fair_queued(name))
             got = pipe.execute()
         tails, counts = got[:len(names)], got[len(names):]

@@ -65,11 +65,12 @@ def test_the_reserve_keeps_a_sequence_for_tenants_below_their_share(held: dict[s
     assert gate().reserve_open(sum(t.count.values()), t, lambda: Head(head, queued)) is taken
 
 
-def test_below_the_slots_or_off_or_with_no_tenant_at_the_head_every_job_is_taken() -> None:
+def test_below_the_slots_beside_one_tenant_or_off_or_with_no_tenant_at_the_head_every_job_is_taken() -> None:
     def unread() -> Head | None:
         raise AssertionError("the queue's head was read")
 
     assert gate().reserve_open(7, tenants(heavy=7), unread)
+    assert gate().reserve_open(13, tenants(heavy=13), unread)  # one tenant held: any job is within its share
     assert gate(on=False).reserve_open(13, tenants(heavy=9, light=4), unread)
     assert gate().reserve_open(13, tenants(heavy=9, light=4), lambda: None)
 

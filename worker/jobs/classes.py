@@ -178,7 +178,9 @@ class ServiceClasses:
         or if the sequences left free would still keep one for each other tenant here that runs
         below its share with nothing queued (its next job, which nothing else would wait for);
         ``peek``: the message a ``BRPOP`` would return now."""
-        if held < self.slots or not self.tenant_reserve or (head := peek()) is None:
+        if held < self.slots or not self.tenant_reserve or len(tenants.count) < 2:
+            return True  # (beside one tenant's jobs, any job is within its tenant's share: no read)
+        if (head := peek()) is None:
             return True
         me = head.tenant.name
         weight = {**tenants.weight, me: head.tenant.weight}
