@@ -37,7 +37,8 @@ def consume(settings: Settings, model: str) -> dict[str, Any]:
 
 def job(priority: int, trace: str | None = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01") -> JobMessage:
     return JobMessage(id="job-" + "ab" * 16, model="m", created_at=time.time(), traceparent=trace,
-                      tenant="acme", tenant_weight=2.0, request=JobRequest(prompt="hello " * 50, max_tokens=7, priority=priority))
+                      tenant="acme", tenant_weight=2.0,
+                      request=JobRequest(prompt="hello " * 50, max_tokens=7, priority=priority))
 
 
 @pytest.mark.parametrize("priority", [0, 5, 9])
