@@ -26,14 +26,15 @@ from bench.standin_core import standin_env
 FLAGS = ("served_model_name", "max_model_len", "gpu_memory_utilization", "kv_cache_memory_bytes",
          "tensor_parallel_size", "max_num_seqs", "max_num_batched_tokens", "dtype", "load_format",
          "enforce_eager", "scheduling_policy", "enable_lora", "max_loras", "max_lora_rank", "max_cpu_loras",
-         "runner", "convert")
+         "runner", "convert", "stream_interval")
 
 
 def settings_for(w: Workload, spec: StackSpec) -> dict[str, Any]:
     """The inferq settings of this workload's stack, as the in-process target takes them."""
     return {"model": w.model, "load_format": w.load_format, "max_num_seqs": spec.max_num_seqs,
             "cpu_kv_cache_gib": spec.kv_cache_gib, "dtype": w.dtype,
-            "gpu_memory_utilization": spec.gpu_memory_utilization, "max_model_len": w.max_model_len}
+            "gpu_memory_utilization": spec.gpu_memory_utilization, "max_model_len": w.max_model_len,
+            "stream_interval": int(spec.env.get("INFERQ_STREAM_INTERVAL", "1"))}
 
 
 def flags(args: Any) -> list[str]:
@@ -41,7 +42,7 @@ def flags(args: Any) -> list[str]:
     out = ["--model", str(args.model)]
     for name in FLAGS:
         value = getattr(args, name, None)
-        if value is None or (name == "enable_lora" and not value):
+        if value is None or (name == "enable_lora" and not value) or (name == "stream_interval" and value == 1):
             continue
         flag = "--" + name.replace("_", "-")
         if isinstance(value, bool):

@@ -319,6 +319,11 @@ class Settings(BaseSettings):
                               "INFERQ_INTERACTIVE_RESERVE more, for interactive work only.")
     max_num_batched_tokens: int | None = Field(default=None, description="Tokens per engine step: higher "
                                                "favours prefill, lower favours decode latency; unset: vLLM's.")
+    stream_interval: int = Field(
+        default=1, ge=1, le=1024, description="Tokens a streamed job's event carries (vllm serve's "
+        "--stream-interval): its first and last go at once, the others in events of this many tokens. Every "
+        "event costs the worker, Redis and the gateway CPU, so fewer events a token cost less, at the price of "
+        "text arriving in larger, rarer pieces. A request may ask for more (`stream_interval`), not fewer.")
     frontends: int = Field(
         default=1, ge=1, le=64, description="Worker processes feeding one engine (like vllm serve's "
         "--api-server-count): each a queue consumer with ceil(max_num_seqs / N) slots and an AsyncLLM client "

@@ -179,6 +179,9 @@ class _Common(NullIsDefault):
     logit_bias: dict[str, Annotated[float, Field(allow_inf_nan=False)]] | None = Field(
         default=None, description="Token id (a string) -> a bias added to its logit; clamped to [-100, 100], "
         "as vLLM does.")
+    stream_interval: int | None = Field(default=None, ge=1, le=1024, description="Tokens a streamed chunk "
+                                        "carries (the first and last go at once); raised to the server's "
+                                        "INFERQ_STREAM_INTERVAL.")
     # accepted as SDKs send them; they change nothing here
     store: bool | None = None
     metadata: dict[str, str] | None = Field(default=None, max_length=16)
@@ -203,7 +206,7 @@ class _Common(NullIsDefault):
     def sampling_fields(self) -> dict[str, Any]:
         names = ("max_tokens", "temperature", "top_p", "n", "stop", "seed", "presence_penalty",
                  "frequency_penalty", "top_k", "min_p", "repetition_penalty", "ignore_eos", "min_tokens",
-                 "stop_token_ids", "prompt_logprobs")
+                 "stop_token_ids", "prompt_logprobs", "stream_interval")
         out = {k: getattr(self, k) for k in names if getattr(self, k) is not None}
         if self.structured_outputs is not None:
             out.update(self.structured_outputs.job_fields())

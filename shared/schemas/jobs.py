@@ -122,6 +122,9 @@ class SamplingOptions(BaseModel):
         "[-100, 100], as vLLM does. An id outside the model's vocabulary is refused (400).")
     prompt_logprobs: int | None = Field(default=None, ge=0, le=20, description="Log-probs of the prompt's "
                                         "tokens, with this many alternatives each (vLLM's `prompt_logprobs`).")
+    stream_interval: int | None = Field(default=None, ge=1, le=1024, description="Tokens a stream's event "
+                                        "carries (vLLM's `stream_interval`): the first and last go at once. "
+                                        "Below INFERQ_STREAM_INTERVAL it is raised to it.")
 
     @field_validator("stop", mode="before")
     @classmethod

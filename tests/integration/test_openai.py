@@ -58,6 +58,24 @@ def test_chat_stream_matches_non_stream(client) -> None:
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens >= 1
 
 
+def test_stream_interval_sends_text_in_pieces_of_that_many_tokens(client, stack) -> None:
+    """vLLM's ``stream_interval``: the first token goes at once, then events of at least 4 tokens
+    (under load the worker may merge more into one, never fewer), the last with what is left; the
+    text is the whole answer's."""
+    kw = {"model": MODEL, "messages": CHAT, "max_tokens": 14, "temperature": 0, "extra_body": {"ignore_eos": True}}
+    whole = client.chat.completions.create(**kw).choices[0].message.content
+    kw["extra_body"] = {"ignore_eos": True, "stream_interval": 4}
+    chunks = list(client.chat.completions.create(stream=True, **kw))
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == whole
+    log = [json.loads(f["e"]) for _, f in stack.redis.client().xrange(keys.job_log(chunks[0].id))]
+    tokens = [e["n_tokens"] for e in log if e["type"] == "token"]
+    assert sum(tokens) == 14 and tokens[0] == 1, tokens
+    assert all(n >= 4 for n in tokens[1:-1]) and len(tokens) <= 5, tokens  # 1, 4, 4, 4, 1 at most
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(stream=True, **{**kw, "extra_body": {"stream_interval": 0}})
+    assert e.value.body["param"] == "stream_interval"
+
+
 def test_completions_with_prompt_list_and_n(client) -> None:
     r = client.completions.create(model=MODEL, prompt=["def a():", "def b():"], n=2, max_tokens=5,
                                   seed=3, extra_body={"ignore_eos": True})

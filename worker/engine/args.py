@@ -88,5 +88,7 @@ def engine_args_for(settings: Settings, model_path: str, kv_events: str | None =
         kv_events_config=KVEventsConfig(enable_kv_cache_events=True, publisher="zmq", endpoint=kv_events)
         if kv_events else None,
         enable_sleep_mode=uses_sleep_mode(s),
+        # vLLM's pooling outputs have no detokenizer, which a stream interval above 1 needs
+        **({"stream_interval": s.stream_interval} if s.stream_interval > 1 and s.runner != "pooling" else {}),
     )
 

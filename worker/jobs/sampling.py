@@ -58,6 +58,7 @@ def sampling_params(req: JobRequest, prompt_tokens: int, max_model_len: int, def
             logprobs=req.logprobs, structured_outputs=structured_outputs(req),
             logit_bias=req.logit_bias or None, prompt_logprobs=prompt_logprobs,
             output_kind=RequestOutputKind.DELTA,
+            **({"stream_interval": req.stream_interval} if req.stream_interval is not None else {}),
         )
     except Exception as e:
         if isinstance(e, ValueError) or client_error(e):  # vLLM's own validation of the request
