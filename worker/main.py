@@ -5,6 +5,7 @@ worker/multi/swapper.py)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 
@@ -13,6 +14,10 @@ from inferq.shared.settings import Settings, get_settings
 from inferq.worker.engine.group import Frontend, become_frontend
 from inferq.worker.multi import child
 from inferq.worker.multi.child import ModelStart, become_model
+
+#: Celery's loggers of a line per task received and per task ended (with the job's own line, three a
+#: job at INFO: a few per cent of a worker's CPU at a few hundred jobs a second); shown at DEBUG
+CELERY_TASK_LOGGERS = ("celery.worker.strategy", "celery.app.trace")
 
 
 def run_worker(loglevel: str = "INFO") -> int:
@@ -53,12 +58,21 @@ def model_main(start: ModelStart, loglevel: str) -> None:
     consume(s, s.max_num_seqs, s.reserve, loglevel)
 
 
+def quiet_task_lines(loglevel: str) -> None:
+    """Below DEBUG, Celery's line when a task is received and ends are not logged (its warnings and
+    errors are): the job's own line says how it ended."""
+    if loglevel.upper() != "DEBUG":
+        for name in CELERY_TASK_LOGGERS:
+            logging.getLogger(name).setLevel(logging.WARNING)
+
+
 def consume(s: Settings, slots: int, reserve: int, loglevel: str) -> None:
     """Run the Celery worker with ``slots`` job slots (one per engine sequence any work may fill) and
     ``reserve`` more that only interactive work takes (worker/kombu_gate.py)."""
     from inferq.worker.tasks import app  # imports the task and the engine life-cycle signals
 
     sys.setswitchinterval(s.gil_switch_interval_ms / 1000)
+    quiet_task_lines(loglevel)
 
     app.worker_main([
         "worker",

@@ -41,3 +41,24 @@ def test_the_reserve_is_on_top_of_the_engines_sequences_only_with_classes() -> N
     assert Settings(max_num_seqs=8, interactive_reserve=5).engine_max_num_seqs == 13
     off = Settings(max_num_seqs=8, interactive_reserve=5, service_classes=False)
     assert off.reserve == 0 and off.engine_max_num_seqs == 8
+
+
+def test_celerys_per_task_lines_show_at_debug_only(monkeypatch) -> None:
+    import logging
+
+    from inferq.worker import tasks
+
+    monkeypatch.setattr(tasks.app, "worker_main", lambda argv: None)
+    loggers = [logging.getLogger(n) for n in main.CELERY_TASK_LOGGERS]
+    before = sys.getswitchinterval(), [lg.level for lg in loggers]
+    try:
+        main.consume(Settings(), 4, 0, "INFO")
+        assert [lg.getEffectiveLevel() for lg in loggers] == [logging.WARNING] * 2
+        for lg in loggers:
+            lg.setLevel(logging.NOTSET)
+        main.consume(Settings(), 4, 0, "DEBUG")
+        assert [lg.level for lg in loggers] == [logging.NOTSET] * 2
+    finally:
+        sys.setswitchinterval(before[0])
+        for lg, level in zip(loggers, before[1], strict=True):
+            lg.setLevel(level)
