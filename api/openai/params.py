@@ -38,7 +38,7 @@ from pydantic import (
 
 from inferq.api.openai.messages import NamedToolChoice, OpenAIMessage, ToolDef
 from inferq.shared.keys import MODEL_NAME_PATTERN
-from inferq.shared.schemas import NO_CONTROL_CHARS, STRUCTURE_MAX_CHARS
+from inferq.shared.schemas import NO_CONTROL_CHARS, STREAM_INTERVAL_MAX, STRUCTURE_MAX_CHARS
 
 #: A token id, as a completions ``prompt`` may be given.
 TokenId = Annotated[int, Field(ge=0)]
@@ -179,9 +179,9 @@ class _Common(NullIsDefault):
     logit_bias: dict[str, Annotated[float, Field(allow_inf_nan=False)]] | None = Field(
         default=None, description="Token id (a string) -> a bias added to its logit; clamped to [-100, 100], "
         "as vLLM does.")
-    stream_interval: int | None = Field(default=None, ge=1, le=1024, description="Tokens a streamed chunk "
-                                        "carries (the first and last go at once); raised to the server's "
-                                        "INFERQ_STREAM_INTERVAL.")
+    stream_interval: int | None = Field(
+        default=None, ge=1, le=STREAM_INTERVAL_MAX, description="Tokens a streamed chunk carries (the first and "
+        "last go at once); raised to the server's INFERQ_STREAM_INTERVAL.")
     # accepted as SDKs send them; they change nothing here
     store: bool | None = None
     metadata: dict[str, str] | None = Field(default=None, max_length=16)

@@ -48,6 +48,7 @@ from inferq.shared.schemas.jobs import (
     DEFAULT_PRIORITY,
     NO_CONTROL_CHARS,
     SERVICE_CLASSES,
+    STREAM_INTERVAL_MAX,
     STRUCTURE_MAX_CHARS,
     TERMINAL_STATUSES,
     ChatMessage,
@@ -77,6 +78,7 @@ __all__ = [
     "ErrorInfo", "hash_fields", "JobAccepted", "JobLinks", "JobMessage", "JobRecord", "JobRequest", "JobStatus",
     "JobView", "LoadingEvent", "ModelSlot", "ModelState", "NO_CONTROL_CHARS", "parse_event", "PromptLogprob",
     "PromptLogprobs", "ResponseOptions", "RestartEvent", "Resume", "SamplingOptions", "SERVICE_CLASSES", "ServiceClass",
-    "StreamEvent", "STRUCTURE_MAX_CHARS", "SwapperInfo", "SwapRecord", "TERMINAL_STATUSES", "TokenEvent",
+    "StreamEvent", "STREAM_INTERVAL_MAX", "STRUCTURE_MAX_CHARS", "SwapperInfo", "SwapRecord", "TERMINAL_STATUSES",
+    "TokenEvent",
     "TokenLogprob", "ToolCall", "ToolCallFunction", "ToolCallPiece", "TopLogprob", "Usage", "WorkerInfo"
 ]

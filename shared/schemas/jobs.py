@@ -16,6 +16,7 @@ from inferq.shared.pooling import EmbedInputs
 NO_CONTROL_CHARS = r"^[^\x00-\x1f\x7f]*$"
 #: Longest structured-output ``regex`` or ``grammar`` (characters).
 STRUCTURE_MAX_CHARS = 16_384
+STREAM_INTERVAL_MAX = 1024  # tokens a stream event may be asked to carry (INFERQ_STREAM_INTERVAL too)
 #: A job's priority when its request gives none (0 runs first, 9 last).
 DEFAULT_PRIORITY = 5
 #: What a job is to the fleet: interactive work (someone waits on it) or batch work (it runs on the
@@ -122,9 +123,9 @@ class SamplingOptions(BaseModel):
         "[-100, 100], as vLLM does. An id outside the model's vocabulary is refused (400).")
     prompt_logprobs: int | None = Field(default=None, ge=0, le=20, description="Log-probs of the prompt's "
                                         "tokens, with this many alternatives each (vLLM's `prompt_logprobs`).")
-    stream_interval: int | None = Field(default=None, ge=1, le=1024, description="Tokens a stream's event "
-                                        "carries (vLLM's `stream_interval`): the first and last go at once. "
-                                        "Below INFERQ_STREAM_INTERVAL it is raised to it.")
+    stream_interval: int | None = Field(
+        default=None, ge=1, le=STREAM_INTERVAL_MAX, description="Tokens a stream's event carries (vLLM's "
+        "`stream_interval`): the first and last go at once. Below INFERQ_STREAM_INTERVAL it is raised to it.")
 
     @field_validator("stop", mode="before")
     @classmethod
