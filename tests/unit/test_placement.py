@@ -154,3 +154,46 @@ def test_every_worker_computes_the_same_plan() -> None:
     demand = {f"a{i}": i + 1 for i in range(10)}
     engines = {f"e{i}": 2 for i in range(5)}
     assert homes.plan(demand, engines) == homes.plan(dict(reversed(demand.items())), dict(reversed(engines.items())))
+
+
+def _demand_by_engine(plan: dict[str, frozenset[str]], demand: dict[str, float]) -> dict[str, float]:
+    out: Counter[str] = Counter()
+    for adapter, engines in plan.items():
+        for e in engines:
+            out[e] += demand[adapter] / len(engines)
+    return dict(out)
+
+
+def zipf(n: int) -> dict[str, float]:
+    return {f"a{r}": 1000 / r for r in range(1, n + 1)}
+
+
+@pytest.mark.parametrize(("adapters", "engines", "slots"), [(16, 2, 4), (32, 2, 8), (24, 3, 4)])
+def test_a_zipf_mix_past_the_slots_is_split_by_demand(adapters: int, engines: int, slots: int) -> None:
+    """One home each (more adapters than slots), yet no engine takes more than its share of the
+    demand by more than the balance slack, and every engine keeps its share of the adapters."""
+    demand = zipf(adapters)
+    got = homes.plan(demand, {f"e{i}": slots for i in range(engines)})
+    share = sum(demand.values()) / engines
+    assert max(_demand_by_engine(got, demand).values()) <= share * (1 + homes.BALANCE_SLACK) + 1e-6
+    assert set(Counter(e for h in got.values() for e in h).values()) == {adapters // engines}
+
+
+def test_a_hot_adapter_that_alone_passes_an_engine_share_leaves_that_engine_its_coldest() -> None:
+    """16 adapters over 4 engines of 4 slots: the hottest alone takes 30 % of the demand; its engine
+    gets the coldest three beside it (a home of its own is as far as one home each goes)."""
+    demand = zipf(16)
+    got = homes.plan(demand, {f"e{i}": 4 for i in range(4)})
+    (hot,) = got["a1"]
+    beside = {a for a, h in got.items() if hot in h} - {"a1"}
+    assert beside == {"a14", "a15", "a16"}, got
+
+
+def test_the_balance_step_leaves_a_plan_that_takes_its_shares_as_hashing_made_it(monkeypatch) -> None:
+    demand = {f"a{i}": 1 for i in range(16)}
+    engines = {f"e{i}": 4 for i in range(4)}
+    balanced = homes.plan(demand, engines)
+    monkeypatch.setattr(homes, "BALANCE_SLACK", float("inf"))
+    assert homes.plan(demand, engines) == balanced
+    hashed = homes.plan(zipf(16), {"e0": 4, "e1": 4})  # hashing alone: one engine takes most of a Zipf mix
+    assert max(_demand_by_engine(hashed, zipf(16)).values()) > sum(zipf(16).values()) / 2 * (1 + 0.1)
