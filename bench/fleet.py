@@ -14,7 +14,9 @@ with fresh prompts (a new seed); a case may first stop workers down to its ``wor
 - either with LoRA adapters: ``adapters`` of them, one per request, drawn uniformly
   (``--lora-modules``, as users run it) or Zipf-like (``zipf``: each name repeated in proportion to
   1/rank, the same flag);
-- ``num_prefixes`` 1: one hot prefix (how evenly the workers share it).
+- ``num_prefixes`` 1: one hot prefix (how evenly the workers share it);
+- ``kill_at_s``: the last worker is SIGKILLed that long into each run and started again at once,
+  the fleet's hit rate read every 2 s (bench/fleet_restart.py: how soon it is back, nothing lost).
 
 Around each run every worker's vLLM counters are read: prefix-cache hits, requests served, busy
 time. With ``vllm_serve`` set, the same cases also run against ``vllm serve`` started with the
@@ -40,6 +42,7 @@ from typing import Any
 import httpx
 
 from bench.config import StackSpec, Workload
+from bench.fleet_restart import Restarter
 from bench.sessions import metric_sum
 from bench.stack import Procs, base_env, free_port, start_inferq, start_redis
 from inferq.shared import keys
@@ -67,6 +70,7 @@ class Case:
     warmup: int = 0  # prompts run once before the repeats, not measured (kernels compiled, adapters loaded)
     modes: list[str] | None = None  # None: the config's
     workers: int | None = None  # stop workers down to this many first (None: as many as run)
+    kill_at_s: float = 0.0  # > 0: the last worker is SIGKILLed this long into each run and started again
 
 
 @dataclass
@@ -157,17 +161,28 @@ def scrape(ports: list[int]) -> list[dict[str, float]]:
 
 
 def run_case(case: Case, base: str, model: str, tokenizer: str, loras: list[str], ports: list[int], seed: int,
-             out: Path, label: str) -> dict[str, Any]:
-    """One run of ``case``: vLLM's figures and, per worker, what its counters moved by."""
+             out: Path, label: str, procs: Procs | None = None) -> dict[str, Any]:
+    """One run of ``case``: vLLM's figures and, per worker, what its counters moved by (``procs``:
+    the fleet's, for a case that kills and restarts a worker)."""
     name = f"{label}-{case.name}-{seed}.json"
     before = scrape(ports)
+    restarter = None
+    if case.kill_at_s > 0 and procs is not None:
+        restarter = Restarter(procs, ports, len(ports) - 1, case.kill_at_s, base, "fleet")
+        restarter.start()
     log = out / "logs" / f"client-{label}.log"
-    with log.open("a") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
-        client(client_args(case, base, model, tokenizer, loras, seed, out, name))  # (vLLM imported once)
+    try:
+        with log.open("a") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
+            client(client_args(case, base, model, tokenizer, loras, seed, out, name))  # (vLLM imported once)
+    finally:
+        if restarter is not None:
+            restarter.done.set()
+            restarter.join()
     after = scrape(ports)
     got = json.loads((out / name).read_text())
     (out / name).unlink()  # the per-request data stay out of the results
-    moved = [{k: a[k] - b.get(k, 0.0) for k in a} for a, b in zip(after, before, strict=True)]
+    moved = [{k: a[k] - b.get(k, 0.0) if a["request_success_total"] >= b.get("request_success_total", 0.0)
+              else a[k] for k in a} for a, b in zip(after, before, strict=True)]  # (a restarted worker: from 0)
     hits = sum(m["prefix_cache_hits_total"] for m in moved)
     queries = sum(m["prefix_cache_queries_total"] for m in moved)
     served = [m["request_success_total"] for m in moved]
@@ -177,6 +192,8 @@ def run_case(case: Case, base: str, model: str, tokenizer: str, loras: list[str]
     run.update(hit_rate=hits / queries if queries else None, requests=served, busy_s=busy,
                passed=[m["passed"] for m in moved], adapters_per_worker=[len(a) for a in adapters],
                busiest_over_mean=max(served) / statistics.mean(served) if served and sum(served) else None)
+    if restarter is not None:
+        run["restart"] = restarter.report()
     return run
 
 
@@ -187,6 +204,15 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
                 "hit_rate", "busiest_over_mean"):
         vals = [r[key] for r in runs if r.get(key) is not None]
         out[key] = {"median": statistics.median(vals), "min": min(vals), "max": max(vals)} if vals else None
+    restarts = [r["restart"] for r in runs if "restart" in r]
+    if restarts:
+        out["restart"] = {}
+        for key in ("steady", "lowest_after_kill", "recovered_after_ready_s", "recovered_after_kill_s"):
+            vals = [x[key] for x in restarts if x.get(key) is not None]
+            out["restart"][key] = {"median": statistics.median(vals), "min": min(vals), "max": max(vals),
+                                   "of": len(restarts)} if vals else None
+        starts = [x["ready_at_s"] - x["kill_at_s"] for x in restarts if x.get("ready_at_s") and x.get("kill_at_s")]
+        out["restart"]["start_s"] = statistics.median(starts) if starts else None
     return out
 
 
@@ -236,7 +262,7 @@ def run_fleet(cfg: FleetConfig, out: Path, lora: dict[str, str],
                     time.sleep(1.5)  # (workers read the switch once a second)
                     seed = 1000 * index + len(modes) * repeat + k  # prompts no other run sent: no stray hits
                     runs[mode].append(run_case(case, base, model, tokenizer, lora_names(case, list(lora)), ports,
-                                               seed, out, mode))
+                                               seed, out, mode, procs))
             result["cases"][case.name] = {"workers": len(ports), **{
                 m: {"runs": got, "summary": summary(got)} for m, got in runs.items()}}
             for m in modes:

@@ -39,6 +39,7 @@ class Proc:
     def __init__(self, name: str, cmd: list[str], env: dict[str, str] | None, log: Path,
                  cwd: Path | None = None) -> None:
         self.name, self.log = name, log
+        self.cmd, self.env, self.cwd = cmd, env, cwd  # (what starting it again takes)
         with open(log, "ab") as f:
             self.proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=cwd,
                                          process_group=0)
