@@ -20,12 +20,13 @@ its end and is audited: every line answered once, with all its tokens.
 ``tenants-fifo`` (fair share and running-slot fair share off), ``tenants-queue`` (fair share in the
 queue only, running-slot fair share off: as before), ``tenants-prompt-full`` (the same with prompt
 tokens charged in full, ``INFERQ_FAIR_PROMPT_WEIGHT=1``) and ``tenants-no-reserve`` (the same with
-the interactive reserve open to any tenant's job, ``INFERQ_TENANT_RESERVE=false``). Per repeat: both backlogged
+the interactive reserve open to any tenant's job, ``INFERQ_TENANT_RESERVE=false``) and ``tenants-no-keep``
+(a tenant's sequence kept only while it holds a job, ``INFERQ_TENANT_RESERVE_KEEP_S=0``). Per repeat: both backlogged
 (``tenant_concurrency`` clients each): each tenant's output tokens in every ``window_s`` window
 (sliding by ``step_s``) while both run, the largest weighted service ratio of any window, the total
 output tokens/s; then the heavy one backlogged beside the light one with ``light_concurrency``
 clients (fewer than its share of the slots): the light one's TTFT p90 over the requests it sent
-while the heavy one ran, against its run alone (on ``fair`` and ``tenants-queue``).
+while the heavy one ran, against its run alone (on ``fair``, ``tenants-queue`` and ``tenants-no-keep``).
 
 Results: ``OUT/classes.json`` (every run, each invocation adding its stacks: a GPU run may be split
 across calls with ``--only``) and ``OUT/summary.json`` (medians of the repeats with min and max).
@@ -59,8 +60,10 @@ STACKS = {  # name -> environment over the config's (every worker and the gatewa
     "tenants-queue": {},  # fair share in the queue only (the default)
     "tenants-prompt-full": {"INFERQ_FAIR_PROMPT_WEIGHT": "1"},  # the same, prompt tokens charged in full
     "tenants-no-reserve": {"INFERQ_TENANT_RESERVE": "false"},  # the same, any tenant's job takes the reserve
+    "tenants-no-keep": {"INFERQ_TENANT_RESERVE_KEEP_S": "0"},  # the reserve only for tenants holding a job
 }
-TENANT_STACKS = ("fair", "tenants-fifo", "tenants-queue", "tenants-prompt-full", "tenants-no-reserve")
+TENANT_STACKS = ("fair", "tenants-fifo", "tenants-queue", "tenants-prompt-full", "tenants-no-reserve",
+                 "tenants-no-keep")
 TENANT_KEYS = {"heavy": "bench-key-heavy", "light": "bench-key-light"}
 
 
@@ -162,7 +165,7 @@ def tenants_run(cfg: ClassesConfig, stack: str, ctx: dict[str, Any], repeat: int
     beside = together("beside", {"heavy": heavy, "light": few})
     got["light_beside_p90_ttft_ms"] = ttft_p90_while(beside["light"].pop("requests"), beside["heavy"].pop("requests"))
     got["beside"] = beside
-    if stack in ("fair", "tenants-queue"):
+    if stack in ("fair", "tenants-queue", "tenants-no-keep"):
         solo = run_client(few, *args, seed + 7, out, f"{stack}-{repeat}-solo", TENANT_KEYS["light"])
         got["light_solo_p90_ttft_ms"] = ttft_p90_while(solo.pop("requests"), None)
         got["light_solo"] = solo

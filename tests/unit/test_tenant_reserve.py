@@ -75,6 +75,27 @@ def test_below_the_slots_beside_one_tenant_or_off_or_with_no_tenant_at_the_head_
     assert gate().reserve_open(13, tenants(heavy=9, light=4), lambda: None)
 
 
+def test_a_tenant_held_moments_ago_keeps_its_sequence_for_keep_s() -> None:
+    """The light tenant's last job just ended (its client sends the next as it reads the end): for
+    ``keep_s`` the worker still keeps it a sequence, then the backlog may take it."""
+    now = [100.0]
+    g = ServiceClasses(8, 6, LANE, BatchLimit(8), tenant_reserve=True, keep_s=2.0, clock=lambda: now[0])
+    heavy = Head(Tenant("heavy"), {})
+    assert not g.reserve_open(13, tenants(heavy=9, light=4), lambda: heavy)  # 1 free: kept for light
+    now[0] += 1.5
+    assert not g.reserve_open(13, tenants(heavy=13), lambda: heavy), "light ended 1.5 s ago: still kept"
+    assert g.reserve_open(12, tenants(heavy=12), lambda: heavy), "2 free: one kept, one taken"
+    now[0] += 1.0
+    assert g.reserve_open(13, tenants(heavy=13), lambda: heavy), "2.5 s: light is gone, heavy takes it"
+
+
+def test_without_keep_s_a_tenant_counts_only_while_held() -> None:
+    g = ServiceClasses(8, 6, LANE, BatchLimit(8), tenant_reserve=True, keep_s=0.0, clock=lambda: 100.0)
+    heavy = Head(Tenant("heavy"), {})
+    assert not g.reserve_open(13, tenants(heavy=9, light=4), lambda: heavy)
+    assert g.reserve_open(13, tenants(heavy=13), lambda: heavy)
+
+
 # --- the gate on real Redis -------------------------------------------------------------------
 
 

@@ -157,9 +157,11 @@ class Watch:
 class ServiceClasses:
     """The worker's gate (worker/kombu_gate.py) and what it runs, by class and tenant."""
 
-    def __init__(self, slots: int, reserve: int, lane: int, limit: BatchLimit, tenant_reserve: bool = True) -> None:
+    def __init__(self, slots: int, reserve: int, lane: int, limit: BatchLimit, tenant_reserve: bool = True,
+                 keep_s: float = 0.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.slots, self.reserve, self.lane, self.limit = slots, reserve, lane, limit
-        self.tenant_reserve = tenant_reserve
+        self.tenant_reserve, self.keep_s, self.clock = tenant_reserve, keep_s, clock
+        self._seen: dict[str, tuple[float, float]] = {}  # tenant -> (when the gate last saw it held, its weight)
         self._running: Counter[tuple[str, str]] = Counter()  # (class, tenant) -> jobs held
         self._held: dict[str, Held] = {}  # job id -> what it is, since when (the latest taking of it)
         #: messages the consumer holds, counted from their delivery (worker/kombu_gate.py: set by the
@@ -177,20 +179,37 @@ class ServiceClasses:
         tenant's share of ``slots + reserve`` (by weight, among the tenants it holds and this one),
         or if the sequences left free would still keep one for each other tenant here that runs
         below its share with nothing queued (its next job, which nothing else would wait for);
-        ``peek``: the message a ``BRPOP`` would return now."""
-        if held < self.slots or not self.tenant_reserve or len(tenants.count) < 2:
+        ``peek``: the message a ``BRPOP`` would return now. A tenant held here within the last
+        ``keep_s`` counts as held (with no job): its next job, which its client sends as the last one
+        ends, still finds its sequence."""
+        present = self._present(tenants) if self.tenant_reserve else tenants
+        if held < self.slots or not self.tenant_reserve or len(present.weight) < 2:
             return True  # (beside one tenant's jobs, any job is within its tenant's share: no read)
         if (head := peek()) is None:
             return True
         me = head.tenant.name
-        weight = {**tenants.weight, me: head.tenant.weight}
+        weight = {**present.weight, me: head.tenant.weight}
         whole = sum(weight.values())
         share = {t: (self.slots + self.reserve) * w / whole for t, w in weight.items()}
-        if tenants.count[me] + 1 <= share[me] + 1e-9:
+        if present.count[me] + 1 <= share[me] + 1e-9:
             return True
-        kept = sum(1 for t, n in tenants.count.items()
-                   if t != me and n + 1 <= share[t] + 1e-9 and head.queued.get(t, 0) <= 0)
+        kept = sum(1 for t in present.weight
+                   if t != me and present.count[t] + 1 <= share[t] + 1e-9 and head.queued.get(t, 0) <= 0)
         return self.slots + self.reserve - held > kept
+
+    def _present(self, tenants: Tenants) -> Tenants:
+        """``tenants`` and, with no job, those held here within the last ``keep_s`` (remembered here)."""
+        if not self.keep_s:
+            return tenants
+        now = self.clock()
+        for t, w in tenants.weight.items():
+            self._seen[t] = (now, w)
+        gone = [t for t, (at, _) in self._seen.items() if now - at > self.keep_s]
+        for t in gone:
+            del self._seen[t]
+        if len(self._seen) == len(tenants.weight):
+            return tenants
+        return Tenants(Counter(tenants.count), {**{t: w for t, (_, w) in self._seen.items()}, **tenants.weight})
 
     @contextmanager
     def holding(self, msg: JobMessage) -> Iterator[None]:
@@ -240,4 +259,5 @@ class ServiceClasses:
             return None
         reserve = -(-settings.reserve // frontends)  # ceil, as the slots are split
         limit = BatchLimit(slots, settings.interactive_ttft_p99_ms, settings.interactive_itl_p99_ms)
-        return cls(slots, reserve, settings.batch_priority, limit, settings.tenant_reserve)
+        return cls(slots, reserve, settings.batch_priority, limit, settings.tenant_reserve,
+                   settings.tenant_reserve_keep_s)
