@@ -76,8 +76,7 @@ class Restarter(threading.Thread):
                        lambda body: any(w.get("started_at", 0) > self.killed_wall for w in body))
 
     def report(self) -> dict[str, Any]:
-        """The hit rate window by window, the steady rate before the kill, and how long after the
-        new engine was up (and after the kill) a window's rate was back to :data:`RECOVERED` of it."""
+        """The hit rate window by window and :func:`recovery`'s figures."""
         windows: list[tuple[float, float | None]] = []
         for (_, before), (t, after) in zip(self.samples, self.samples[1:], strict=False):
             hits = queries = 0.0
@@ -89,14 +88,23 @@ class Restarter(threading.Thread):
             windows.append((round(t, 1), hits / queries if queries > 0 else None))
         out: dict[str, Any] = {"kill_at_s": self.killed_at, "ready_at_s": self.ready_at, "error": self.error,
                                "windows": windows}
-        if self.killed_at is None:
-            return out
-        steady_rows = [r for t, r in windows if 10.0 <= t <= self.killed_at and r is not None]
-        steady = sum(steady_rows) / len(steady_rows) if steady_rows else None
-        after = [(t, r) for t, r in windows if t > self.killed_at and r is not None]
-        out.update(steady=steady, lowest_after_kill=min((r for _, r in after), default=None))
-        if steady is not None and self.ready_at is not None:
-            back = next((t for t, r in after if t > self.ready_at and r >= RECOVERED * steady), None)
-            out.update(recovered_after_ready_s=None if back is None else round(back - self.ready_at, 1),
-                       recovered_after_kill_s=None if back is None else round(back - self.killed_at, 1))
-        return out
+        return {**out, **recovery(windows, self.killed_at, self.ready_at)}
+
+
+def recovery(windows: list[tuple[float, float | None]], killed_at: float | None,
+             ready_at: float | None) -> dict[str, Any]:
+    """From the windows' hit rates: the steady rate (the windows of the second half of the time
+    before the kill: the first fills the caches), the lowest after the kill, and the seconds after
+    the new engine was up (and after the kill) until a window's rate was back to
+    :data:`RECOVERED` of the steady one."""
+    if killed_at is None:
+        return {}
+    steady_rows = [r for t, r in windows if killed_at / 2 <= t <= killed_at and r is not None]
+    steady = sum(steady_rows) / len(steady_rows) if steady_rows else None
+    after = [(t, r) for t, r in windows if t > killed_at and r is not None]
+    out: dict[str, Any] = {"steady": steady, "lowest_after_kill": min((r for _, r in after), default=None)}
+    if steady is not None and ready_at is not None:
+        back = next((t for t, r in after if t > ready_at and r >= RECOVERED * steady), None)
+        out.update(recovered_after_ready_s=None if back is None else round(back - ready_at, 1),
+                   recovered_after_kill_s=None if back is None else round(back - killed_at, 1))
+    return out

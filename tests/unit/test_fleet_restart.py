@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.fleet_restart import Restarter
+from bench.fleet_restart import Restarter, recovery
 from inferq.cli.procs import Procs
 
 
@@ -44,3 +44,11 @@ def test_a_rate_that_never_comes_back_says_so() -> None:
 def test_no_kill_no_recovery_figures() -> None:
     got = restarter([(10.0, [(0.0, 0.0), (0.0, 0.0)]), (12.0, [(9.0, 10.0), (9.0, 10.0)])], None, None).report()
     assert got["windows"] == [(12.0, pytest.approx(0.9))] and "steady" not in got
+
+
+def test_the_steady_rate_leaves_out_the_windows_that_filled_the_caches() -> None:
+    windows = [(2.0, 0.1), (4.0, 0.5), (12.0, 0.9), (20.0, 0.92), (22.0, None), (24.0, 0.5), (30.0, 0.85)]
+    got = recovery(windows, killed_at=20.0, ready_at=26.0)
+    assert got["steady"] == pytest.approx(0.91)
+    assert got["lowest_after_kill"] == 0.5
+    assert (got["recovered_after_ready_s"], got["recovered_after_kill_s"]) == (4.0, 10.0)
