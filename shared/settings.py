@@ -246,9 +246,10 @@ class Settings(BaseSettings):
         "holds) that has nothing queued: a job of a tenant past its share is not taken into that sequence, so "
         "the other tenant's next job starts at once instead of waiting for one of a backlog's jobs to end.")
     tenant_reserve_keep_s: float = Field(
-        default=2.0, ge=0, le=600, description="With the tenant reserve, how long after a worker last held an "
-        "interactive job of a tenant it still keeps that tenant's sequence (a client whose next request comes as "
-        "its last one ends, or a few seconds later); 0: only while it holds one.")
+        default=2.0, ge=0, le=600, description="With the tenant reserve, how long a worker remembers a tenant: "
+        "it keeps a tenant below its share as many free sequences as the tenant held at once within that time "
+        "(up to its share), and one for a tenant it held within it that holds none now (a client whose next "
+        "requests come as its last ones end); 0: one sequence, only while the tenant holds a job there.")
     running_fair_share: bool = Field(
         default=False, description="With service classes, a worker whose every slot is held hands its youngest "
         "batch job back (restart event, reason 'preempted', not counted against its attempts) when interactive "

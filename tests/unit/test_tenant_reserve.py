@@ -75,18 +75,32 @@ def test_below_the_slots_beside_one_tenant_or_off_or_with_no_tenant_at_the_head_
     assert gate().reserve_open(13, tenants(heavy=9, light=4), lambda: None)
 
 
-def test_a_tenant_held_moments_ago_keeps_its_sequence_for_keep_s() -> None:
-    """The light tenant's last job just ended (its client sends the next as it reads the end): for
-    ``keep_s`` the worker still keeps it a sequence, then the backlog may take it."""
+def test_a_tenant_held_moments_ago_keeps_its_sequences_for_keep_s() -> None:
+    """The light tenant held 4 jobs (its 4 clients); they just ended, and its clients send the next
+    ones as they read the ends: for ``keep_s`` the worker still keeps it 4 sequences, then the
+    backlog may take them."""
     now = [100.0]
     g = ServiceClasses(8, 6, LANE, BatchLimit(8), tenant_reserve=True, keep_s=2.0, clock=lambda: now[0])
     heavy = Head(Tenant("heavy"), {})
     assert not g.reserve_open(13, tenants(heavy=9, light=4), lambda: heavy)  # 1 free: kept for light
     now[0] += 1.5
     assert not g.reserve_open(13, tenants(heavy=13), lambda: heavy), "light ended 1.5 s ago: still kept"
-    assert g.reserve_open(12, tenants(heavy=12), lambda: heavy), "2 free: one kept, one taken"
+    assert not g.reserve_open(10, tenants(heavy=10), lambda: heavy), "4 free, 4 kept"
+    assert g.reserve_open(9, tenants(heavy=9), lambda: heavy), "5 free: one more is taken"
     now[0] += 1.0
     assert g.reserve_open(13, tenants(heavy=13), lambda: heavy), "2.5 s: light is gone, heavy takes it"
+
+
+def test_a_tenants_peak_is_forgotten_after_keep_s() -> None:
+    now = [100.0]
+    g = ServiceClasses(8, 6, LANE, BatchLimit(8), tenant_reserve=True, keep_s=2.0, clock=lambda: now[0])
+    heavy = Head(Tenant("heavy"), {})
+    assert g.reserve_open(10, tenants(heavy=6, light=4), lambda: heavy)
+    now[0] += 1.0
+    assert not g.reserve_open(11, tenants(heavy=10, light=1), lambda: heavy), "3 free, 3 kept (4 held 1 s ago)"
+    now[0] += 1.5
+    assert g.reserve_open(11, tenants(heavy=10, light=1), lambda: heavy), "2.5 s: one kept for light's next"
+    assert not g.reserve_open(13, tenants(heavy=12, light=1), lambda: heavy)
 
 
 def test_without_keep_s_a_tenant_counts_only_while_held() -> None:

@@ -21,6 +21,7 @@ preempted inside the engine stays the worker's, and its output continues where i
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import Counter, deque
@@ -99,11 +100,23 @@ class Tenants:
 
     count: Counter[str] = field(default_factory=Counter)
     weight: dict[str, float] = field(default_factory=dict)
+    peak: dict[str, int] = field(default_factory=dict)  # the most each held at once lately (the gate's memory)
 
     def add(self, tenant: Tenant | None) -> None:
         name = tenant.name if tenant is not None else ""
         self.count[name] += 1
         self.weight[name] = tenant.weight if tenant is not None else 1.0
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What the tenant reserve remembers of a tenant: when it last saw one of its jobs held, its
+    weight, and the most it held at once since ``peak_at``."""
+
+    at: float
+    weight: float
+    peak: int
+    peak_at: float
 
 
 @dataclass(frozen=True)
@@ -161,7 +174,7 @@ class ServiceClasses:
                  keep_s: float = 0.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.slots, self.reserve, self.lane, self.limit = slots, reserve, lane, limit
         self.tenant_reserve, self.keep_s, self.clock = tenant_reserve, keep_s, clock
-        self._seen: dict[str, tuple[float, float]] = {}  # tenant -> (when the gate last saw it held, its weight)
+        self._seen: dict[str, Seen] = {}  # tenant -> when the gate last saw it held, and how many at most
         self._running: Counter[tuple[str, str]] = Counter()  # (class, tenant) -> jobs held
         self._held: dict[str, Held] = {}  # job id -> what it is, since when (the latest taking of it)
         #: messages the consumer holds, counted from their delivery (worker/kombu_gate.py: set by the
@@ -179,9 +192,10 @@ class ServiceClasses:
         tenant's share of ``slots + reserve`` (by weight, among the tenants it holds and this one),
         or if the sequences left free would still keep one for each other tenant here that runs
         below its share with nothing queued (its next job, which nothing else would wait for);
-        ``peek``: the message a ``BRPOP`` would return now. A tenant held here within the last
-        ``keep_s`` counts as held (with no job): its next job, which its client sends as the last one
-        ends, still finds its sequence."""
+        ``peek``: the message a ``BRPOP`` would return now. With ``keep_s``, a tenant held here
+        within the last ``keep_s`` counts as held (with no job), and a tenant is kept as many free
+        sequences as it held at once within that time (up to its share): the jobs its clients send as
+        their last ones end still find their sequences."""
         present = self._present(tenants) if self.tenant_reserve else tenants
         if held < self.slots or not self.tenant_reserve or len(present.weight) < 2:
             return True  # (beside one tenant's jobs, any job is within its tenant's share: no read)
@@ -193,23 +207,25 @@ class ServiceClasses:
         share = {t: (self.slots + self.reserve) * w / whole for t, w in weight.items()}
         if present.count[me] + 1 <= share[me] + 1e-9:
             return True
-        kept = sum(1 for t in present.weight
-                   if t != me and present.count[t] + 1 <= share[t] + 1e-9 and head.queued.get(t, 0) <= 0)
+        kept = sum(max(0, min(max(present.count[t] + 1, present.peak.get(t, 0)), math.floor(share[t] + 1e-9))
+                           - present.count[t])
+                   for t in present.weight if t != me and head.queued.get(t, 0) <= 0)
         return self.slots + self.reserve - held > kept
 
     def _present(self, tenants: Tenants) -> Tenants:
-        """``tenants`` and, with no job, those held here within the last ``keep_s`` (remembered here)."""
+        """``tenants``, those held here within the last ``keep_s`` (with no job), and the most jobs
+        each held at once within it (remembered here, on the consumer's thread)."""
         if not self.keep_s:
             return tenants
         now = self.clock()
         for t, w in tenants.weight.items():
-            self._seen[t] = (now, w)
-        gone = [t for t, (at, _) in self._seen.items() if now - at > self.keep_s]
-        for t in gone:
+            n, seen = tenants.count[t], self._seen.get(t)
+            fresh = seen is not None and now - seen.peak_at <= self.keep_s and seen.peak > n
+            self._seen[t] = Seen(now, w, seen.peak, seen.peak_at) if fresh and seen else Seen(now, w, n, now)
+        for t in [t for t, seen in self._seen.items() if now - seen.at > self.keep_s]:
             del self._seen[t]
-        if len(self._seen) == len(tenants.weight):
-            return tenants
-        return Tenants(Counter(tenants.count), {**{t: w for t, (_, w) in self._seen.items()}, **tenants.weight})
+        return Tenants(Counter(tenants.count), {**{t: s.weight for t, s in self._seen.items()}, **tenants.weight},
+                       {t: s.peak if now - s.peak_at <= self.keep_s else 1 for t, s in self._seen.items()})
 
     @contextmanager
     def holding(self, msg: JobMessage) -> Iterator[None]:
