@@ -200,19 +200,23 @@ def run_case(case: Case, base: str, model: str, tokenizer: str, loras: list[str]
 def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Median, min and max over the repeats of each figure."""
     out: dict[str, Any] = {"repeats": len(runs), "failed": sum(r.get("failed") or 0 for r in runs)}
-    for key in ("output_throughput", "median_ttft_ms", "mean_ttft_ms", "p90_ttft_ms", "p99_ttft_ms", "p99_itl_ms",
-                "hit_rate", "busiest_over_mean"):
-        vals = [r[key] for r in runs if r.get(key) is not None]
-        out[key] = {"median": statistics.median(vals), "min": min(vals), "max": max(vals)} if vals else None
+    out.update(spread(runs, ("output_throughput", "median_ttft_ms", "mean_ttft_ms", "p90_ttft_ms", "p99_ttft_ms",
+                             "p99_itl_ms", "hit_rate", "busiest_over_mean")))
     restarts = [r["restart"] for r in runs if "restart" in r]
     if restarts:
-        out["restart"] = {}
-        for key in ("steady", "lowest_after_kill", "recovered_after_ready_s", "recovered_after_kill_s"):
-            vals = [x[key] for x in restarts if x.get(key) is not None]
-            out["restart"][key] = {"median": statistics.median(vals), "min": min(vals), "max": max(vals),
-                                   "of": len(restarts)} if vals else None
+        out["restart"] = spread(restarts, ("steady", "lowest_after_kill", "recovered_after_ready_s",
+                                           "recovered_after_kill_s"))
         starts = [x["ready_at_s"] - x["kill_at_s"] for x in restarts if x.get("ready_at_s") and x.get("kill_at_s")]
         out["restart"]["start_s"] = statistics.median(starts) if starts else None
+    return out
+
+
+def spread(rows: list[dict[str, Any]], names: tuple[str, ...]) -> dict[str, Any]:
+    """Per key, the median, min and max over the rows that have it (None where none has)."""
+    out: dict[str, Any] = {}
+    for key in names:
+        vals = [r[key] for r in rows if r.get(key) is not None]
+        out[key] = {"median": statistics.median(vals), "min": min(vals), "max": max(vals)} if vals else None
     return out
 
 

@@ -190,8 +190,8 @@ class ServiceClasses:
         """The next interactive job may be taken: always while the worker holds fewer than ``slots``
         jobs; beyond (with the tenant reserve), if one more job of its tenant stays within that
         tenant's share of ``slots + reserve`` (by weight, among the tenants it holds and this one),
-        or if the sequences left free would still keep one for each other tenant here that runs
-        below its share with nothing queued (its next job, which nothing else would wait for);
+        or if the sequences left free would still keep one (see ``keep_s``) for each other tenant here
+        that runs below its share with nothing queued (its next job, which nothing else would wait for);
         ``peek``: the message a ``BRPOP`` would return now. With ``keep_s``, a tenant held here
         within the last ``keep_s`` counts as held (with no job), and a tenant is kept as many free
         sequences as it held at once within that time (up to its share): the jobs its clients send as
@@ -220,8 +220,10 @@ class ServiceClasses:
         now = self.clock()
         for t, w in tenants.weight.items():
             n, seen = tenants.count[t], self._seen.get(t)
-            fresh = seen is not None and now - seen.peak_at <= self.keep_s and seen.peak > n
-            self._seen[t] = Seen(now, w, seen.peak, seen.peak_at) if fresh and seen else Seen(now, w, n, now)
+            if seen is not None and now - seen.peak_at <= self.keep_s and seen.peak > n:  # a recent, higher peak
+                self._seen[t] = Seen(now, w, seen.peak, seen.peak_at)
+            else:
+                self._seen[t] = Seen(now, w, n, now)
         for t in [t for t, seen in self._seen.items() if now - seen.at > self.keep_s]:
             del self._seen[t]
         return Tenants(Counter(tenants.count), {**{t: s.weight for t, s in self._seen.items()}, **tenants.weight},

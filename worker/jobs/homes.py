@@ -10,12 +10,12 @@ possible and a popular adapter has as many engines as its traffic needs:
 - each adapter gets a number of homes in proportion to its share of the recent demand, at least
   one, at most every engine, and no more in all than the fleet's slots (while the adapters fit in
   the slots; past that, one home each);
-- adapters are placed in turn (those with more homes first, then the busiest, then by name) on the
-  engines that rank highest for them by rendezvous hashing, skipping engines whose slots are taken
-  (past the slots: whose share of the adapters is taken);
+- adapters are placed in turn (those with more homes first, then by name) on the engines that rank
+  highest for them by rendezvous hashing, skipping engines whose slots are taken (past the slots:
+  whose share of the adapters is taken);
 - then, while the engine that takes the most demand for its slots takes more than its share by
-  :data:`BALANCE_SLACK`, one of its homes moves to (or swaps with a colder one of) the engine that
-  takes the least. Without that step a Zipf-like mix of more adapters than slots (one home each)
+  :data:`BALANCE_SLACK`, one of its homes moves to (or swaps with a colder one of) the least loaded
+  engine where that brings the two closer. Without that step a Zipf-like mix of more adapters than slots (one home each)
   left whichever engines ranked first for the few hot adapters with most of the work (16 adapters
   over two engines of 4 slots: 68 % of the demand on one). Rendezvous hashing keeps a plan stable:
   an engine that joins or leaves moves only the adapters it gains or held (and the few the balance
