@@ -43,7 +43,7 @@ import httpx
 
 from bench.config import StackSpec, Workload
 from bench.fleet_restart import Restarter
-from bench.sessions import metric_sum
+from bench.sessions import metric_sum, spread
 from bench.stack import Procs, base_env, free_port, start_inferq, start_redis
 from inferq.shared import keys
 
@@ -208,15 +208,6 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
                                            "recovered_after_kill_s"))
         starts = [x["ready_at_s"] - x["kill_at_s"] for x in restarts if x.get("ready_at_s") and x.get("kill_at_s")]
         out["restart"]["start_s"] = statistics.median(starts) if starts else None
-    return out
-
-
-def spread(rows: list[dict[str, Any]], names: tuple[str, ...]) -> dict[str, Any]:
-    """Per key, the median, min and max over the rows that have it (None where none has)."""
-    out: dict[str, Any] = {}
-    for key in names:
-        vals = [r[key] for r in rows if r.get(key) is not None]
-        out[key] = {"median": statistics.median(vals), "min": min(vals), "max": max(vals)} if vals else None
     return out
 
 
