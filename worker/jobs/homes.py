@@ -14,7 +14,7 @@ possible and a popular adapter has as many engines as its traffic needs:
   highest for them by rendezvous hashing, skipping engines whose slots are taken (past the slots:
   whose share of the adapters is taken);
 - then, while the engine that takes the most demand for its slots takes more than its share by
-  :data:`BALANCE_SLACK`, one of its homes moves to (or swaps with a colder one of) the least loaded
+  :data:`BALANCE_SLACK` and :data:`NOISE_SIGMAS` standard deviations of its count, one of its homes moves to (or swaps with a colder one of) the least loaded
   engine where that brings the two closer. Without that step a Zipf-like mix of more adapters than slots (one home each)
   left whichever engines ranked first for the few hot adapters with most of the work (16 adapters
   over two engines of 4 slots: 68 % of the demand on one). Rendezvous hashing keeps a plan stable:
@@ -37,6 +37,9 @@ from collections.abc import Mapping
 
 #: How far past its share of the demand (by its slots) the busiest engine may stay before homes move off it.
 BALANCE_SLACK = 0.1
+#: And past that, how many standard deviations of its share's count (demand is counted jobs, which
+#: vary as a Poisson count does): a uniform mix must not move homes on its counting noise.
+NOISE_SIGMAS = 3.0
 
 
 def _score(adapter: str, engine: str) -> int:
@@ -94,6 +97,11 @@ def _place(counts: Mapping[str, int], demand: Mapping[str, float], weight: Mappi
     return out
 
 
+def _limit(share: float) -> float:
+    """The most demand an engine whose share is ``share`` (jobs) takes before homes move off it."""
+    return share * (1 + BALANCE_SLACK) + NOISE_SIGMAS * math.sqrt(max(share, 0.0)) + 1e-9
+
+
 def _took(homes: Mapping[str, set[str]], each: Mapping[str, float], weight: Mapping[str, int]) -> dict[str, float]:
     """Each engine's demand (each home of an adapter takes an equal part of it)."""
     took = dict.fromkeys(weight, 0.0)
@@ -112,7 +120,7 @@ def _too_hot(homes: Mapping[str, set[str]], counts: Mapping[str, int], demand: M
     took = _took(homes, each, weight)
     total, slots = sum(took.values()), sum(weight.values())
     hi = max(weight, key=lambda e: (took[e] / weight[e], e))
-    if took[hi] <= total * weight[hi] / slots * (1 + BALANCE_SLACK) + 1e-9:
+    if took[hi] <= _limit(total * weight[hi] / slots):
         return None
     on_hi = [a for a, h in homes.items() if hi in h and counts[a] < len(weight)]
     return max(on_hi, key=lambda a: (each[a], a), default=None)
@@ -132,7 +140,7 @@ def _balance(homes: dict[str, set[str]], each: Mapping[str, float], weight: Mapp
             for e in h:
                 count[e] += 1
         hi = max(weight, key=lambda e: (took[e] / weight[e], e))
-        if took[hi] <= total * weight[hi] / slots * (1 + BALANCE_SLACK) + 1e-9:
+        if took[hi] <= _limit(total * weight[hi] / slots):
             return
         for lo in sorted((e for e in weight if e != hi), key=lambda e: (took[e] / weight[e], e)):
             step = _best_step(homes, each, hi, lo, took, weight, room=count[lo] < cap[lo])
