@@ -175,8 +175,7 @@ def test_a_zipf_mix_past_the_slots_is_split_by_demand(adapters: int, engines: in
     demand by more than the balance slack, and every engine keeps its share of the adapters."""
     demand = zipf(adapters)
     got = homes.plan(demand, {f"e{i}": slots for i in range(engines)})
-    share = sum(demand.values()) / engines
-    assert max(_demand_by_engine(got, demand).values()) <= homes._limit(share)
+    assert max(_demand_by_engine(got, demand).values()) <= homes._limit(sum(demand.values()), 1 / engines)
     assert set(Counter(e for h in got.values() for e in h).values()) == {adapters // engines}
 
 
@@ -189,8 +188,7 @@ def test_a_hot_adapter_past_the_slots_gets_a_second_home_balance_cannot_give(ada
     engines = {f"e{i}": slots for i in range(4)}
     got = homes.plan(demand, engines)
     assert len(got["a1"]) == 2 and all(len(h) == 1 for a, h in got.items() if a != "a1"), got
-    share = sum(demand.values()) / 4
-    assert max(_demand_by_engine(got, demand).values()) <= homes._limit(share)
+    assert max(_demand_by_engine(got, demand).values()) <= homes._limit(sum(demand.values()), 1 / 4)
     assert max(Counter(e for h in got.values() for e in h).values()) <= -(-(adapters + 1) * slots // (4 * slots))
 
 
@@ -201,14 +199,14 @@ def test_one_home_each_was_as_far_as_hashing_and_balance_went_for_a_hot_adapter(
     monkeypatch.setattr(homes, "_too_hot", lambda *_: None)
     got = homes.plan(demand, {f"e{i}": 4 for i in range(4)})
     assert len(got["a1"]) == 1
-    assert max(_demand_by_engine(got, demand).values()) > homes._limit(sum(demand.values()) / 4)
+    assert max(_demand_by_engine(got, demand).values()) > homes._limit(sum(demand.values()), 1 / 4)
 
 
 def test_the_balance_step_leaves_a_plan_that_takes_its_shares_as_hashing_made_it(monkeypatch) -> None:
     demand = {f"a{i}": 1 for i in range(16)}
     engines = {f"e{i}": 4 for i in range(4)}
     balanced = homes.plan(demand, engines)
-    limit = homes._limit(sum(zipf(16).values()) / 2)
+    limit = homes._limit(sum(zipf(16).values()), 1 / 2)
     monkeypatch.setattr(homes, "BALANCE_SLACK", float("inf"))
     assert homes.plan(demand, engines) == balanced
     hashed = homes.plan(zipf(16), {"e0": 4, "e1": 4})  # hashing alone: one engine takes most of a Zipf mix

@@ -37,8 +37,8 @@ from collections.abc import Mapping
 
 #: How far past its share of the demand (by its slots) the busiest engine may stay before homes move off it.
 BALANCE_SLACK = 0.1
-#: And past that, how many standard deviations of its share's count (demand is counted jobs, which
-#: vary as a Poisson count does): a uniform mix must not move homes on its counting noise.
+#: And past that, how many standard deviations of its share's count (demand is counted jobs, and an
+#: engine's part of them spreads as a binomial count does): a uniform mix must not move homes on noise.
 NOISE_SIGMAS = 3.0
 
 
@@ -97,9 +97,11 @@ def _place(counts: Mapping[str, int], demand: Mapping[str, float], weight: Mappi
     return out
 
 
-def _limit(share: float) -> float:
-    """The most demand an engine whose share is ``share`` (jobs) takes before homes move off it."""
-    return share * (1 + BALANCE_SLACK) + NOISE_SIGMAS * math.sqrt(max(share, 0.0)) + 1e-9
+def _limit(total: float, part: float) -> float:
+    """The most of ``total`` jobs of demand an engine whose share is ``part`` of it takes before
+    homes move off it: its share, the slack, and the spread of its count (binomial)."""
+    share = total * part
+    return share * (1 + BALANCE_SLACK) + NOISE_SIGMAS * math.sqrt(max(share * (1 - part), 0.0)) + 1e-9
 
 
 def _took(homes: Mapping[str, set[str]], each: Mapping[str, float], weight: Mapping[str, int]) -> dict[str, float]:
@@ -120,7 +122,7 @@ def _too_hot(homes: Mapping[str, set[str]], counts: Mapping[str, int], demand: M
     took = _took(homes, each, weight)
     total, slots = sum(took.values()), sum(weight.values())
     hi = max(weight, key=lambda e: (took[e] / weight[e], e))
-    if took[hi] <= _limit(total * weight[hi] / slots):
+    if took[hi] <= _limit(total, weight[hi] / slots):
         return None
     on_hi = [a for a, h in homes.items() if hi in h and counts[a] < len(weight)]
     return max(on_hi, key=lambda a: (each[a], a), default=None)
@@ -140,7 +142,7 @@ def _balance(homes: dict[str, set[str]], each: Mapping[str, float], weight: Mapp
             for e in h:
                 count[e] += 1
         hi = max(weight, key=lambda e: (took[e] / weight[e], e))
-        if took[hi] <= _limit(total * weight[hi] / slots):
+        if took[hi] <= _limit(total, weight[hi] / slots):
             return
         for lo in sorted((e for e in weight if e != hi), key=lambda e: (took[e] / weight[e], e)):
             step = _best_step(homes, each, hi, lo, took, weight, room=count[lo] < cap[lo])
