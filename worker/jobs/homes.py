@@ -14,14 +14,16 @@ possible and a popular adapter has as many engines as its traffic needs:
   highest for them by rendezvous hashing, skipping engines whose slots are taken (past the slots:
   whose share of the adapters is taken);
 - then, while the engine that takes the most demand for its slots takes more than its share by
-  :data:`BALANCE_SLACK` and :data:`NOISE_SIGMAS` standard deviations of its count, one of its homes moves to (or swaps with a colder one of) the least loaded
-  engine where that brings the two closer. Without that step a Zipf-like mix of more adapters than slots (one home each)
-  left whichever engines ranked first for the few hot adapters with most of the work (16 adapters
-  over two engines of 4 slots: 68 % of the demand on one). Rendezvous hashing keeps a plan stable:
+  :data:`BALANCE_SLACK` and :data:`NOISE_SIGMAS` standard deviations of its count (so that a
+  uniform mix does not move homes on its counting noise), one of its homes moves to (or swaps
+  with a colder one of) the least loaded engine where that brings the two closer. Without that
+  step a Zipf-like mix of more adapters than slots (one home each) left whichever engines ranked
+  first for the few hot adapters with most of the work (16 adapters over two engines of 4 slots:
+  68 % of the demand on one). Rendezvous hashing keeps a plan stable:
   an engine that joins or leaves moves only the adapters it gains or held (and the few the balance
   step moves), and every worker that computes the plan from the same demand and engines gets the
   same answer;
-- past the slots, while the busiest engine still takes more than its share by the slack, its
+- past the slots, while the busiest engine still takes more than that, its
   hottest adapter (by demand a home) gets one more home and the plan is made again: a Zipf head
   with 30 % of the demand on one of four engines is 1.2x that engine's share before anything is
   beside it, which no move or swap of the others can cure (16 Zipf adapters over four engines of 4
