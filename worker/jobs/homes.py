@@ -99,11 +99,12 @@ def _place(counts: Mapping[str, int], demand: Mapping[str, float], weight: Mappi
     return out
 
 
-def _limit(total: float, part: float) -> float:
+def _limit(total: float, part: float, noise: bool = True) -> float:
     """The most of ``total`` jobs of demand an engine whose share is ``part`` of it takes before
-    homes move off it: its share, the slack, and the spread of its count (binomial)."""
+    homes move off it: its share and the slack, and (``noise``) the spread of its count (binomial)."""
     share = total * part
-    return share * (1 + BALANCE_SLACK) + NOISE_SIGMAS * math.sqrt(max(share * (1 - part), 0.0)) + 1e-9
+    spread = NOISE_SIGMAS * math.sqrt(max(share * (1 - part), 0.0)) if noise else 0.0
+    return share * (1 + BALANCE_SLACK) + spread + 1e-9
 
 
 def _took(homes: Mapping[str, set[str]], each: Mapping[str, float], weight: Mapping[str, int]) -> dict[str, float]:
@@ -133,18 +134,20 @@ def _too_hot(homes: Mapping[str, set[str]], counts: Mapping[str, int], demand: M
 def _balance(homes: dict[str, set[str]], each: Mapping[str, float], weight: Mapping[str, int],
              cap: Mapping[str, int]) -> None:
     """Move or swap homes, one at a time, from the engine that takes the most demand for its slots
-    to the least loaded engine where a move brings the two closer, while that engine takes more
-    than its share by :data:`BALANCE_SLACK` (an engine's adapter count stays within ``cap``). A plan
-    whose engines already take their shares is left as rendezvous hashing made it."""
+    to the least loaded engine where a move brings the two closer, once that engine takes more
+    than its share by :data:`BALANCE_SLACK` and the noise of its count, and then while it takes more
+    than its share by the slack (an engine's adapter count stays within ``cap``). A plan whose
+    engines take their shares within the noise is left as rendezvous hashing made it: a skew the
+    counts show for sure is balanced all the way, a uniform mix is not moved on its noise."""
     total, slots = sum(each[a] * len(h) for a, h in homes.items()), sum(weight.values())
-    for _ in range(len(homes)):
+    for step_no in range(len(homes)):
         took = _took(homes, each, weight)
         count = dict.fromkeys(weight, 0)
         for h in homes.values():
             for e in h:
                 count[e] += 1
         hi = max(weight, key=lambda e: (took[e] / weight[e], e))
-        if took[hi] <= _limit(total, weight[hi] / slots):
+        if took[hi] <= _limit(total, weight[hi] / slots, noise=step_no == 0):  # begun: down to the slack
             return
         for lo in sorted((e for e in weight if e != hi), key=lambda e: (took[e] / weight[e], e)):
             step = _best_step(homes, each, hi, lo, took, weight, room=count[lo] < cap[lo])
