@@ -207,6 +207,12 @@ def adapter_demand(model: str, window: int) -> str:
 ADAPTER_DEMAND_WINDOW_S = 10
 
 
+def adapter_homes(model: str) -> str:
+    """String: the model's adapter homes as a worker last planned them (an ``AdapterHomes``), which
+    every worker uses while it serves the demand it reads (worker/jobs/homes.py)."""
+    return f"{PREFIX}:lora-homes:{model}"
+
+
 def queue_cancelled(queue_list: str) -> str:
     """Jobs cancelled while queued whose Celery message is still in ``queue_list`` (one of
     :func:`queue_lists`): the queue's depth is the list's length less these."""

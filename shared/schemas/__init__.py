@@ -34,6 +34,7 @@ from inferq.shared.schemas.events import (
 )
 from inferq.shared.schemas.fleet import (
     AdapterCommand,
+    AdapterHomes,
     AdapterInfo,
     AdapterReply,
     ClassesInfo,
@@ -73,7 +74,8 @@ from inferq.shared.schemas.records import (
 )
 
 __all__ = [
-    "AcceptedMessage", "AdapterCommand", "AdapterInfo", "AdapterRef", "AdapterReply", "ChatMessage", "ChoiceEnd",
+    "AcceptedMessage", "AdapterCommand", "AdapterHomes", "AdapterInfo", "AdapterRef", "AdapterReply", "ChatMessage",
+    "ChoiceEnd",
     "ChoiceView", "ClassesInfo", "ControlMessage", "DEFAULT_PRIORITY", "DoneEvent", "EngineStats", "ErrorEvent",
     "ErrorInfo", "hash_fields", "JobAccepted", "JobLinks", "JobMessage", "JobRecord", "JobRequest", "JobStatus",
     "JobView", "LoadingEvent", "ModelSlot", "ModelState", "NO_CONTROL_CHARS", "parse_event", "PromptLogprob",

@@ -172,3 +172,13 @@ class AdapterReply(BaseModel):
 
     worker: str
     error: str | None = None
+
+
+class AdapterHomes(BaseModel):
+    """The adapter homes one worker planned for its model's fleet (``inferq:lora-homes:{model}``):
+    the others use it while it still serves their own read of the demand, so that the fleet works
+    to one plan and a plan moves only when the demand or the engines do (worker/jobs/homes.py)."""
+
+    engines: dict[str, int] = Field(description="The engines it was made for: id -> adapter slots.")
+    homes: dict[str, list[str]] = Field(description="Adapter -> its home engines.")
+    made_at: float = Field(default_factory=time.time)

@@ -15,7 +15,7 @@ import redis
 
 from inferq.shared import keys
 from inferq.shared.celery_app import make_celery
-from inferq.shared.schemas import AdapterRef, EngineStats, JobMessage, JobRequest, WorkerInfo
+from inferq.shared.schemas import AdapterHomes, AdapterRef, EngineStats, JobMessage, JobRequest, WorkerInfo
 from inferq.shared.settings import Settings
 from inferq.worker.jobs.affinity import Affinity
 from inferq.worker.jobs.kv_feed import KVEventFeed
@@ -231,6 +231,35 @@ def test_new_prefixes_start_on_the_least_loaded_worker_and_each_decision_sees_th
     # a pass decided but not yet pushed counts too: the next decision sees it (w3 would get both)
     held[0] = 5
     assert [w1.decide(job([k] * 16), [k] * 16).to for k in (5, 6)] == ["w3", "w2"]
+
+
+def test_the_fleet_works_to_one_stored_plan_of_homes_until_its_engines_change(own_redis, sync_r) -> None:
+    """The first worker to plan stores its homes; another uses the stored plan while it serves the
+    demand it reads (even one it would not have made itself), and makes and stores a new one when a
+    worker joins."""
+    names = [f"w{i}" for i in range(4)]
+    for w in names:
+        beat(sync_r, w)
+    window = int(time.time() // keys.ADAPTER_DEMAND_WINDOW_S)
+    sync_r.hset(keys.adapter_demand(MODEL, window), mapping={f"a{i}": 50 for i in range(16)})
+    w0, w1 = worker(own_redis, "w0", load=1), worker(own_redis, "w1", load=1)
+    where(w0, job([1], adapter="a0"), [1])
+    stored = AdapterHomes.model_validate_json(sync_r.get(keys.adapter_homes(MODEL)))
+    assert sorted(stored.engines) == [f"{w}-engine" for w in names] and len(stored.homes) == 16
+    # the stored plan turned round by one engine: as good a plan, not the one w1 would make
+    turn = {f"{w}-engine": f"{names[(i + 1) % 4]}-engine" for i, w in enumerate(names)}
+    turned = {a: [turn[e] for e in h] for a, h in stored.homes.items()}
+    sync_r.set(keys.adapter_homes(MODEL), stored.model_copy(update={"homes": turned}).model_dump_json())
+    sync_r.hincrby(keys.adapter_demand(MODEL, window), "a3", 4)  # counts that move within their noise
+    (home,) = turned["a5"]
+    taker = next(w for w in (w0, w1) if f"{w.worker_id}-engine" != home)
+    taker.view.invalidate()
+    assert where(taker, job([1], adapter="a5"), [1]).to == home.removesuffix("-engine")
+    beat(sync_r, "w4")  # a worker joins: a new plan, for five engines, stored for the others
+    taker.view.invalidate()
+    where(taker, job([1], adapter="a5"), [1])
+    again = AdapterHomes.model_validate_json(sync_r.get(keys.adapter_homes(MODEL)))
+    assert "w4-engine" in again.engines and again.homes != turned
 
 
 def test_placing_a_job_is_one_round_trip(own_redis, sync_r) -> None:

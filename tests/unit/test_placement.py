@@ -236,3 +236,21 @@ def test_a_skew_the_counts_show_for_sure_is_balanced_down_to_the_slack(adapters:
     demand = {a: max(1, round(jobs * share)) for a, share in z.items()}
     got = homes.plan(demand, {f"e{i}": 4 for i in range(engines)})
     assert max(_demand_by_engine(got, demand).values()) <= homes._limit(sum(demand.values()), 1 / engines, noise=False)
+
+
+def test_a_plan_keeps_serving_while_the_demand_moves_within_its_noise() -> None:
+    """A fleet works to one stored plan (worker/jobs/fleet_view.py) while it serves: every adapter
+    in demand has a home on a live engine, no engine holds more of them than a new plan would let
+    it, and none takes more than its share past the slack and the noise."""
+    engines = {f"e{i}": 4 for i in range(4)}
+    uniform = {f"a{i}": 50 for i in range(16)}
+    made = homes.plan(uniform, engines)
+    assert homes.keeps(made, uniform, engines)
+    assert homes.keeps(made, {**uniform, "a0": 60, "a1": 42}, engines)  # within the noise
+    assert not homes.keeps(made, {**uniform, "a16": 5}, engines)  # an adapter with no home
+    assert not homes.keeps(made, {**uniform, "a0": 400}, engines)  # one engine far past its share
+    assert not homes.keeps(made, uniform, {f"e{i}": 4 for i in range(3)})  # a home on an engine gone
+    crowded = {a: frozenset({"e0"}) if i < 5 else h for i, (a, h) in enumerate(sorted(made.items()))}
+    assert not homes.keeps(crowded, uniform, engines)  # five adapters on four slots
+    assert homes.keeps(homes.plan(zipf(16), engines), zipf(16), engines)
+    assert not homes.keeps({}, uniform, engines) and homes.keeps({}, {}, engines)

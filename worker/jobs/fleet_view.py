@@ -1,10 +1,12 @@
 """What cache-affine pull reads of the fleet to place one job: a :class:`Reading` per job, in one
 Redis round trip (the engines holding each of the prompt's blocks, every worker's live load and
 lane, the adapter's demand), over a view of the live workers and of the adapter homes that is
-refreshed at most once a second (a second round trip, then)."""
+refreshed at most once a second (a second round trip, then). The homes are the fleet's stored plan
+while it serves the demand read, else a new plan, stored for the others (a round trip more)."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -13,17 +15,21 @@ import redis
 
 from inferq.shared import keys
 from inferq.shared.redis import texts
-from inferq.shared.schemas import WorkerInfo
+from inferq.shared.schemas import AdapterHomes, WorkerInfo
 from inferq.shared.settings import Settings
 from inferq.worker.engine.group import frontend_slots
 from inferq.worker.jobs import homes
 from inferq.worker.jobs.placement import Peer, Snapshot
 from inferq.worker.jobs.prefix_index import PrefixIndex
 
+log = logging.getLogger(__name__)
+
 #: How old the view of the live workers (and the adapter homes) may be (seconds).
 VIEW_S = 1.0
 #: How many windows of adapter demand (keys.ADAPTER_DEMAND_WINDOW_S each) the homes follow.
 DEMAND_WINDOWS = 6
+#: How long a stored plan of adapter homes lives unless a worker stores a new one (seconds).
+HOMES_TTL_S = 2 * DEMAND_WINDOWS * keys.ADAPTER_DEMAND_WINDOW_S
 
 
 @dataclass
@@ -78,6 +84,7 @@ class FleetView:
             if replan:
                 for k in range(DEMAND_WINDOWS):
                     p.hgetall(keys.adapter_demand(self.model, window - k))
+                p.get(keys.adapter_homes(self.model))
             got = p.execute()
         held, published = got[:len(hashes)], got[len(hashes)]
         lanes = len(keys.PRIORITIES)
@@ -90,7 +97,7 @@ class FleetView:
             peers.append(Peer(w, info.engine or w, int(running) + lane,
                               frontend_slots(info.max_num_seqs, info.frontends)))
         if replan:
-            self._replan(rest[-DEMAND_WINDOWS:], now)
+            self._replan(rest[-DEMAND_WINDOWS - 1:-1], rest[-1], now)
         live = {p.engine for p in peers} | {self.engine}
         holders = [frozenset(e for e in engines if e in live) for engines in held]
         homes_ = self._plan.get(adapter) if adapter is not None else None
@@ -118,7 +125,9 @@ class FleetView:
                 view[w] = info
         self._workers, self._workers_at = view, now
 
-    def _replan(self, windows: list[dict[str, str]], now: float) -> None:
+    def _replan(self, windows: list[dict[str, str]], stored: bytes | str | None, now: float) -> None:
+        """The homes for the demand counted: the fleet's plan as stored while it serves this demand
+        and these engines (homes.keeps), else a new one, stored for the others."""
         demand: dict[str, float] = {}
         for counts in windows:
             for name, n in counts.items():
@@ -126,7 +135,17 @@ class FleetView:
         engines = {info.engine or w: info.max_loras for w, info in self._workers.items() if info.max_loras}
         if self.max_loras:
             engines[self.engine] = self.max_loras
-        self._plan, self._plan_at = homes.plan(demand, engines), now
+        kept = _stored(stored)
+        if kept is not None and kept.engines == engines and homes.keeps(kept.homes, demand, engines):
+            self._plan = {a: frozenset(h) for a, h in kept.homes.items()}
+        else:
+            self._plan = homes.plan(demand, engines)
+            made = AdapterHomes(engines=engines, homes={a: sorted(h) for a, h in self._plan.items()}, made_at=now)
+            try:
+                self.redis.set(keys.adapter_homes(self.model), made.model_dump_json(), ex=HOMES_TTL_S)
+            except Exception as e:  # noqa: BLE001 (this worker uses its plan; the others make their own)
+                log.debug("could not store the adapter homes: %s", e)
+        self._plan_at = now
 
     def invalidate(self) -> None:
         """Read the live workers and the adapter homes again at the next placement."""
@@ -135,3 +154,13 @@ class FleetView:
     def plan(self) -> dict[str, frozenset[str]]:
         """The adapter homes as last computed (the console and tests read it)."""
         return dict(self._plan)
+
+
+def _stored(raw: bytes | str | None) -> AdapterHomes | None:
+    """The fleet's stored plan (None: none, or one this version cannot read)."""
+    if raw is None:
+        return None
+    try:
+        return AdapterHomes.model_validate_json(raw)
+    except ValueError:
+        return None

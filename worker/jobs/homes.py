@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 #: How far past its share of the demand (by its slots) the busiest engine may stay before homes move off it.
 BALANCE_SLACK = 0.1
@@ -78,6 +78,31 @@ def plan(demand: Mapping[str, float], engines: Mapping[str, int]) -> dict[str, f
             counts[hot] += 1
             out = _place(counts, demand, weight)
     return {a: frozenset(h) for a, h in out.items()}
+
+
+def keeps(plan: Mapping[str, Collection[str]], demand: Mapping[str, float], engines: Mapping[str, int]) -> bool:
+    """Whether a plan made earlier (for these ``engines``) still serves ``demand``: every adapter
+    in demand has homes in it, no engine holds more of them than a new plan would let it, and no
+    engine takes more than its share past the slack and the noise of the counts (the point at which
+    a new plan would begin to move homes). A fleet keeps its plan while it serves: counts that
+    move within their noise move no home."""
+    wanted = {a: d for a, d in demand.items() if d > 0}
+    weight = {e: max(1, s) for e, s in engines.items()}
+    if not wanted or not weight:
+        return not wanted
+    homes = {a: set(plan.get(a, ())) for a in wanted}
+    if any(not h or not h <= weight.keys() for h in homes.values()):
+        return False
+    slots, placed = sum(weight.values()), sum(len(h) for h in homes.values())
+    held = dict.fromkeys(weight, 0)
+    for h in homes.values():
+        for e in h:
+            held[e] += 1
+    if any(held[e] > (w if placed <= slots else math.ceil(placed * w / slots)) for e, w in weight.items()):
+        return False
+    took = _took(homes, {a: d / len(homes[a]) for a, d in wanted.items()}, weight)
+    total = sum(wanted.values())
+    return all(took[e] <= _limit(total, w / slots) for e, w in weight.items())
 
 
 def _place(counts: Mapping[str, int], demand: Mapping[str, float], weight: Mapping[str, int]) -> dict[str, set[str]]:
