@@ -29,6 +29,9 @@ possible and a popular adapter has as many engines as its traffic needs:
   beside it, which no move or swap of the others can cure (16 Zipf adapters over four engines of 4
   slots: the busiest engine at 1.42x its share with one home each, 1.08x with two for the head,
   at the cost of one more adapter than slots on two engines).
+
+A plan is made by one worker and stored for the fleet (worker/jobs/fleet_view.py); every worker
+uses it while :func:`keeps` says it still serves the demand that worker reads.
 """
 
 from __future__ import annotations
@@ -144,7 +147,7 @@ def _took(homes: Mapping[str, set[str]], each: Mapping[str, float], weight: Mapp
 def _too_hot(homes: Mapping[str, set[str]], counts: Mapping[str, int], demand: Mapping[str, float],
              weight: Mapping[str, int]) -> str | None:
     """The adapter to give one more home: where the busiest engine still takes more than its share
-    by :data:`BALANCE_SLACK` after balancing, its hottest adapter (by demand a home) that is not on
+    by the slack and the noise after balancing, its hottest adapter (by demand a home) that is not on
     every engine yet; None where none is."""
     each = {a: demand[a] / counts[a] for a in counts}
     took = _took(homes, each, weight)
