@@ -213,25 +213,26 @@ def test_the_balance_step_leaves_a_plan_that_takes_its_shares_as_hashing_made_it
     assert max(_demand_by_engine(hashed, zipf(16)).values()) > limit
 
 
-@pytest.mark.parametrize(("engines", "slots", "jobs"), [(4, 4, 864), (2, 4, 300), (4, 8, 1800)])
-def test_a_uniform_mix_keeps_its_homes_through_its_counting_noise(engines: int, slots: int, jobs: int) -> None:
-    """Demand is counted jobs: 16 (or 32) adapters drawn uniformly give counts a Poisson spread
-    apart. The plan from each draw is the plan of exactly equal demand, so the workers, each
-    counting at its own moment, agree, and no engine sees adapters come and go on noise alone."""
-    adapters = [f"a{i}" for i in range(engines * slots)]
+@pytest.mark.parametrize(("adapters", "engines", "slots", "jobs"),
+                         [(16, 4, 4, 864), (8, 2, 4, 300), (32, 4, 8, 1800), (12, 4, 4, 648)])
+def test_a_plan_is_kept_through_the_counting_noise_of_a_uniform_mix(adapters: int, engines: int, slots: int,
+                                                                   jobs: int) -> None:
+    """Demand is counted jobs, which spread apart however evenly the adapters are drawn: the plan
+    made from one draw is kept through 50 others (homes.keeps), so a fleet working to one stored
+    plan sees no adapter come and go on noise alone (past the slots every such move is a swap)."""
+    names = [f"a{i}" for i in range(adapters)]
     fleet = {f"e{i}": slots for i in range(engines)}
-    even = homes.plan(dict.fromkeys(adapters, jobs / len(adapters)), fleet)
     rng = random.Random(7)
+    made = homes.plan(Counter(rng.choice(names) for _ in range(jobs)), fleet)
     for _ in range(50):
-        got = homes.plan(Counter(rng.choice(adapters) for _ in range(jobs)), fleet)
-        assert got == even
+        assert homes.keeps(made, Counter(rng.choice(names) for _ in range(jobs)), fleet)
 
 
 @pytest.mark.parametrize(("adapters", "engines", "jobs"), [(16, 2, 150), (24, 3, 300), (24, 3, 500)])
-def test_a_skew_the_counts_show_for_sure_is_balanced_down_to_the_slack(adapters: int, engines: int, jobs: int) -> None:
-    """A few hundred jobs of a Zipf mix: hashing alone leaves an engine past its share by more
-    than the noise of the count; once begun, the balance goes on to the slack, not only to below
-    the noise (with it, 24 adapters over three engines stop at 1.12x their share)."""
+def test_a_new_plan_is_balanced_down_to_the_slack(adapters: int, engines: int, jobs: int) -> None:
+    """A few hundred jobs of a Zipf mix: a new plan is balanced down to the slack, whatever the
+    noise of the counts (a plan that moved homes only past the noise stopped 24 adapters over
+    three engines at 1.12x their share); the noise is for keeping a plan, not for making one."""
     z = {a: d / sum(zipf(adapters).values()) for a, d in zipf(adapters).items()}
     demand = {a: max(1, round(jobs * share)) for a, share in z.items()}
     got = homes.plan(demand, {f"e{i}": 4 for i in range(engines)})

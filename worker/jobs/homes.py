@@ -14,9 +14,8 @@ possible and a popular adapter has as many engines as its traffic needs:
   highest for them by rendezvous hashing, skipping engines whose slots are taken (past the slots:
   whose share of the adapters is taken);
 - then, while the engine that takes the most demand for its slots takes more than its share by
-  :data:`BALANCE_SLACK` and :data:`NOISE_SIGMAS` standard deviations of its count (so that a
-  uniform mix does not move homes on its counting noise), one of its homes moves to (or swaps
-  with a colder one of) the least loaded engine where that brings the two closer. Without that
+  :data:`BALANCE_SLACK`, one of its homes moves to (or swaps with a colder one of) the least
+  loaded engine where that brings the two closer. Without that
   step a Zipf-like mix of more adapters than slots (one home each) left whichever engines ranked
   first for the few hot adapters with most of the work (16 adapters over two engines of 4 slots:
   68 % of the demand on one). Rendezvous hashing keeps a plan stable:
@@ -31,7 +30,12 @@ possible and a popular adapter has as many engines as its traffic needs:
   at the cost of one more adapter than slots on two engines).
 
 A plan is made by one worker and stored for the fleet (worker/jobs/fleet_view.py); every worker
-uses it while :func:`keeps` says it still serves the demand that worker reads.
+uses it while :func:`keeps` says it still serves the demand that worker reads: demand is counted
+jobs, which spread apart however evenly they are drawn, so a plan is kept until an engine takes
+more than its share by the slack and :data:`NOISE_SIGMAS` standard deviations of its count. A new
+plan for every read would move homes on that noise alone (16 uniform adapters over four engines:
+up to 9 adapters an engine within 20 s in a simulation of the counts), and workers reading at
+different moments would work to different plans.
 """
 
 from __future__ import annotations
@@ -42,8 +46,8 @@ from collections.abc import Collection, Mapping
 
 #: How far past its share of the demand (by its slots) the busiest engine may stay before homes move off it.
 BALANCE_SLACK = 0.1
-#: And past that, how many standard deviations of its share's count (demand is counted jobs, and an
-#: engine's part of them spreads as a binomial count does): a uniform mix must not move homes on noise.
+#: How many standard deviations of its share's count (binomial) past the slack an engine may take
+#: before the fleet's plan is made again (:func:`keeps`): a plan must not move on counting noise.
 NOISE_SIGMAS = 3.0
 
 
@@ -147,13 +151,13 @@ def _took(homes: Mapping[str, set[str]], each: Mapping[str, float], weight: Mapp
 def _too_hot(homes: Mapping[str, set[str]], counts: Mapping[str, int], demand: Mapping[str, float],
              weight: Mapping[str, int]) -> str | None:
     """The adapter to give one more home: where the busiest engine still takes more than its share
-    by the slack and the noise after balancing, its hottest adapter (by demand a home) that is not on
+    by the slack after balancing, its hottest adapter (by demand a home) that is not on
     every engine yet; None where none is."""
     each = {a: demand[a] / counts[a] for a in counts}
     took = _took(homes, each, weight)
     total, slots = sum(took.values()), sum(weight.values())
     hi = max(weight, key=lambda e: (took[e] / weight[e], e))
-    if took[hi] <= _limit(total, weight[hi] / slots):
+    if took[hi] <= _limit(total, weight[hi] / slots, noise=False):
         return None
     on_hi = [a for a, h in homes.items() if hi in h and counts[a] < len(weight)]
     return max(on_hi, key=lambda a: (each[a], a), default=None)
@@ -162,20 +166,18 @@ def _too_hot(homes: Mapping[str, set[str]], counts: Mapping[str, int], demand: M
 def _balance(homes: dict[str, set[str]], each: Mapping[str, float], weight: Mapping[str, int],
              cap: Mapping[str, int]) -> None:
     """Move or swap homes, one at a time, from the engine that takes the most demand for its slots
-    to the least loaded engine where a move brings the two closer, once that engine takes more
-    than its share by :data:`BALANCE_SLACK` and the noise of its count, and then while it takes more
-    than its share by the slack (an engine's adapter count stays within ``cap``). A plan whose
-    engines take their shares within the noise is left as rendezvous hashing made it: a skew the
-    counts show for sure is balanced all the way, a uniform mix is not moved on its noise."""
+    to the least loaded engine where a move brings the two closer, while that engine takes more
+    than its share by :data:`BALANCE_SLACK` (an engine's adapter count stays within ``cap``). A plan
+    whose engines already take their shares is left as rendezvous hashing made it."""
     total, slots = sum(each[a] * len(h) for a, h in homes.items()), sum(weight.values())
-    for step_no in range(len(homes)):
+    for _ in range(len(homes)):
         took = _took(homes, each, weight)
         count = dict.fromkeys(weight, 0)
         for h in homes.values():
             for e in h:
                 count[e] += 1
         hi = max(weight, key=lambda e: (took[e] / weight[e], e))
-        if took[hi] <= _limit(total, weight[hi] / slots, noise=step_no == 0):  # begun: down to the slack
+        if took[hi] <= _limit(total, weight[hi] / slots, noise=False):
             return
         for lo in sorted((e for e in weight if e != hi), key=lambda e: (took[e] / weight[e], e)):
             step = _best_step(homes, each, hi, lo, took, weight, room=count[lo] < cap[lo])
