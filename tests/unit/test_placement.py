@@ -255,3 +255,17 @@ def test_a_plan_keeps_serving_while_the_demand_moves_within_its_noise() -> None:
     assert not homes.keeps(crowded, uniform, engines)  # five adapters on four slots
     assert homes.keeps(homes.plan(zipf(16), engines), zipf(16), engines)
     assert not homes.keeps({}, uniform, engines) and homes.keeps({}, {}, engines)
+
+
+def test_a_hot_adapters_extra_home_goes_when_it_cools_and_stays_while_it_is_hot() -> None:
+    """Past the slots, the fleet keeps its plan with the hot adapter's second home while the
+    adapter is hot, and takes it back once the adapter has cooled (an engine would otherwise hold
+    an adapter more than its slots for nothing)."""
+    engines = {f"e{i}": 4 for i in range(4)}
+    hot = homes.plan(zipf(16), engines)
+    assert len(hot["a1"]) == 2
+    assert homes.follow(hot, zipf(16), engines) == (hot, False)
+    cooled = {**zipf(16), "a1": zipf(16)["a2"]}
+    got, new = homes.follow(hot, cooled, engines)
+    assert new and len(got["a1"]) == 1 and got == homes.plan(cooled, engines)
+    assert homes.follow(None, zipf(16), engines) == (hot, True)

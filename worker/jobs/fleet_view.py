@@ -136,10 +136,9 @@ class FleetView:
         if self.max_loras:
             engines[self.engine] = self.max_loras
         kept = _stored(stored)
-        if kept is not None and kept.engines == engines and homes.keeps(kept.homes, demand, engines):
-            self._plan = {a: frozenset(h) for a, h in kept.homes.items()}
-        else:
-            self._plan = homes.plan(demand, engines)
+        self._plan, new = homes.follow(kept.homes if kept is not None and kept.engines == engines else None,
+                                       demand, engines)
+        if new:
             made = AdapterHomes(engines=engines, homes={a: sorted(h) for a, h in self._plan.items()}, made_at=now)
             try:
                 self.redis.set(keys.adapter_homes(self.model), made.model_dump_json(), ex=HOMES_TTL_S)

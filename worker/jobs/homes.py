@@ -87,6 +87,23 @@ def plan(demand: Mapping[str, float], engines: Mapping[str, int]) -> dict[str, f
     return {a: frozenset(h) for a, h in out.items()}
 
 
+def follow(stored: Mapping[str, Collection[str]] | None, demand: Mapping[str, float],
+           engines: Mapping[str, int]) -> tuple[dict[str, frozenset[str]], bool]:
+    """The plan a worker works to, and whether it is new (to be stored for the fleet): ``stored``
+    (the fleet's plan, made for these ``engines``; None: none) while it :func:`keeps` serving, else
+    a new plan. Past the slots a stored plan with more homes than a new one would make is replaced
+    too: an adapter that was hot and has cooled would otherwise keep an extra home, and an engine an
+    adapter more than its slots."""
+    if stored is None or not keeps(stored, demand, engines):
+        return plan(demand, engines), True
+    kept = {a: frozenset(h) for a, h in stored.items()}
+    placed = sum(len(kept[a]) for a, d in demand.items() if d > 0)
+    if placed <= sum(max(1, s) for s in engines.values()):
+        return kept, False
+    fresh = plan(demand, engines)
+    return (fresh, True) if sum(len(h) for h in fresh.values()) < placed else (kept, False)
+
+
 def keeps(plan: Mapping[str, Collection[str]], demand: Mapping[str, float], engines: Mapping[str, int]) -> bool:
     """Whether a plan made earlier (for these ``engines``) still serves ``demand``: every adapter
     in demand has homes in it, no engine holds more of them than a new plan would let it, and no
