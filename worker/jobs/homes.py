@@ -107,9 +107,9 @@ def follow(stored: Mapping[str, Collection[str]] | None, demand: Mapping[str, fl
 def keeps(plan: Mapping[str, Collection[str]], demand: Mapping[str, float], engines: Mapping[str, int]) -> bool:
     """Whether a plan made earlier (for these ``engines``) still serves ``demand``: every adapter
     in demand has homes in it, no engine holds more of them than a new plan would let it, and no
-    engine takes more than its share past the slack and the noise of the counts (the point at which
-    a new plan would begin to move homes). A fleet keeps its plan while it serves: counts that
-    move within their noise move no home."""
+    engine takes more than its share past the slack and :data:`NOISE_SIGMAS` standard deviations
+    of its count. A fleet keeps its plan while it serves: counts that move within their noise
+    move no home."""
     wanted = {a: d for a, d in demand.items() if d > 0}
     weight = {e: max(1, s) for e, s in engines.items()}
     if not wanted or not weight:
