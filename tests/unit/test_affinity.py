@@ -255,6 +255,10 @@ def test_the_fleet_works_to_one_stored_plan_of_homes_until_its_engines_change(ow
     taker = next(w for w in (w0, w1) if f"{w.worker_id}-engine" != home)
     taker.view.invalidate()
     assert where(taker, job([1], adapter="a5"), [1]).to == home.removesuffix("-engine")
+    sync_r.expire(keys.adapter_homes(MODEL), 5)  # a plan in use lives on: each read renews it
+    taker.view.invalidate()
+    where(taker, job([1], adapter="a5"), [1])
+    assert sync_r.ttl(keys.adapter_homes(MODEL)) > 60
     beat(sync_r, "w4")  # a worker joins: a new plan, for five engines, stored for the others
     taker.view.invalidate()
     where(taker, job([1], adapter="a5"), [1])

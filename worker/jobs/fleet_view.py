@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 VIEW_S = 1.0
 #: How many windows of adapter demand (keys.ADAPTER_DEMAND_WINDOW_S each) the homes follow.
 DEMAND_WINDOWS = 6
-#: How long a stored plan of adapter homes lives unless a worker stores a new one (seconds).
+#: How long a stored plan of adapter homes lives once no worker reads it (seconds): each read renews it.
 HOMES_TTL_S = 2 * DEMAND_WINDOWS * keys.ADAPTER_DEMAND_WINDOW_S
 
 
@@ -85,6 +85,7 @@ class FleetView:
                 for k in range(DEMAND_WINDOWS):
                     p.hgetall(keys.adapter_demand(self.model, window - k))
                 p.get(keys.adapter_homes(self.model))
+                p.expire(keys.adapter_homes(self.model), HOMES_TTL_S)  # a plan in use lives on
             got = p.execute()
         held, published = got[:len(hashes)], got[len(hashes)]
         lanes = len(keys.PRIORITIES)
@@ -97,7 +98,7 @@ class FleetView:
             peers.append(Peer(w, info.engine or w, int(running) + lane,
                               frontend_slots(info.max_num_seqs, info.frontends)))
         if replan:
-            self._replan(rest[-DEMAND_WINDOWS - 1:-1], rest[-1], now)
+            self._replan(rest[-DEMAND_WINDOWS - 2:-2], rest[-2], now)
         live = {p.engine for p in peers} | {self.engine}
         holders = [frozenset(e for e in engines if e in live) for engines in held]
         homes_ = self._plan.get(adapter) if adapter is not None else None
