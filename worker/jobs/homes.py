@@ -98,7 +98,7 @@ def follow(stored: Mapping[str, Collection[str]] | None, demand: Mapping[str, fl
         return plan(demand, engines), True
     kept = {a: frozenset(h) for a, h in stored.items()}
     placed = sum(len(kept[a]) for a, d in demand.items() if d > 0)
-    if placed <= sum(max(1, s) for s in engines.values()):
+    if placed <= sum(max(1, s) for s in engines.values()):  # within the slots: nothing held for nothing
         return kept, False
     fresh = plan(demand, engines)
     return (fresh, True) if sum(len(h) for h in fresh.values()) < placed else (kept, False)
@@ -117,12 +117,8 @@ def keeps(plan: Mapping[str, Collection[str]], demand: Mapping[str, float], engi
     homes = {a: set(plan.get(a, ())) for a in wanted}
     if any(not h or not h <= weight.keys() for h in homes.values()):
         return False
-    slots, placed = sum(weight.values()), sum(len(h) for h in homes.values())
-    held = dict.fromkeys(weight, 0)
-    for h in homes.values():
-        for e in h:
-            held[e] += 1
-    if any(held[e] > (w if placed <= slots else math.ceil(placed * w / slots)) for e, w in weight.items()):
+    slots, cap, held = sum(weight.values()), _caps(weight, sum(len(h) for h in homes.values())), _held(homes, weight)
+    if any(held[e] > cap[e] for e in weight):
         return False
     took = _took(homes, {a: d / len(homes[a]) for a, d in wanted.items()}, weight)
     total = sum(wanted.values())
@@ -131,9 +127,7 @@ def keeps(plan: Mapping[str, Collection[str]], demand: Mapping[str, float], engi
 
 def _place(counts: Mapping[str, int], demand: Mapping[str, float], weight: Mapping[str, int]) -> dict[str, set[str]]:
     """Each adapter's ``counts`` homes by rendezvous hashing within the engines' caps, then balanced."""
-    slots, placed = sum(weight.values()), sum(counts.values())
-    # more homes than slots: each engine takes its share of them
-    cap = dict(weight) if placed <= slots else {e: math.ceil(placed * w / slots) for e, w in weight.items()}
+    cap = _caps(weight, sum(counts.values()))
     used = dict.fromkeys(weight, 0)
     out: dict[str, set[str]] = {}
     for adapter in sorted(counts, key=lambda a: (-counts[a], a)):
@@ -146,6 +140,30 @@ def _place(counts: Mapping[str, int], demand: Mapping[str, float], weight: Mappi
         out[adapter] = set(picked)
     _balance(out, {a: demand[a] / counts[a] for a in counts}, weight, cap)
     return out
+
+
+def _caps(weight: Mapping[str, int], placed: int) -> dict[str, int]:
+    """How many homes each engine may hold: its slots, or, with more homes than slots in the
+    fleet, its share of them."""
+    slots = sum(weight.values())
+    return dict(weight) if placed <= slots else {e: math.ceil(placed * w / slots) for e, w in weight.items()}
+
+
+def _held(homes: Mapping[str, Collection[str]], weight: Mapping[str, int]) -> dict[str, int]:
+    """How many adapters each engine is home to."""
+    held = dict.fromkeys(weight, 0)
+    for h in homes.values():
+        for e in h:
+            held[e] += 1
+    return held
+
+
+def _over(took: Mapping[str, float], weight: Mapping[str, int]) -> str | None:
+    """The engine that takes the most demand for its slots, if it takes more than its share by
+    the slack (None: none does)."""
+    total, slots = sum(took.values()), sum(weight.values())
+    hi = max(weight, key=lambda e: (took[e] / weight[e], e))
+    return hi if took[hi] > _limit(total, weight[hi] / slots, noise=False) else None
 
 
 def _limit(total: float, part: float, noise: bool = True) -> float:
@@ -171,10 +189,7 @@ def _too_hot(homes: Mapping[str, set[str]], counts: Mapping[str, int], demand: M
     by the slack after balancing, its hottest adapter (by demand a home) that is not on
     every engine yet; None where none is."""
     each = {a: demand[a] / counts[a] for a in counts}
-    took = _took(homes, each, weight)
-    total, slots = sum(took.values()), sum(weight.values())
-    hi = max(weight, key=lambda e: (took[e] / weight[e], e))
-    if took[hi] <= _limit(total, weight[hi] / slots, noise=False):
+    if (hi := _over(_took(homes, each, weight), weight)) is None:
         return None
     on_hi = [a for a, h in homes.items() if hi in h and counts[a] < len(weight)]
     return max(on_hi, key=lambda a: (each[a], a), default=None)
@@ -186,15 +201,9 @@ def _balance(homes: dict[str, set[str]], each: Mapping[str, float], weight: Mapp
     to the least loaded engine where a move brings the two closer, while that engine takes more
     than its share by :data:`BALANCE_SLACK` (an engine's adapter count stays within ``cap``). A plan
     whose engines already take their shares is left as rendezvous hashing made it."""
-    total, slots = sum(each[a] * len(h) for a, h in homes.items()), sum(weight.values())
     for _ in range(len(homes)):
-        took = _took(homes, each, weight)
-        count = dict.fromkeys(weight, 0)
-        for h in homes.values():
-            for e in h:
-                count[e] += 1
-        hi = max(weight, key=lambda e: (took[e] / weight[e], e))
-        if took[hi] <= _limit(total, weight[hi] / slots, noise=False):
+        took, count = _took(homes, each, weight), _held(homes, weight)
+        if (hi := _over(took, weight)) is None:
             return
         for lo in sorted((e for e in weight if e != hi), key=lambda e: (took[e] / weight[e], e)):
             step = _best_step(homes, each, hi, lo, took, weight, room=count[lo] < cap[lo])
