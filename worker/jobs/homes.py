@@ -92,27 +92,56 @@ def plan(demand: Mapping[str, float], engines: Mapping[str, int]) -> dict[str, f
 
 def follow(stored: Mapping[str, Collection[str]] | None, demand: Mapping[str, float],
            engines: Mapping[str, int]) -> tuple[dict[str, frozenset[str]], bool]:
-    """The plan a worker works to, and whether it is new (to be stored for the fleet): ``stored``
-    (the fleet's plan, made for these ``engines``; None: none) while it :func:`keeps` serving, else
-    the stored plan grown by the adapters it lacks (:func:`_extend`) where that keeps serving, else
-    a new plan. Past the slots a stored plan with more homes than a new one would make is replaced
-    too: an adapter that was hot and has cooled would otherwise keep an extra home, and an engine an
-    adapter more than its slots."""
+    """The plan a worker works to, and whether it is new (to be stored for the fleet). ``stored``
+    (the fleet's plan, made for these ``engines``; None: none) while it :func:`keeps` serving;
+    past the slots, where a new plan would make fewer homes (an adapter that was hot has cooled),
+    its extra homes go back. Else the stored plan changed as little as serves: grown by the
+    adapters it lacks and, where a new plan would make fewer homes, less the extra homes
+    (:func:`_extend`), where that keeps serving. Else a new plan, unless none serves this demand
+    (a hot adapter cooling: it needs every engine while the others need the slots) and the new
+    one would not take the busiest engine's load down by the slack: the plan in use stays,
+    since a new plan at every read moved the small adapters' homes on every job."""
     if stored is None:
         return plan(demand, engines), True
-    if not keeps(stored, demand, engines):
-        grown = _extend(stored, demand, engines)
-        return (grown if grown is not None and keeps(grown, demand, engines) else plan(demand, engines)), True
-    kept = {a: frozenset(h) for a, h in stored.items()}
-    placed = sum(len(kept[a]) for a, d in demand.items() if d > 0)
-    if placed <= sum(max(1, s) for s in engines.values()):  # within the slots: nothing held for nothing
-        return kept, False
-    fresh = plan(demand, engines)
-    return (fresh, True) if sum(len(h) for h in fresh.values()) < placed else (kept, False)
+    fresh, most = None, None
+    if keeps(stored, demand, engines):
+        kept = {a: frozenset(h) for a, h in stored.items()}
+        placed = sum(len(kept[a]) for a, d in demand.items() if d > 0)
+        if placed <= sum(max(1, s) for s in engines.values()):  # within the slots: nothing held for nothing
+            return kept, False
+        fresh = plan(demand, engines)
+        most = sum(len(h) for h in fresh.values())
+        if most >= placed:
+            return kept, False
+    grown = _extend(stored, demand, engines, most)  # the extra homes go back, the rest stay
+    if grown is not None and keeps(grown, demand, engines):
+        return grown, True
+    fresh = fresh if fresh is not None else plan(demand, engines)
+    if grown is not None and _fits(grown, {e: max(1, s) for e, s in engines.items()}) and \
+            not keeps(fresh, demand, engines) and \
+            _worst(fresh, demand, engines) * (1 + BALANCE_SLACK) >= _worst(grown, demand, engines):
+        # no plan serves this demand: the one in use stays
+        same = grown == {a: frozenset(h) for a, h in stored.items() if a in grown}
+        return grown, not same
+    return fresh, True
+
+
+def _fits(homes: Mapping[str, Collection[str]], weight: Mapping[str, int]) -> bool:
+    """Whether no engine is home to more adapters than a new plan would let it (:func:`_caps`)."""
+    cap, held = _caps(weight, sum(len(h) for h in homes.values())), _held(homes, weight)
+    return all(held[e] <= cap[e] for e in weight)
+
+
+def _worst(plan: Mapping[str, Collection[str]], demand: Mapping[str, float], engines: Mapping[str, int]) -> float:
+    """The demand the busiest engine of ``plan`` takes for its slots (each home an equal part)."""
+    weight = {e: max(1, s) for e, s in engines.items()}
+    homes_ = {a: set(plan[a]) & weight.keys() for a, d in demand.items() if d > 0 and plan.get(a)}
+    took = _took(homes_, {a: demand[a] / len(h) for a, h in homes_.items() if h}, weight)
+    return max((took[e] / weight[e] for e in weight), default=0.0)
 
 
 def _extend(stored: Mapping[str, Collection[str]], demand: Mapping[str, float],
-            engines: Mapping[str, int]) -> dict[str, frozenset[str]] | None:
+            engines: Mapping[str, int], most: int | None = None) -> dict[str, frozenset[str]] | None:
     """``stored`` grown by a home for each adapter in demand it has none for: a mix starting makes a
     plan at each new adapter's first job, and made afresh each moved homes of adapters already
     homed (16 adapters drawn uniformly over four engines of 4 slots, simulated: 34 homes gained
@@ -126,8 +155,8 @@ def _extend(stored: Mapping[str, Collection[str]], demand: Mapping[str, float],
         return None
     out = {a: set(h) for a, h in stored.items() if a in wanted and h}
     new = sorted((a for a in wanted if a not in out), key=lambda a: (-wanted[a], a))
-    slots = sum(weight.values())
-    while sum(len(h) for h in out.values()) + len(new) > slots and any(len(h) > 1 for h in out.values()):
+    limit = sum(weight.values()) if most is None else most
+    while sum(len(h) for h in out.values()) + len(new) > limit and any(len(h) > 1 for h in out.values()):
         # room for the new ones within the slots: an extra home goes, never one added elsewhere
         a = max((a for a, h in out.items() if len(h) > 1), key=lambda a: (len(out[a]) / wanted[a], a))
         held = _held(out, weight)
@@ -156,9 +185,9 @@ def keeps(plan: Mapping[str, Collection[str]], demand: Mapping[str, float], engi
     homes = {a: set(plan.get(a, ())) for a in wanted}
     if any(not h or not h <= weight.keys() for h in homes.values()):
         return False
-    slots, cap, held = sum(weight.values()), _caps(weight, sum(len(h) for h in homes.values())), _held(homes, weight)
-    if any(held[e] > cap[e] for e in weight):
+    if not _fits(homes, weight):
         return False
+    slots = sum(weight.values())
     took = _took(homes, {a: d / len(homes[a]) for a, d in wanted.items()}, weight)
     total = sum(wanted.values())
     return all(took[e] <= _limit(total, w / slots) for e, w in weight.items())
