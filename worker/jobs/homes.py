@@ -15,22 +15,19 @@ possible and a popular adapter has as many engines as its traffic needs:
   whose share of the adapters is taken);
 - then, while the engine that takes the most demand for its slots takes more than its share by
   :data:`BALANCE_SLACK`, one of its homes moves to (or swaps with a colder one of) the least
-  loaded engine where that brings the two closer. Without that
-  step a Zipf-like mix of more adapters than slots (one home each) left whichever engines ranked
-  first for the few hot adapters with most of the work (16 adapters over two engines of 4 slots:
-  68 % of the demand on one). Rendezvous hashing keeps a plan stable:
-  an engine that joins or leaves moves only the adapters it gains or held (and the few the balance
+  loaded engine where that brings the two closer (a Zipf-like mix of 16 adapters over two engines
+  of 4 slots: 68 % of the demand on one without it). Rendezvous hashing keeps a plan stable: an
+  engine that joins or leaves moves only the adapters it gains or held (and the few the balance
   step moves), and every worker that computes the plan from the same demand and engines gets the
   same answer;
-- past the slots, while the busiest engine still takes more than that, its
-  hottest adapter (by demand a home) gets one more home and the plan is made again: a Zipf head
-  with 30 % of the demand on one of four engines is 1.2x that engine's share before anything is
-  beside it, which no move or swap of the others can cure (16 Zipf adapters over four engines of 4
-  slots: the busiest engine at 1.42x its share with one home each, 1.08x with two for the head,
-  at the cost of one more adapter than slots on two engines).
+- past the slots, while the busiest engine still takes more than that, its hottest adapter (by
+  demand a home) gets one more home and the plan is made again: no move cures a Zipf head with
+  30 % of the demand on one of four engines (16 Zipf adapters over four engines of 4 slots: the
+  busiest at 1.42x its share with one home each, 1.08x with two for the head).
 
-An adapter that appears is added to the fleet's plan without moving the others (:func:`follow`),
-so a mix starting does not shuffle the homes its first adapters took.
+The plan in use changes as little as serves (:func:`follow`): an adapter that appears is added
+without moving the others, a cooled adapter's extra homes go back, and where no plan serves the
+demand it stays unless a new one is better by the slack.
 
 A plan is made by one worker and stored for the fleet (worker/jobs/fleet_view.py); every worker
 uses it while :func:`keeps` says it still serves the demand that worker reads: demand is counted
