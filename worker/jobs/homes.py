@@ -142,7 +142,7 @@ def _extend(stored: Mapping[str, Collection[str]], demand: Mapping[str, float],
     """``stored`` grown by a home for each adapter in demand it has none for: a mix starting makes a
     plan at each new adapter's first job, and made afresh each moved homes of adapters already
     homed (16 adapters drawn uniformly over four engines of 4 slots, simulated: 34 homes gained
-    elsewhere in the first 400 jobs; grown, none). Within the slots an extra home of another
+    elsewhere in the first 400 jobs; grown, 0.3). Within the slots an extra home of another
     adapter goes to make room (the one with most homes for its demand, from its fullest engine);
     a new adapter's home is the engine with room that takes the least demand for its slots (ties:
     rendezvous ranking). None: a home is on an engine no longer there."""
