@@ -1,8 +1,9 @@
 """What cache-affine pull reads of the fleet to place one job: a :class:`Reading` per job, in one
 Redis round trip (the engines holding each of the prompt's blocks, every worker's live load and
 lane, the adapter's demand), over a view of the live workers and of the adapter homes that is
-refreshed at most once a second (a second round trip, then). The homes are the fleet's stored plan
-while it serves the demand read, else a new plan, stored for the others (a round trip more)."""
+refreshed at most once a second (a second round trip, then). The homes are the fleet's stored plan,
+changed as little as serves the demand read; a changed plan is stored for the others (a round trip
+more)."""
 
 from __future__ import annotations
 
@@ -127,8 +128,9 @@ class FleetView:
         self._workers, self._workers_at = view, now
 
     def _replan(self, windows: list[dict[str, str]], stored: bytes | str | None, now: float) -> None:
-        """The homes for the demand counted: the fleet's plan as stored while it serves this demand
-        and these engines (homes.keeps), else a new one, stored for the others."""
+        """The homes for the demand counted: the fleet's stored plan (made for these engines),
+        changed as little as serves this demand (homes.follow); a changed plan is stored for the
+        others."""
         demand: dict[str, float] = {}
         for counts in windows:
             for name, n in counts.items():

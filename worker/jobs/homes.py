@@ -76,7 +76,7 @@ def plan(demand: Mapping[str, float], engines: Mapping[str, int]) -> dict[str, f
     get no home, and take no slot); ``engines``: engine id -> its GPU adapter slots."""
     if not engines:
         return {}
-    weight = {e: max(1, s) for e, s in engines.items()}
+    weight = _weights(engines)
     slots = sum(weight.values())
     counts = home_counts(demand, len(engines), slots)
     out = _place(counts, demand, weight)
@@ -89,22 +89,18 @@ def plan(demand: Mapping[str, float], engines: Mapping[str, int]) -> dict[str, f
 
 def follow(stored: Mapping[str, Collection[str]] | None, demand: Mapping[str, float],
            engines: Mapping[str, int]) -> tuple[dict[str, frozenset[str]], bool]:
-    """The plan a worker works to, and whether it is new (to be stored for the fleet). ``stored``
-    (the fleet's plan, made for these ``engines``; None: none) while it :func:`keeps` serving;
-    past the slots, where a new plan would make fewer homes (an adapter that was hot has cooled),
-    its extra homes go back. Else the stored plan changed as little as serves: grown by the
-    adapters it lacks and, where a new plan would make fewer homes, less the extra homes
-    (:func:`_extend`), where that keeps serving. Else a new plan, unless none serves this demand
-    (a hot adapter cooling: it needs every engine while the others need the slots) and the new
-    one would not take the busiest engine's load down by the slack: the plan in use stays,
-    since a new plan at every read moved the small adapters' homes on every job."""
+    """The plan a worker works to, and whether it is new (to be stored for the fleet): ``stored``
+    (made for these ``engines``; None: none) while it :func:`keeps` serving; else changed as little
+    as serves: grown by the adapters it lacks, less a cooled adapter's extra homes (:func:`_extend`);
+    else a new plan, unless none serves this demand and the new one would not take the busiest
+    engine's load down by the slack (a plan made at every read moved homes on every job)."""
     if stored is None:
         return plan(demand, engines), True
     fresh, most = None, None
     if keeps(stored, demand, engines):
         kept = {a: frozenset(h) for a, h in stored.items()}
         placed = sum(len(kept[a]) for a, d in demand.items() if d > 0)
-        if placed <= sum(max(1, s) for s in engines.values()):  # within the slots: nothing held for nothing
+        if placed <= sum(_weights(engines).values()):  # within the slots: nothing held for nothing
             return kept, False
         fresh = plan(demand, engines)
         most = sum(len(h) for h in fresh.values())
@@ -114,7 +110,7 @@ def follow(stored: Mapping[str, Collection[str]] | None, demand: Mapping[str, fl
     if grown is not None and keeps(grown, demand, engines):
         return grown, True
     fresh = fresh if fresh is not None else plan(demand, engines)
-    if grown is not None and _fits(grown, {e: max(1, s) for e, s in engines.items()}) and \
+    if grown is not None and _fits(grown, _weights(engines)) and \
             not keeps(fresh, demand, engines) and \
             _worst(fresh, demand, engines) * (1 + BALANCE_SLACK) >= _worst(grown, demand, engines):
         # no plan serves this demand: the one in use stays
@@ -131,7 +127,7 @@ def _fits(homes: Mapping[str, Collection[str]], weight: Mapping[str, int]) -> bo
 
 def _worst(plan: Mapping[str, Collection[str]], demand: Mapping[str, float], engines: Mapping[str, int]) -> float:
     """The demand the busiest engine of ``plan`` takes for its slots (each home an equal part)."""
-    weight = {e: max(1, s) for e, s in engines.items()}
+    weight = _weights(engines)
     homes_ = {a: set(plan[a]) & weight.keys() for a, d in demand.items() if d > 0 and plan.get(a)}
     took = _took(homes_, {a: demand[a] / len(h) for a, h in homes_.items() if h}, weight)
     return max((took[e] / weight[e] for e in weight), default=0.0)
@@ -139,14 +135,11 @@ def _worst(plan: Mapping[str, Collection[str]], demand: Mapping[str, float], eng
 
 def _extend(stored: Mapping[str, Collection[str]], demand: Mapping[str, float],
             engines: Mapping[str, int], most: int | None = None) -> dict[str, frozenset[str]] | None:
-    """``stored`` grown by a home for each adapter in demand it has none for: a mix starting makes a
-    plan at each new adapter's first job, and made afresh each moved homes of adapters already
-    homed (16 adapters drawn uniformly over four engines of 4 slots, simulated: 34 homes gained
-    elsewhere in the first 400 jobs; grown, 0.3). Within the slots an extra home of another
-    adapter goes to make room (the one with most homes for its demand, from its fullest engine);
-    a new adapter's home is the engine with room that takes the least demand for its slots (ties:
-    rendezvous ranking). None: a home is on an engine no longer there."""
-    weight = {e: max(1, s) for e, s in engines.items()}
+    """``stored`` grown by a home for each adapter in demand it lacks, on the engine with room that
+    takes the least demand for its slots (ties: rendezvous ranking); past ``most`` homes (or the
+    slots) extra homes go first, from the adapter with most homes for its demand. None: a home is
+    on an engine no longer there (docs/design.md, "A new adapter moves no other")."""
+    weight = _weights(engines)
     wanted = {a: d for a, d in demand.items() if d > 0}
     if any(not set(stored[a]) <= weight.keys() for a in wanted if a in stored):
         return None
@@ -176,7 +169,7 @@ def keeps(plan: Mapping[str, Collection[str]], demand: Mapping[str, float], engi
     of its count. A fleet keeps its plan while it serves: counts that move within their noise
     move no home."""
     wanted = {a: d for a, d in demand.items() if d > 0}
-    weight = {e: max(1, s) for e, s in engines.items()}
+    weight = _weights(engines)
     if not wanted or not weight:
         return not wanted
     homes = {a: set(plan.get(a, ())) for a in wanted}
@@ -205,6 +198,11 @@ def _place(counts: Mapping[str, int], demand: Mapping[str, float], weight: Mappi
         out[adapter] = set(picked)
     _balance(out, {a: demand[a] / counts[a] for a in counts}, weight, cap)
     return out
+
+
+def _weights(engines: Mapping[str, int]) -> dict[str, int]:
+    """Each engine's adapter slots, at least one (an engine without any still takes a home)."""
+    return {e: max(1, s) for e, s in engines.items()}
 
 
 def _caps(weight: Mapping[str, int], placed: int) -> dict[str, int]:
