@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from collections.abc import Iterator, Mapping
 
 import pytest
 
@@ -286,20 +287,31 @@ def test_an_adapter_that_appears_gets_a_home_and_moves_no_other() -> None:
         assert homes.keeps(got, {**demand, f"a{n}": 1.0}, engines)
 
 
-def test_a_uniform_mix_starting_moves_no_home_of_an_adapter_already_homed() -> None:
-    """Sixteen adapters drawn uniformly over four engines of 4 slots, from the first job: the plan
-    is made again as each adapter first appears, and no adapter already homed gains a home
-    elsewhere (made afresh each time: 34 such homes in the first 400 jobs, the mean of 30 draws)."""
-    engines = {f"e{i}": 4 for i in range(4)}
-    rng, demand = random.Random(7), Counter[str]()
-    stored: dict[str, frozenset[str]] | None = None
+def _follow_each(stored: dict[str, frozenset[str]] | None, demands: Iterator[Mapping[str, float]],
+                 engines: dict[str, int]) -> tuple[dict[str, frozenset[str]] | None, int]:
+    """The plan the fleet works to after each of ``demands`` in turn, and the homes adapters already
+    homed gained on other engines (each an adapter loaded where it was not) on the way."""
     gained = 0
-    for _ in range(400):
-        demand[f"a{rng.randrange(16)}"] += 1
+    for demand in demands:
         got, new = homes.follow(stored, demand, engines)
         if new and stored is not None:
             gained += sum(len(got[a] - stored[a]) for a in stored if a in got)
         stored = got if new else stored
+    return stored, gained
+
+
+def test_a_uniform_mix_starting_moves_no_home_of_an_adapter_already_homed() -> None:
+    """Sixteen adapters drawn uniformly over four engines of 4 slots, from the first job: the plan
+    is made again as each adapter first appears, and no adapter already homed gains a home
+    elsewhere (made afresh each time: 34 such homes in the first 400 jobs, the mean of 30 draws)."""
+    rng, demand = random.Random(7), Counter[str]()
+
+    def jobs() -> Iterator[Counter[str]]:
+        for _ in range(400):
+            demand[f"a{rng.randrange(16)}"] += 1
+            yield demand
+
+    stored, gained = _follow_each(None, jobs(), {f"e{i}": 4 for i in range(4)})
     assert stored is not None and len(stored) == 16
     assert gained == 0
 
@@ -313,15 +325,17 @@ def test_a_mix_that_follows_a_hot_adapter_leaves_the_homes_it_can_where_they_are
     rng, engines = random.Random(0), {f"e{i}": 4 for i in range(4)}
     windows = [Counter[str]() for _ in range(6)]
     windows[0]["a0"], windows[1]["a0"] = 700, 100
-    stored, gained, t = homes.plan(sum(windows, Counter()), engines), 0, 0.0
-    for _ in range(320):  # 8 jobs a second for 40 s, windows of 10 s
-        t += 1 / 8
-        if t >= 10:
-            t, windows = t - 10, windows[1:] + [Counter()]
-        windows[-1][f"a{rng.randrange(16)}"] += 1
-        got, new = homes.follow(stored, sum(windows, Counter()), engines)
-        if new:
-            gained += sum(len(got[a] - stored[a]) for a in stored if a in got)
-            stored = got
-    assert set(stored) >= {f"a{k}" for k in range(16)}
+
+    def jobs() -> Iterator[Counter[str]]:
+        nonlocal windows
+        t = 0.0
+        for _ in range(320):  # 8 jobs a second for 40 s, windows of 10 s
+            t += 1 / 8
+            if t >= 10:
+                t, windows = t - 10, windows[1:] + [Counter()]
+            windows[-1][f"a{rng.randrange(16)}"] += 1
+            yield sum(windows, Counter())
+
+    stored, gained = _follow_each(homes.plan(sum(windows, Counter()), engines), jobs(), engines)
+    assert stored is not None and set(stored) >= {f"a{k}" for k in range(16)}
     assert gained <= 20, gained
