@@ -17,6 +17,7 @@ from inferq.shared import keys
 from inferq.shared.celery_app import make_celery
 from inferq.shared.schemas import AdapterHomes, AdapterRef, EngineStats, JobMessage, JobRequest, WorkerInfo
 from inferq.shared.settings import Settings
+from inferq.worker.jobs import prefix_index
 from inferq.worker.jobs.affinity import Affinity
 from inferq.worker.jobs.kv_feed import KVEventFeed
 from inferq.worker.jobs.prefix_index import ChainTracker, PrefixIndex, block_hashes
@@ -413,6 +414,7 @@ def test_a_claim_refreshes_only_the_prefixes_its_engine_was_seen_holding(own_red
 
     assert where(w1, job(ids), ids).here
     before = zadds()
+    w1.index.clock = lambda: time.monotonic() + 600  # written long enough ago to be refreshed
     w1.ran_here(job(ids), ids)
     assert zadds() - before == 2
     fresh = list(range(1000, 1000 + 4 * BLOCK))  # nobody holds any of it: no write at all
@@ -420,6 +422,63 @@ def test_a_claim_refreshes_only_the_prefixes_its_engine_was_seen_holding(own_red
     before = zadds()
     w1.ran_here(job(fresh), fresh)
     assert zadds() == before
+
+
+def test_an_only_worker_fed_by_events_refreshes_a_held_prefix_once_a_quarter_ttl_and_nothing_else(
+        own_redis, sync_r) -> None:
+    """A model's only worker places with no read: at the claim it refreshes only the blocks its
+    engine's events wrote, and none of them again within a quarter of the TTL; a new prompt's
+    blocks (not computed yet) cost no command, and an evicted block is not refreshed."""
+    w1 = worker(own_redis, "w1")
+    feed = KVEventFeed("ipc:///tmp/inferq-test-unused-2", w1.index, "w1-engine", BLOCK)
+    later = [0.0]
+    w1.index.clock = lambda: time.monotonic() + later[0]
+    ids = list(range(2 * BLOCK))
+    held = block_hashes(ids, None, BLOCK)
+
+    def zadds() -> int:
+        return int(sync_r.info("commandstats").get("cmdstat_zadd", {}).get("calls", 0))
+
+    def claimed(prompt: list[int]) -> int:
+        """The index writes one claim of ``prompt`` sends."""
+        before = zadds()
+        assert where(w1, job(prompt), prompt).why == "alone"
+        w1.ran_here(job(prompt), prompt)
+        return zadds() - before
+
+    import msgspec
+
+    try:
+        feed.apply([b"", (0).to_bytes(8, "big"), msgspec.msgpack.encode(
+            [time.time(), [stored(None, [1, 2, 3, 4], ids)], None])])
+        assert sync_r.zscore(w1.index.key(held[1]), "w1-engine") is not None
+        assert claimed(ids) == 0  # written by the events just now
+        assert claimed(list(range(500, 500 + 4 * BLOCK))) == 0  # nobody holds it: nothing to refresh
+        later[0] = 600 * 0.25
+        assert claimed(ids) == 2
+        assert claimed(ids) == 0
+        feed.apply([b"", (1).to_bytes(8, "big"), msgspec.msgpack.encode(
+            [time.time(), [{"type": "BlockRemoved", "block_hashes": [4], "medium": "GPU"}], None])])
+        later[0] = 600 * 0.6
+        assert claimed(ids) == 1
+        assert sync_r.zscore(w1.index.key(held[1]), "w1-engine") is None
+    finally:
+        feed.stop()
+
+
+def test_an_index_without_events_forgets_writes_old_enough_to_refresh(own_redis, sync_r, monkeypatch) -> None:
+    """Writes mode remembers when it wrote each entry (to skip a refresh within a quarter of the TTL),
+    bounded: past the bound it forgets the entries a refresh would write anyway."""
+    monkeypatch.setattr(prefix_index, "WRITTEN_MAX", 10)
+    index = PrefixIndex(sync_r, MODEL, ttl_s=600)
+    later = [0.0]
+    index.clock = lambda: later[0]
+    index.hold("e", [f"h{i}" for i in range(8)])
+    index.hold("e", [f"h{i}" for i in range(8)])  # just written: not sent again
+    assert len(index._written) == 8
+    later[0] = 200.0
+    index.hold("e", [f"g{i}" for i in range(8)])
+    assert sorted(h for _, h in index._written) == sorted(f"g{i}" for i in range(8))
 
 
 def test_an_only_worker_takes_its_load_out_and_writes_it_again_when_another_joins(own_redis, sync_r) -> None:

@@ -36,6 +36,7 @@ class KVEventFeed:
                  adapter_name: Callable[[int], str | None] = lambda _: None) -> None:
         self.endpoint = endpoint
         self.index = index
+        index.fed = True  # every entry of this engine's is written here: a refresh goes only to those
         self.engine = engine
         self.tracker = ChainTracker(block)
         self.adapter_name = adapter_name  # vLLM's lora_int_id -> the adapter's name (older events)

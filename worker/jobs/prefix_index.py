@@ -23,13 +23,15 @@ Two ways to feed it (INFERQ_AFFINITY_INDEX):
   INFERQ_AFFINITY_TTL_S: an approximation (an eviction is not seen).
 
 In both, a worker refreshes its entries for a job it claims (the job reuses those blocks), and
-entries lapse after INFERQ_AFFINITY_TTL_S without a refresh.
+entries lapse after INFERQ_AFFINITY_TTL_S without a refresh. A refresh is sent at most once a
+quarter of that TTL per entry, and with events only to entries the events wrote.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import threading
 import time
 from array import array
 from collections import Counter
@@ -41,6 +43,11 @@ import redis
 from inferq.shared import keys
 
 log = logging.getLogger(__name__)
+
+#: Entries whose last write is remembered (to send no refresh sooner than a quarter of the TTL),
+#: past which those old enough to be refreshed anyway are forgotten. Writes only: with events, the
+#: engine's own blocks bound them.
+WRITTEN_MAX = 100_000
 
 
 def seed(adapter: str | None) -> bytes:
@@ -142,6 +149,12 @@ class PrefixIndex:
         self.redis = client
         self.model = model
         self.ttl_s = ttl_s
+        #: whether this process's engine events write every entry it has (kv_feed.py): then an entry
+        #: this index did not write is not there, and a refresh of it is not sent
+        self.fed = False
+        self._written: dict[tuple[str, str], float] = {}  # (engine, hash) -> when this index last wrote it
+        self._lock = threading.Lock()
+        self.clock = time.monotonic
 
     def key(self, block_hash: str) -> str:
         return keys.prefix_holders(self.model, block_hash)
@@ -152,20 +165,41 @@ class PrefixIndex:
             pipe.zrangebyscore(self.key(h), now, "+inf")
 
     def hold(self, engine: str, hashes: Sequence[str], refresh_only: bool = False) -> None:
-        """``engine`` holds these prefixes (``refresh_only``: where the index already says so)."""
-        if not hashes:
+        """``engine`` holds these prefixes (``refresh_only``: where the index already says so).
+
+        An entry this index wrote less than a quarter of the TTL ago is not written again (a hot
+        prefix costs a command every few minutes, not one a job); with ``fed``, a refresh goes only
+        to entries this index wrote (a new prompt's blocks are not in the index at its claim: the
+        engine's events write them once it has computed them)."""
+        now = self.clock()
+        with self._lock:
+            todo = [h for h in dict.fromkeys(hashes) if self._due((engine, h), now, refresh_only)]
+            for h in todo:
+                self._written[(engine, h)] = now
+            if not self.fed and len(self._written) > WRITTEN_MAX:  # (fed: the engine's blocks bound it)
+                self._written = {e: at for e, at in self._written.items() if now - at < self.ttl_s / 4}
+        if not todo:
             return
         until = time.time() + self.ttl_s
         with self.redis.pipeline(transaction=False) as p:
-            for h in hashes:
+            for h in todo:
                 p.zadd(self.key(h), {engine: until}, xx=refresh_only)
                 p.expire(self.key(h), int(self.ttl_s) + 1)
             p.execute()
+
+    def _due(self, entry: tuple[str, str], now: float, refresh_only: bool) -> bool:
+        at = self._written.get(entry)
+        if at is None:
+            return not (refresh_only and self.fed)
+        return now - at >= self.ttl_s / 4
 
     def drop(self, engine: str, hashes: Sequence[str]) -> None:
         """``engine`` no longer holds these prefixes."""
         if not hashes:
             return
+        with self._lock:
+            for h in hashes:
+                self._written.pop((engine, h), None)
         with self.redis.pipeline(transaction=False) as p:
             for h in hashes:
                 p.zrem(self.key(h), engine)
