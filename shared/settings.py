@@ -252,11 +252,11 @@ class Settings(BaseSettings):
         "requests come as its last ones end); 0: one sequence, only while the tenant holds a job there.")
     running_fair_share: bool = Field(
         default=False, description="With service classes, a worker whose every slot is held hands its youngest "
-        "batch job back (restart event, reason 'preempted', not counted against its attempts) when interactive "
-        "work waits. On: also the youngest interactive job of the tenant most above its share of the worker "
-        "(slots x weight / the weights of the tenants queued or running there) when a tenant waits below its "
-        "share. Off by default: on the benchmark page it lost to fair share in the queue alone on every "
-        "tenant target (a handed-back job runs again from its start).")
+        "batch job back (reason 'preempted', not counted against its attempts; paused where it can be, to go "
+        "on from its tokens so far) when interactive work waits. On: also the youngest interactive job of the "
+        "tenant most above its share of the worker (slots x weight / the weights of the tenants queued or "
+        "running there) when a tenant waits below its share. Off by default: on the benchmark page (2-core "
+        "VM) it lost to fair share in the queue alone on the tenant targets; not measured on a GPU.")
     interactive_ttft_p99_ms: float = Field(
         default=0.0, ge=0, description="Interactive time to first token (from submission) a worker keeps its "
         "p99 under, over each heartbeat: above it, the worker halves the batch jobs it takes; below, it takes "

@@ -8,9 +8,10 @@ another tenant's first job wait for one of them to end. So, when every slot of a
 (its ``slots`` and its interactive ``reserve``) and a tenant has interactive jobs queued while it
 runs fewer than its share here (``(slots + reserve) × weight / Σ weights`` of the tenants queued
 or running here), the worker hands back one job for it: its youngest batch job, else the youngest
-job of the tenant most above its share (by a whole job). The job goes back to the queue with a
-``restart`` event (reason ``preempted``, not counted against its attempts: job_requeue.lua) and runs
-again later from its start; the freed slot takes the queue's next job, the waiting tenant's.
+job of the tenant most above its share (by a whole job). The job goes back to the queue (reason
+``preempted``, not counted against its attempts: job_requeue.lua) paused where it can be, to go on
+from its tokens so far (worker/jobs/resume.py), else with a ``restart`` event, to run again from its
+start; the freed slot takes the queue's next job, the waiting tenant's.
 
 It checks when an interactive job of a tenant with few jobs queued (8 or fewer, one that may run
 below its share) is queued (the submit script announces it on ``keys.waiting``) and every
