@@ -23,7 +23,8 @@ tokens charged in full, ``INFERQ_FAIR_PROMPT_WEIGHT=1``) and ``tenants-no-reserv
 the interactive reserve open to any tenant's job, ``INFERQ_TENANT_RESERVE=false``) and ``tenants-no-keep``
 (a tenant's sequence kept only while it holds a job, ``INFERQ_TENANT_RESERVE_KEEP_S=0``). Per repeat: both backlogged
 (``tenant_concurrency`` clients each): each tenant's output tokens in every ``window_s`` window
-(sliding by ``step_s``) while both run, the largest weighted service ratio of any window, the total
+(sliding by ``step_s``) while both run, the largest weighted service ratio of any window (of output
+tokens, and counted as fair share charges: prompt tokens at INFERQ_FAIR_PROMPT_WEIGHT too), the total
 output tokens/s; then the heavy one backlogged beside the light one with ``light_concurrency``
 clients (fewer than its share of the slots): the light one's TTFT p90 over the requests it sent
 while the heavy one ran, against its run alone (on ``fair``, ``tenants-queue`` and ``tenants-no-keep``).
@@ -160,8 +161,11 @@ def tenants_run(cfg: ClassesConfig, stack: str, ctx: dict[str, Any], repeat: int
         return {t: finish_client(p, out, f"{stack}-{repeat}-{name}-{t}", 7200) for t, p in procs.items()}
 
     both = together("backlogged", {"heavy": heavy, "light": light})
-    got: dict[str, Any] = {"service": service_windows({t: r.pop("requests") for t, r in both.items()},
-                                                      cfg.window_s, cfg.step_s), "backlogged": both}
+    reqs = {t: r.pop("requests") for t, r in both.items()}
+    got: dict[str, Any] = {"service": service_windows(reqs, cfg.window_s, cfg.step_s), "backlogged": both}
+    # the same windows counted as fair share charges them (prompt tokens at the fleet's weight)
+    charged = service_windows(reqs, cfg.window_s, cfg.step_s, prompt_weight=prompt_weight(cfg, stack))
+    got["service"]["charged_ratio_max"] = charged["ratio_max"]
     beside = together("beside", {"heavy": heavy, "light": few})
     got["light_beside_p90_ttft_ms"] = ttft_p90_while(beside["light"].pop("requests"), beside["heavy"].pop("requests"))
     got["beside"] = beside
@@ -187,6 +191,15 @@ def _keep(out: Path, stack: str, runs: list[dict[str, Any]], ctx: dict[str, Any]
     """The repeats so far, written after each (a run cut short by a time limit keeps them)."""
     extra = {"capacity_tok_s": ctx.get("capacity"), "rate_rps": ctx.get("rate")} if ctx else {}
     (out / f"{stack}-runs.json").write_text(json.dumps({"runs": runs, **extra}, indent=1) + "\n")
+
+
+def prompt_weight(cfg: ClassesConfig, stack: str) -> float:
+    """What fair share charges a prompt token on this fleet (an output token: 1)."""
+    from inferq.shared.settings import Settings
+
+    env = {**cfg.env, **stack_env(cfg, stack)}
+    default = Settings.model_fields["fair_prompt_weight"].default
+    return float(env.get("INFERQ_FAIR_PROMPT_WEIGHT", default))
 
 
 def stack_env(cfg: ClassesConfig, stack: str) -> dict[str, str]:
@@ -261,6 +274,8 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
             s["batch_audits"] = [r["batch"] for r in runs]
         else:
             pick = {"ratio_max": [r["service"]["ratio_max"] for r in runs if r["service"]["ratio_max"]],
+                    "charged_ratio_max": [r["service"]["charged_ratio_max"] for r in runs
+                                          if r["service"].get("charged_ratio_max")],
                     "total_tok_s": [r["service"]["total_tok_s"] for r in runs],
                     "light_beside_p90_ttft_ms": [r["light_beside_p90_ttft_ms"] for r in runs
                                                  if r["light_beside_p90_ttft_ms"] is not None]}
@@ -299,14 +314,14 @@ def table(summary: dict[str, Any]) -> str:
                      f"{_fmt(s['mixed_median_ttft_ms'])} / {_fmt(s['mixed_p99_ttft_ms'])} | "
                      f"{_fmt(s['mixed_median_itl_ms'], 1)} / {_fmt(s['mixed_p99_itl_ms'], 1)} | {vs} | "
                      f"{_fmt(s['batch_tok_s'])} | {idle} |")
-    lines += ["", "| fleet | service ratio, worst 60 s window (both backlogged) | total out tok/s | light TTFT p90 "
-              "beside the heavy backlog / alone ms |", "| --- | --- | --- | --- |"]
+    lines += ["", "| fleet | service ratio, worst window (both backlogged): output tokens / as charged | total out "
+              "tok/s | light TTFT p90 beside the heavy backlog / alone ms |", "| --- | --- | --- | --- |"]
     for name in TENANT_STACKS:
         s = st.get(name)
         if s:
             solo = f" / {_fmt(s['light_solo_p90_ttft_ms'])}" if s.get("light_solo_p90_ttft_ms") else ""
-            lines.append(f"| {name} | {_fmt(s['ratio_max'], 2)} | {_fmt(s['total_tok_s'])} | "
-                         f"{_fmt(s['light_beside_p90_ttft_ms'])}{solo} |")
+            lines.append(f"| {name} | {_fmt(s['ratio_max'], 2)} / {_fmt(s.get('charged_ratio_max'), 2)} | "
+                         f"{_fmt(s['total_tok_s'])} | {_fmt(s['light_beside_p90_ttft_ms'])}{solo} |")
     return "\n".join(lines) + "\n"
 
 

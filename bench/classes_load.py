@@ -65,7 +65,7 @@ def finish_client(proc: subprocess.Popen[bytes], out: Path, name: str, timeout: 
     got = json.loads(path.read_text())
     path.unlink()  # the per-request data stay out of the results but what is drawn from them
     run = {k: got.get(k) for k in KEPT}
-    run["requests"] = {k: got.get(k) for k in ("ttfts", "output_lens", "start_times", "latencies")}
+    run["requests"] = {k: got.get(k) for k in ("ttfts", "output_lens", "input_lens", "start_times", "latencies")}
     if not run["requests"]["latencies"] and got.get("itls"):  # older vLLM keeps no latencies: first token + gaps
         run["requests"]["latencies"] = [(t or 0.0) + sum(g or []) for t, g in zip(got["ttfts"], got["itls"],
                                                                                  strict=False)]

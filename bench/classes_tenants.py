@@ -2,26 +2,35 @@
 
 A request's output tokens are spread evenly over the time they streamed (from its first token to its
 end; vLLM's start times are the monotonic clock every process on the host shares, so two clients'
-requests line up). Windows of ``window_s`` slide by ``step_s`` over the time both tenants ran."""
+requests line up). Windows of ``window_s`` slide by ``step_s`` over the time both tenants ran.
+Counted as fair share charges (``prompt_weight``, INFERQ_FAIR_PROMPT_WEIGHT), a request's prompt
+tokens at that weight are served at its first token."""
 
 from __future__ import annotations
 
 from typing import Any
 
-Requests = dict[str, list[Any] | None]  # vLLM's per-request lists: ttfts, output_lens, start_times, latencies
+#: vLLM's per-request lists: ttfts, output_lens, input_lens, start_times, latencies
+Requests = dict[str, list[Any] | None]
 
 
-def streams(req: Requests) -> list[tuple[float, float, int]]:
-    """(first token, end, output tokens) of each request that produced any."""
-    out = []
-    for start, ttft, lat, n in zip(req.get("start_times") or [], req.get("ttfts") or [], req.get("latencies") or [],
-                                   req.get("output_lens") or [], strict=False):
+def streams(req: Requests, prompt_weight: float = 0.0) -> list[tuple[float, float, float]]:
+    """(first token, end, output tokens) of each request that produced any; with ``prompt_weight``,
+    also (first token, first token, its prompt tokens x that weight)."""
+    out: list[tuple[float, float, float]] = []
+    prompts = req.get("input_lens") or []
+    for k, (start, ttft, lat, n) in enumerate(zip(req.get("start_times") or [], req.get("ttfts") or [],
+                                                  req.get("latencies") or [], req.get("output_lens") or [],
+                                                  strict=False)):
         if n and lat:
-            out.append((start + (ttft or 0.0), start + lat, int(n)))
+            first = start + (ttft or 0.0)
+            out.append((first, start + lat, float(n)))
+            if prompt_weight and k < len(prompts) and prompts[k]:
+                out.append((first, first, prompt_weight * prompts[k]))
     return out
 
 
-def served(spans: list[tuple[float, float, int]], lo: float, hi: float) -> float:
+def served(spans: list[tuple[float, float, float]], lo: float, hi: float) -> float:
     """Output tokens streamed in [lo, hi)."""
     total = 0.0
     for a, b, n in spans:
@@ -34,10 +43,11 @@ def served(spans: list[tuple[float, float, int]], lo: float, hi: float) -> float
 
 
 def service_windows(by_tenant: dict[str, Requests], window_s: float, step_s: float,
-                    weights: dict[str, float] | None = None) -> dict[str, Any]:
+                    weights: dict[str, float] | None = None, prompt_weight: float = 0.0) -> dict[str, Any]:
     """Each tenant's tokens per window while all ran, the largest weighted service ratio of any
-    window, and the total output tokens/s from the first request to the last."""
-    spans = {t: streams(r) for t, r in by_tenant.items()}
+    window, and the total tokens/s from the first request to the last (output tokens; with
+    ``prompt_weight``, prompt tokens at that weight too)."""
+    spans = {t: streams(r, prompt_weight) for t, r in by_tenant.items()}
     if not all(spans.values()):
         return {"windows": [], "ratio_max": None, "total_tok_s": 0.0, "overlap_s": 0.0}
     start = max(min(a for a, _, _ in s) for s in spans.values())

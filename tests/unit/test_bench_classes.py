@@ -43,6 +43,17 @@ def test_windows_slide_over_the_time_both_tenants_ran() -> None:
     assert weighted["ratio_max"] == pytest.approx(1.0)
 
 
+def test_windows_counted_as_fair_share_charges_add_the_prompts_at_their_weight() -> None:
+    """A light tenant with long prompts: behind on output tokens, level counted as the queue charges
+    (a prompt token at half an output token, served at the request's first token)."""
+    heavy = requests(0.0, 12, 10.0, 0.0, 10.0, 1000)  # 100 output tokens/s
+    light = {**requests(0.0, 120, 1.0, 0.0, 1.0, 50), "input_lens": [100] * 120}  # 50/s, prompts 100 a second
+    assert service_windows({"heavy": heavy, "light": light}, 60.0, 20.0)["ratio_max"] == pytest.approx(2.0)
+    charged = service_windows({"heavy": heavy, "light": light}, 60.0, 20.0, prompt_weight=0.5)
+    assert charged["ratio_max"] == pytest.approx(1.0)
+    assert charged["windows"][0] == {"from_s": 0.0, "heavy": 6000, "light": 6000}
+
+
 def test_a_tenant_that_never_ran_has_no_windows() -> None:
     assert service_windows({"a": requests(0.0, 3, 1.0, 0.0, 1.0, 5), "b": {}}, 60.0, 10.0)["windows"] == []
 
@@ -62,7 +73,7 @@ def test_the_page_tables_come_from_the_summary() -> None:
     row = ("| classes | 50 (50–50) / 10.0 (10.0–10.0) | 25 (25–25) / 60 (60–60) | 4.0 (4.0–4.0) / 11.0 (11.0–11.0) "
            "| 1.20×, 1.10× | 900 (900–900) | 80 % |")  # against the fleet's own interactive-alone runs
     assert row in got
-    assert "| fair | 1.10 (1.10–1.10) | 1,500 (1,500–1,500) | 60 (60–60) / 40 (40–40) |" in got
+    assert "| fair | 1.10 (1.10–1.10) / — | 1,500 (1,500–1,500) | 60 (60–60) / 40 (40–40) |" in got
 
 
 def test_a_client_without_per_request_latencies_gets_them_from_its_token_gaps(tmp_path: Path) -> None:
