@@ -129,7 +129,7 @@ def _worst(plan: Mapping[str, Collection[str]], demand: Mapping[str, float], eng
     """The demand the busiest engine of ``plan`` takes for its slots (each home an equal part)."""
     weight = _weights(engines)
     homes_ = {a: set(plan[a]) & weight.keys() for a, d in demand.items() if d > 0 and plan.get(a)}
-    took = _took(homes_, {a: demand[a] / len(h) for a, h in homes_.items() if h}, weight)
+    took = _split(homes_, demand, weight)
     return max((took[e] / weight[e] for e in weight), default=0.0)
 
 
@@ -152,7 +152,7 @@ def _extend(stored: Mapping[str, Collection[str]], demand: Mapping[str, float],
         held = _held(out, weight)
         out[a].remove(max(out[a], key=lambda e: (held[e] / weight[e], e)))
     cap = _caps(weight, sum(len(h) for h in out.values()) + len(new))
-    held, took = _held(out, weight), _took(out, {a: wanted[a] / len(h) for a, h in out.items()}, weight)
+    held, took = _held(out, weight), _split(out, wanted, weight)
     for adapter in new:
         rank = {e: _score(adapter, e) for e in weight}
         e = min(weight, key=lambda e: (held[e] >= cap[e], took[e] / weight[e], -rank[e]))
@@ -178,7 +178,7 @@ def keeps(plan: Mapping[str, Collection[str]], demand: Mapping[str, float], engi
     if not _fits(homes, weight):
         return False
     slots = sum(weight.values())
-    took = _took(homes, {a: d / len(homes[a]) for a, d in wanted.items()}, weight)
+    took = _split(homes, wanted, weight)
     total = sum(wanted.values())
     return all(took[e] <= _limit(total, w / slots) for e, w in weight.items())
 
@@ -244,6 +244,11 @@ def _took(homes: Mapping[str, set[str]], each: Mapping[str, float], weight: Mapp
         for e in h:
             took[e] += each[a]
     return took
+
+
+def _split(homes: Mapping[str, set[str]], demand: Mapping[str, float], weight: Mapping[str, int]) -> dict[str, float]:
+    """Each engine's demand where each adapter's is split equally over its homes."""
+    return _took(homes, {a: demand[a] / len(h) for a, h in homes.items() if h}, weight)
 
 
 def _too_hot(homes: Mapping[str, set[str]], counts: Mapping[str, int], demand: Mapping[str, float],
