@@ -30,12 +30,10 @@ without moving the others, a cooled adapter's extra homes go back, and where no 
 demand it stays unless a new one is better by the slack.
 
 A plan is made by one worker and stored for the fleet (worker/jobs/fleet_view.py); every worker
-uses it while :func:`keeps` says it still serves the demand that worker reads: demand is counted
-jobs, which spread apart however evenly they are drawn, so a plan is kept until an engine takes
-more than its share by the slack and :data:`NOISE_SIGMAS` standard deviations of its count. A new
-plan for every read would move homes on that noise alone (16 uniform adapters over four engines:
-up to 9 adapters an engine within 20 s in a simulation of the counts), and workers reading at
-different moments would work to different plans.
+uses it while :func:`keeps` says it serves the demand that worker reads: counted jobs spread apart
+however evenly they are drawn, so a plan is kept until an engine takes more than its share by the
+slack and :data:`NOISE_SIGMAS` standard deviations of its count (a plan for every read moved homes
+on that noise alone, and workers reading at different moments worked to different plans).
 """
 
 from __future__ import annotations
@@ -128,8 +126,7 @@ def _fits(homes: Mapping[str, Collection[str]], weight: Mapping[str, int]) -> bo
 def _worst(plan: Mapping[str, Collection[str]], demand: Mapping[str, float], engines: Mapping[str, int]) -> float:
     """The demand the busiest engine of ``plan`` takes for its slots (each home an equal part)."""
     weight = _weights(engines)
-    homes_ = {a: set(plan[a]) & weight.keys() for a, d in demand.items() if d > 0 and plan.get(a)}
-    took = _split(homes_, demand, weight)
+    took = _split({a: set(plan[a]) & weight.keys() for a, d in demand.items() if d > 0 and plan.get(a)}, demand, weight)
     return max((took[e] / weight[e] for e in weight), default=0.0)
 
 
@@ -238,7 +235,7 @@ def _limit(total: float, part: float, noise: bool = True) -> float:
 
 
 def _took(homes: Mapping[str, set[str]], each: Mapping[str, float], weight: Mapping[str, int]) -> dict[str, float]:
-    """Each engine's demand (each home of an adapter takes an equal part of it)."""
+    """Each engine's demand, each home of an adapter ``a`` taking ``each[a]``."""
     took = dict.fromkeys(weight, 0.0)
     for a, h in homes.items():
         for e in h:

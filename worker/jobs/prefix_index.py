@@ -173,7 +173,7 @@ class PrefixIndex:
         engine's events write them once it has computed them)."""
         now = self.clock()
         with self._lock:
-            todo = [h for h in dict.fromkeys(hashes) if self._due((engine, h), now, refresh_only)]
+            todo = [h for h in hashes if self._due((engine, h), now, refresh_only)]
             for h in todo:
                 self._written[(engine, h)] = now
             if not self.fed and len(self._written) > WRITTEN_MAX:  # (fed: the engine's blocks bound it)
