@@ -76,6 +76,7 @@ class Case:
 @dataclass
 class FleetConfig:
     name: str = "fleet"
+    comment: str = ""  # what the config is for (the page quotes the run, not this)
     model: str | None = None  # None: the built-in tiny model
     load_format: str = "auto"
     max_model_len: int | None = None
