@@ -413,6 +413,7 @@ def test_a_claim_refreshes_only_the_prefixes_its_engine_was_seen_holding(own_red
         return int(sync_r.info("commandstats").get("cmdstat_zadd", {}).get("calls", 0))
 
     assert where(w1, job(ids), ids).here
+    assert w1.wants_claim(job(ids), ids)  # its claim has entries to refresh
     before = zadds()
     w1.index.clock = lambda: time.monotonic() + 600  # written long enough ago to be refreshed
     w1.ran_here(job(ids), ids)
@@ -422,6 +423,10 @@ def test_a_claim_refreshes_only_the_prefixes_its_engine_was_seen_holding(own_red
     before = zadds()
     w1.ran_here(job(fresh), fresh)
     assert zadds() == before
+    assert where(w1, job(fresh), fresh).here  # so the taker need not hear of its claim at all
+    assert not w1.wants_claim(job(fresh), fresh)
+    assert not w1._seen_here  # (and nothing is kept for it)
+    assert not w1.wants_claim(job(ids[:BLOCK - 1]), ids[:BLOCK - 1])  # no whole block: nothing to record
 
 
 def test_an_only_worker_fed_by_events_refreshes_a_held_prefix_once_a_quarter_ttl_and_nothing_else(

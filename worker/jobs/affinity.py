@@ -169,6 +169,17 @@ class Affinity:
             else:
                 del self._passes[i]
 
+    def wants_claim(self, msg: JobMessage, ids: Sequence[int] | None) -> bool:
+        """Whether the job's claim here has anything to record (``ran_here``): not for a prompt with no
+        whole block (or not tokenized), nor, with the engine's events feeding the index, for one whose
+        reading saw this engine hold none of its prefix (a prompt nobody holds). Such a job's run is
+        not told back to the taking thread: one hand-off less a job where nothing is shared."""
+        if ids is None or len(ids) < self.settings.affinity_block_tokens or (
+                self.settings.affinity_index == "events" and self._seen_here.get(msg.id, None) == []):
+            self._seen_here.pop(msg.id, None)
+            return False
+        return True
+
     def ran_here(self, msg: JobMessage, ids: Sequence[int] | None) -> None:
         """The job was claimed here: its prefix is this engine's. With the engine's events feeding
         the index, only entries it already has are refreshed: those its reading saw this engine hold

@@ -65,12 +65,15 @@ class Intake:
                 passed = affinity.route(msg, ids, passed=lambda: self._hold(-1))
                 if passed:
                     return None
+                if not affinity.wants_claim(msg, ids):  # its claim has nothing to record
+                    affinity = None
             return self._run(msg, early, affinity)
         finally:
             if not passed:
                 self._hold(-1)
 
     def _run(self, msg: JobMessage, early: Prepared | Exception | None, affinity: Affinity | None) -> JobStatus | None:
+        """Run the job here (``affinity``: the claim is recorded for it) and wait for its end."""
         assert self.runner is not None, "worker runtime not started"
         prepared: concurrent.futures.Future[Prepared] = concurrent.futures.Future()
         claimed: concurrent.futures.Future[bool] | None = concurrent.futures.Future() if affinity else None
