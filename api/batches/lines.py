@@ -31,6 +31,17 @@ MAX_ERRORS = 100
 _CODES = {"custom_id": "invalid_custom_id", "method": "invalid_method", "url": "invalid_url", "body": "invalid_body"}
 
 
+#: characters a JSON string may hold unescaped that ``str.splitlines`` (and other line readers) also
+#: end a line at; an output file writes them escaped, so each answer stays one line for any reader
+_LINE_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
+def jsonl(lines_: Sequence[str]) -> bytes:
+    """An output file from its lines (compact JSON each): one ``\\n``-ended line per answer, with the
+    line breaks JSON leaves raw written as escapes (the same JSON, read back)."""
+    return "".join(raw.translate(_LINE_BREAKS) + "\n" for raw in lines_).encode()
+
+
 def check_file(text: str, endpoint: BatchEndpoint, max_lines: int) -> tuple[list[str], list[BatchError]]:
     """The input file's request lines (compact JSON), or its format errors: a batch with any
     fails before a job is queued. Blank lines are skipped; ``line`` numbers count every line."""

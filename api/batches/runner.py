@@ -379,7 +379,7 @@ class BatchRunner:
         for part, name, attr in ((output, "output", "output_file_id"), (errors, "error", "error_file_id")):
             if part and getattr(b, attr) is None:
                 f = await self.files.create(rec.owner, "batch_output", f"{bid}_{name}.jsonl",
-                                            ("\n".join(part) + "\n").encode(), limited=False, ttl_s=rec.output_ttl_s)
+                                            lines.jsonl(part), limited=False, ttl_s=rec.output_ttl_s)
                 setattr(b, attr, f.id)
                 await self._save(rec)
         now = int(time.time())

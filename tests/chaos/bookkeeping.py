@@ -18,6 +18,7 @@ from typing import Any
 from inferq.shared import keys
 from inferq.shared.redis import make_redis
 from inferq.shared.schemas import TERMINAL_STATUSES
+from inferq.shared.settings import Settings
 from tests.chaos.client import Client, figures
 from tests.chaos.scenarios import long_jobs, run_jobs
 from tests.fleet import Fleet
@@ -55,12 +56,21 @@ async def _left(fleet: Fleet, model: str) -> tuple[int, int]:
         await r.aclose()
 
 
+def _engine_seqs(max_num_seqs: int, env: dict[str, str]) -> int:
+    """A worker's engine sequences as its settings make them: its slots and the interactive reserve."""
+    return Settings.model_validate({"max_num_seqs": max_num_seqs,
+                                    "service_classes": env.get("INFERQ_SERVICE_CLASSES", "true"),
+                                    "interactive_reserve": env.get("INFERQ_INTERACTIVE_RESERVE")}).engine_max_num_seqs
+
+
 async def cancel_depth(fleet: Fleet, client: Client, max_tokens: int = 6000) -> dict[str, Any]:
-    """Long jobs in every slot, the queue filled until a 429, every queued job cancelled, then one
+    """Long jobs in every engine sequence, the queue filled until a 429, every queued job cancelled, then one
     more submission: it must be admitted (202) at once, and the queue must show 0, then 1, queued."""
-    depth = int(fleet.env()["INFERQ_MAX_QUEUE_DEPTH"])
+    env = fleet.env()
+    depth = int(env["INFERQ_MAX_QUEUE_DEPTH"])
     workers = (await client.http.get("/v1/workers")).json()
-    model, slots = workers[0]["model"], sum(w["max_num_seqs"] for w in workers)
+    # every engine sequence: the slots and the interactive reserve beside them (these jobs are interactive)
+    model, slots = workers[0]["model"], sum(_engine_seqs(w["max_num_seqs"], env) for w in workers)
     busy = list(await asyncio.gather(*(client.submit(long_jobs(max_tokens)(i)) for i in range(slots))))
     await eventually_async(lambda: _queue(client, model), 300, "every slot busy and nothing queued",
                            until=lambda v: v["running"] >= slots and v["queued"] == 0, interval=0.5)

@@ -192,6 +192,26 @@ async def test_runner_keeps_the_window_then_expires_the_batch(r: redis.asyncio.R
     assert not await r.exists(keys.batch_part(bid, "lines"), keys.batch_part(bid, "running"))
 
 
+async def test_an_output_file_is_one_line_per_answer_for_any_line_reader(r: redis.asyncio.Redis,
+                                                                        own_redis: str) -> None:
+    """JSON strings may hold U+2028, U+2029 and U+0085 raw, and str.splitlines (as many clients read
+    a JSONL file) ends a line at each: the output files write them escaped, the same JSON."""
+    runner, batches, _ = await make_runner(r, redis_url=own_redis)
+    ids = ["a\u2028b", "c\u2029d", "e\x85f", "plain"]
+    text = "".join(json.dumps({"custom_id": c, "method": "POST", "url": CHAT, "body": {
+        "messages": [{"role": "user", "content": c}], "max_tokens": 4}}, ensure_ascii=False) + "\n" for c in ids)
+    f = await batches.files.create("alice", "batch", "in.jsonl", text.encode())
+    b = await batches.create(BatchCreate(input_file_id=f.id, endpoint=CHAT, completion_window="24h"), ALICE)
+    await runner.advance(b.id)
+    await batches.cancel(b.id, ALICE)
+    await runner.advance(b.id)
+    done = await batches.get(b.id, ALICE)
+    assert done.status == "cancelled" and done.error_file_id is not None
+    got = await batches.files.read(done.error_file_id)
+    assert sorted(json.loads(x)["custom_id"] for x in got.splitlines()) == sorted(ids)
+    assert lines.jsonl(['{"a":"x\u2028y"}']) == b'{"a":"x\\u2028y"}\n'
+
+
 async def test_cancel_while_validating_and_after(r: redis.asyncio.Redis, own_redis: str) -> None:
     runner, batches, _ = await make_runner(r, redis_url=own_redis)
     early = await create(batches, 2)
