@@ -22,6 +22,7 @@ from typing import Any
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
+from inferq.shared.jsonl import one_line
 from inferq.shared.schemas import ErrorEvent, ErrorInfo
 
 OK = 0
@@ -104,8 +105,8 @@ async def _print_events(base: str, path: str, first: dict[str, Any] | None, raw:
 def _show(msg: str | bytes, ev: dict[str, Any], raw: bool) -> None:
     """Print one event: as it came (``raw``), or its text on stdout and a line about the job on
     stderr; an error's line either way."""
-    if raw:
-        print(msg, flush=True)
+    if raw:  # one event a line, also for a reader that splits at U+2028 and the like
+        print(one_line(msg) if isinstance(msg, str) else msg, flush=True)
     elif ev["type"] == "accepted":
         print(f"[job {ev['id']}]", file=sys.stderr, flush=True)
     elif ev["type"] == "loading":  # the model sleeps: the job waits for a worker to wake it

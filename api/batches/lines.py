@@ -21,6 +21,7 @@ from inferq.api.errors import error_body, typed
 from inferq.api.openai.embeddings import EmbeddingRequest
 from inferq.api.openai.params import ChatCompletionRequest, CompletionRequest
 from inferq.shared.errors import InferqError
+from inferq.shared.jsonl import one_line
 from inferq.shared.request_limits import check_limits
 from inferq.shared.schemas import JobRequest
 from inferq.shared.settings import Settings
@@ -31,15 +32,10 @@ MAX_ERRORS = 100
 _CODES = {"custom_id": "invalid_custom_id", "method": "invalid_method", "url": "invalid_url", "body": "invalid_body"}
 
 
-#: characters a JSON string may hold unescaped that ``str.splitlines`` (and other line readers) also
-#: end a line at; an output file writes them escaped, so each answer stays one line for any reader
-_LINE_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
-
-
 def jsonl(lines_: Sequence[str]) -> bytes:
     """An output file from its lines (compact JSON each): one ``\\n``-ended line per answer, with the
     line breaks JSON leaves raw written as escapes (the same JSON, read back)."""
-    return "".join(raw.translate(_LINE_BREAKS) + "\n" for raw in lines_).encode()
+    return "".join(one_line(raw) + "\n" for raw in lines_).encode()
 
 
 def check_file(text: str, endpoint: BatchEndpoint, max_lines: int) -> tuple[list[str], list[BatchError]]:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -29,6 +30,15 @@ def test_inferq_bench_is_the_harness(argv: list[str], expect: str, capsys: pytes
         main(argv)
     assert e.value.code == 0
     assert expect in capsys.readouterr().out
+
+
+def test_raw_events_are_one_line_each_for_any_reader(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--raw`` prints each event as it came, with the line breaks JSON may hold raw (U+2028, U+2029,
+    U+0085) escaped: str.splitlines gives one event a line, the same JSON."""
+    ev = {"type": "token", "seq": 1, "text": "a\u2028b\u2029c\x85d", "n_tokens": 1}
+    wsclient._show(json.dumps(ev, ensure_ascii=False), ev, raw=True)
+    (line,) = capsys.readouterr().out.splitlines()
+    assert json.loads(line) == ev
 
 
 def test_error_events_print_type_code_and_message() -> None:
