@@ -244,7 +244,8 @@ class Settings(BaseSettings):
         default=True, description="With service classes, a worker that holds INFERQ_MAX_NUM_SEQS jobs keeps a "
         "free sequence of its reserve for each tenant it runs below its share (by weight, among the tenants it "
         "holds) that has nothing queued: a job of a tenant past its share is not taken into that sequence, so "
-        "the other tenant's next job starts at once instead of waiting for one of a backlog's jobs to end.")
+        "the other tenant's next job starts at once instead of waiting for one of a backlog's jobs to end; and "
+        "such a tenant's job queued behind the head of the queue is taken ahead of it.")
     tenant_reserve_keep_s: float = Field(
         default=2.0, ge=0, le=600, description="With the tenant reserve, how long a worker remembers a tenant: "
         "it keeps a tenant below its share as many free sequences as the tenant held at once within that time "

@@ -30,7 +30,8 @@ from typing import Any, Protocol
 from kombu.transport import redis as kombu_redis
 
 from inferq.shared import keys
-from inferq.worker.jobs.classes import Head, Tenant, Tenants
+from inferq.shared.lua import source
+from inferq.worker.jobs.classes import Head, Promote, Tenant, Tenants
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,8 @@ log = logging.getLogger(__name__)
 GATED_TIMEOUT_S = 0.05
 #: The priority step of a list no job is ever put on: what a ``BRPOP`` that may pop nothing waits on.
 IDLE_STEP = 99
+#: The most messages from the popping end of each list that a promotion looks at for its tenant's.
+PROMOTE_WALK = 128
 
 
 class Gate(Protocol):
@@ -48,14 +51,16 @@ class Gate(Protocol):
         """Whether the lane may be popped while the worker holds ``held`` messages, ``lane_held`` of them
         from the lane."""
 
-    def reserve_open(self, held: int, tenants: Tenants, peek: Callable[[], Head | None]) -> bool:
+    def reserve_open(self, held: int, tenants: Tenants, peek: Callable[[], Head | None]) -> bool | Promote:
         """Whether the next interactive message may be popped while the worker holds ``held``
-        messages, ``tenants`` the interactive ones; ``peek``: the message a ``BRPOP`` would return
-        now (None: none, a lane's, or a message that names no tenant)."""
+        messages, ``tenants`` the interactive ones, or whose message to move ahead and pop instead;
+        ``peek``: the message a ``BRPOP`` would return now (None: none, a lane's, or a message that
+        names no tenant)."""
 
 
 _gate: Gate | None = None
 _qos: Any = None  # the consuming channel's QoS, as the last BRPOP saw it
+_promote: Any = None  # queue_promote.lua, registered on kombu's client at its first use
 
 
 def use(gate: Gate | None) -> None:
@@ -138,6 +143,27 @@ def queued_by_tenant(counts: list[dict[Any, Any]]) -> dict[str, int]:
     return out
 
 
+def promote(channel: Any, steps: list[int], tenant: str) -> int | None:
+    """Move ``tenant``'s next message on ``steps`` of the channel's model queue (not a lane) to the
+    popping end of its list, looking at most :data:`PROMOTE_WALK` messages from that end of each
+    list; the priority step it is on, or None if none was found (or on any failure). The message
+    stays in its list: the next ``BRPOP`` on that step takes it, or, should another worker pop it
+    first, that worker runs it."""
+    global _promote
+    try:
+        queues = [q for q in channel.active_queues if not keys.is_lane(q)]
+        names = [(p, channel._q_for_pri(q, p)) for p in steps for q in queues]
+        with channel.conn_or_acquire() as client:
+            if _promote is None:
+                _promote = client.register_script(source("queue_promote"))
+            at = int(_promote(keys=[name for _, name in names], args=[f'"tenant": "{tenant}"', tenant, PROMOTE_WALK],
+                              client=client))
+        return names[at - 1][0] if at > 0 else None
+    except Exception as e:  # noqa: BLE001 (the BRPOP that follows meets any real trouble)
+        log.debug("could not move %s's next message ahead: %s", tenant, e)
+        return None
+
+
 def _gated(original: Callable[..., Any]) -> Callable[..., Any]:
     def _brpop_start(self: Any, timeout: float | None = None) -> Any:
         global _qos
@@ -147,7 +173,12 @@ def _gated(original: Callable[..., Any]) -> Callable[..., Any]:
         n, lane_n, tenants = held(self.qos, gate.lane)
         steps = self.priority_steps
         kept = steps if gate.lane_open(n, lane_n) else [p for p in steps if p != gate.lane]
-        if not gate.reserve_open(n, tenants, lambda: head(self, [p for p in kept if p != gate.lane])):
+        shared = [p for p in kept if p != gate.lane]
+        taken = gate.reserve_open(n, tenants, lambda: head(self, shared))
+        step = promote(self, shared, taken.tenant) if isinstance(taken, Promote) else None
+        if step is not None:  # another tenant's job, now at the popping end of its list: that list alone
+            kept = [step]
+        elif not (taken.otherwise if isinstance(taken, Promote) else taken):
             kept = [IDLE_STEP]  # nothing may be popped now: wait on a list nobody fills
         if kept is steps:
             return original(self, timeout)

@@ -19,7 +19,7 @@ from inferq.shared.celery_app import job_message, make_celery
 from inferq.shared.schemas import JobMessage, JobRequest
 from inferq.shared.settings import Settings
 from inferq.worker import kombu_gate
-from inferq.worker.jobs.classes import BatchLimit, Head, ServiceClasses, Tenant, Tenants
+from inferq.worker.jobs.classes import BatchLimit, Head, Promote, ServiceClasses, Tenant, Tenants
 
 LANE = 9
 
@@ -44,14 +44,19 @@ def gate(slots: int = 8, reserve: int = 6, on: bool = True) -> ServiceClasses:
     # beside a tenant below its share (7) with nothing queued, one sequence stays free for that one's next job ...
     ({"heavy": 8, "light": 4}, Tenant("heavy"), {}, True),  # 2 free
     ({"heavy": 9, "light": 4}, Tenant("heavy"), {}, False),  # 1 free: kept
-    # ... but not when its jobs wait in the queue (behind this one: fair share put this one first)
-    ({"heavy": 9, "light": 4}, Tenant("heavy"), {"light": 2}, True),
+    # ... and when its jobs wait in the queue behind this one, its next one is taken instead
+    ({"heavy": 9, "light": 4}, Tenant("heavy"), {"light": 2}, Promote("light", True)),
+    ({"heavy": 10, "light": 3}, Tenant("heavy"), {"light": 1, "heavy": 5}, Promote("light", True)),
     ({"heavy": 9, "light": 4}, Tenant("heavy"), {"heavy": 5}, False),
+    # a tenant at its share with jobs queued is not taken ahead of the head
+    ({"heavy": 6, "light": 7}, Tenant("heavy"), {"light": 3}, True),
     # the head's own tenant within its share: taken
     ({"heavy": 6, "light": 7}, Tenant("heavy"), {}, True),
     ({"heavy": 7, "light": 6}, Tenant("light"), {}, True),
     # two tenants below their share (14 / 3 each) keep a sequence each
     ({"a": 6, "b": 3, "c": 3}, Tenant("a"), {}, False),  # 2 free, 2 kept
+    ({"a": 6, "b": 3, "c": 2}, Tenant("a"), {"b": 1, "c": 1}, Promote("c", True)),  # the one furthest below first
+    ({"a": 7, "b": 3, "c": 3}, Tenant("a"), {"b": 1}, Promote("b", False)),  # 1 free, kept for c: b's job takes it
     ({"a": 5, "b": 3, "c": 3}, Tenant("a"), {}, True),  # 3 free
     # weights: 2 to 1 gives the heavier tenant 2/3 of 14 (9.3)
     ({"a": (10, 2.0), "b": 3}, Tenant("a", 2.0), {}, False),  # 1 free, kept for b (share 4.7)
@@ -60,9 +65,10 @@ def gate(slots: int = 8, reserve: int = 6, on: bool = True) -> ServiceClasses:
     ({"a": 5, "b": (8, 2.0)}, Tenant("a"), {}, False),  # b below its share: the one free sequence kept
 ])
 def test_the_reserve_keeps_a_sequence_for_tenants_below_their_share(held: dict[str, Any], head: Tenant,
-                                                                     queued: dict[str, int], taken: bool) -> None:
+                                                                     queued: dict[str, int],
+                                                                     taken: bool | Promote) -> None:
     t = tenants(**held)
-    assert gate().reserve_open(sum(t.count.values()), t, lambda: Head(head, queued)) is taken
+    assert gate().reserve_open(sum(t.count.values()), t, lambda: Head(head, queued)) == taken
 
 
 def test_below_the_slots_beside_one_tenant_or_off_or_with_no_tenant_at_the_head_every_job_is_taken() -> None:
@@ -174,3 +180,53 @@ async def test_a_worker_waits_on_no_list_for_the_sequence_it_keeps(channel: Any,
 
 def test_the_idle_list_is_one_nobody_fills() -> None:
     assert kombu_gate.IDLE_STEP not in keys.PRIORITIES
+
+
+async def test_a_promotion_moves_the_tenants_next_message_to_the_popping_end(channel: Any, r: Any) -> None:
+    """Fair share's order put light's job behind heavy's: the promotion moves light's next message
+    (the one nearest the popping end) to that end of its list, where the next pop takes it; the
+    list keeps every message."""
+    lst = keys.queue_lists("m")[5]
+    light = [message("light", 5)[1] for _ in range(2)]
+    heavy = [message("heavy", 5)[1] for _ in range(3)]
+    await r.rpush(lst, light[1], heavy[2], light[0], heavy[1], heavy[0])  # popped from the right: heavy[0] first
+    steps = list(range(LANE))
+    assert kombu_gate.head(channel, steps) == Head(Tenant("heavy", 1.0))
+    assert kombu_gate.promote(channel, steps, "light") == 5
+    assert kombu_gate.head(channel, steps) == Head(Tenant("light", 1.0))
+    assert await r.lrange(lst, 0, -1) == [light[1], heavy[2], heavy[1], heavy[0], light[0]]
+    assert kombu_gate.promote(channel, steps, "light") == 5  # already at the end: nothing moves
+    assert await r.rpop(lst) == light[0]
+    assert kombu_gate.promote(channel, steps, "nobody") is None
+    assert kombu_gate.promote(channel, [0, 1], "light") is None  # not on those steps
+    await r.lpush(lst, *[message("heavy", 5)[1] for _ in range(kombu_gate.PROMOTE_WALK)])
+    await r.rpush(lst, *[message("heavy", 5)[1] for _ in range(kombu_gate.PROMOTE_WALK)])
+    assert kombu_gate.promote(channel, steps, "light") is None, "light's message is past the walk"
+    assert await r.llen(lst) == 4 + 2 * kombu_gate.PROMOTE_WALK
+
+
+async def test_the_gate_pops_the_promoted_message_on_its_own_step(channel: Any, r: Any) -> None:
+    """Heavy holds 9 of 14 sequences, past its share, and its message is the head; light (4 held,
+    below its share) has a job queued behind it: the BRPOP the consumer starts waits on that job's
+    step alone, with light's message at its end; with it gone, the one free sequence is kept for light."""
+    held_msgs = OrderedDict((f"t{i}", SimpleNamespace(properties={"priority": 5}, headers={"tenant": t}))
+                            for i, t in enumerate(["heavy"] * 9 + ["light"] * 4))
+    fake = SimpleNamespace(qos=SimpleNamespace(_delivered=held_msgs, _dirty=set()), priority_steps=list(range(10)),
+                           active_queues=channel.active_queues, _q_for_pri=channel._q_for_pri,
+                           conn_or_acquire=channel.conn_or_acquire)
+    seen: list[tuple[list[int], float | None]] = []
+    start = kombu_gate._gated(lambda self, timeout=None: seen.append((list(self.priority_steps), timeout)))
+    lst = keys.queue_lists("m")[5]
+    light, heavy = message("light", 5)[1], message("heavy", 5)[1]
+    await r.rpush(lst, light, heavy)
+    await r.hset(keys.fair_queued(lst), mapping={"heavy": 1, "light": 1})
+    kombu_gate.use(gate())
+    try:
+        start(fake)
+        assert await r.lrange(lst, 0, -1) == [heavy, light]
+        await r.rpop(lst)  # popped (here: by another worker)
+        await r.hset(keys.fair_queued(lst), mapping={"light": 0})
+        start(fake)
+    finally:
+        kombu_gate.use(None)
+    assert seen == [([5], kombu_gate.GATED_TIMEOUT_S), ([kombu_gate.IDLE_STEP], kombu_gate.GATED_TIMEOUT_S)]

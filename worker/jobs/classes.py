@@ -129,6 +129,16 @@ class Head:
 
 
 @dataclass(frozen=True)
+class Promote:
+    """The gate's answer when the queue's head is a tenant's past its share while another tenant below
+    its share has jobs queued behind it: move that tenant's next job to the popping end and take it
+    (worker/kombu_gate.py); ``otherwise``, what to do with the head if none of its jobs is found."""
+
+    tenant: str
+    otherwise: bool
+
+
+@dataclass(frozen=True)
 class Held:
     """A job the worker holds: its class and tenant, and since when (monotonic)."""
 
@@ -186,12 +196,15 @@ class ServiceClasses:
         """Batch work may grow: the worker holds fewer than ``slots`` jobs and fewer lane jobs than its limit."""
         return held < self.slots and lane_held < self.limit.value
 
-    def reserve_open(self, held: int, tenants: Tenants, peek: Callable[[], Head | None]) -> bool:
+    def reserve_open(self, held: int, tenants: Tenants, peek: Callable[[], Head | None]) -> bool | Promote:
         """The next interactive job may be taken: always while the worker holds fewer than ``slots``
         jobs; beyond (with the tenant reserve), if one more job of its tenant stays within that
-        tenant's share of ``slots + reserve`` (by weight, among the tenants it holds and this one),
-        or if the sequences left free would still keep one (see ``keep_s``) for each other tenant here
-        that runs below its share with nothing queued (its next job, which nothing else would wait for);
+        tenant's share of ``slots + reserve`` (by weight, among the tenants it holds and this one).
+        Past it, the job of another tenant below its share that waits in the queue is taken instead
+        (:class:`Promote`: fair share's order may put it behind the head, since that order counts
+        tokens served, not sequences held); with none waiting, the head is taken if the sequences
+        left free would still keep one (see ``keep_s``) for each other tenant here that runs below its
+        share with nothing queued (its next job, which nothing else would wait for).
         ``peek``: the message a ``BRPOP`` would return now. With ``keep_s``, a tenant held here
         within the last ``keep_s`` counts as held (with no job), and a tenant is kept as many free
         sequences as it held at once within that time (up to its share): the jobs its clients send as
@@ -210,7 +223,12 @@ class ServiceClasses:
         kept = sum(max(0, min(max(present.count[t] + 1, present.peak.get(t, 0)), math.floor(share[t] + 1e-9))
                            - present.count[t])
                    for t in present.weight if t != me and head.queued.get(t, 0) <= 0)
-        return self.slots + self.reserve - held > kept
+        taken = self.slots + self.reserve - held > kept
+        waiting = [t for t in present.weight if t != me and head.queued.get(t, 0) > 0
+                   and present.count[t] + 1 <= share[t] + 1e-9]
+        if waiting:  # the one furthest below its share first
+            return Promote(min(waiting, key=lambda t: (present.count[t] / weight[t], t)), taken)
+        return taken
 
     def _present(self, tenants: Tenants) -> Tenants:
         """``tenants``, those held here within the last ``keep_s`` (with no job), and the most jobs
