@@ -155,17 +155,24 @@ async def test_the_head_is_the_message_the_brpop_would_return(channel: Any, r: A
     assert kombu_gate.head(channel, steps) is None  # a message that names no tenant
 
 
-async def test_a_worker_waits_on_no_list_for_the_sequence_it_keeps(channel: Any, r: Any) -> None:
-    """The BRPOP the consumer starts with one sequence free, kept for a tenant below its share with
-    nothing queued: the idle list (for the short timeout) while the head is another tenant's, past
-    its share; every list once the head is the tenant the sequence is kept for."""
-    held_msgs = OrderedDict((f"t{i}", SimpleNamespace(properties={"priority": 0}, headers={"tenant": t}))
+def heavy_9_light_4(channel: Any, priority: int) -> tuple[Any, list[tuple[list[int], float | None]], Any]:
+    """A consumer's channel holding 9 of heavy's messages and 4 of light's (of ``priority``); the BRPOPs
+    its gated start would send (steps, timeout), and that start."""
+    held_msgs = OrderedDict((f"t{i}", SimpleNamespace(properties={"priority": priority}, headers={"tenant": t}))
                             for i, t in enumerate(["heavy"] * 9 + ["light"] * 4))
     fake = SimpleNamespace(qos=SimpleNamespace(_delivered=held_msgs, _dirty=set()), priority_steps=list(range(10)),
                            active_queues=channel.active_queues, _q_for_pri=channel._q_for_pri,
                            conn_or_acquire=channel.conn_or_acquire)
     seen: list[tuple[list[int], float | None]] = []
     start = kombu_gate._gated(lambda self, timeout=None: seen.append((list(self.priority_steps), timeout)))
+    return fake, seen, start
+
+
+async def test_a_worker_waits_on_no_list_for_the_sequence_it_keeps(channel: Any, r: Any) -> None:
+    """The BRPOP the consumer starts with one sequence free, kept for a tenant below its share with
+    nothing queued: the idle list (for the short timeout) while the head is another tenant's, past
+    its share; every list once the head is the tenant the sequence is kept for."""
+    fake, seen, start = heavy_9_light_4(channel, priority=0)
     kombu_gate.use(gate())
     try:
         await r.lpush(*message("heavy"))
@@ -209,13 +216,7 @@ async def test_the_gate_pops_the_promoted_message_on_its_own_step(channel: Any, 
     """Heavy holds 9 of 14 sequences, past its share, and its message is the head; light (4 held,
     below its share) has a job queued behind it: the BRPOP the consumer starts waits on that job's
     step alone, with light's message at its end; with it gone, the one free sequence is kept for light."""
-    held_msgs = OrderedDict((f"t{i}", SimpleNamespace(properties={"priority": 5}, headers={"tenant": t}))
-                            for i, t in enumerate(["heavy"] * 9 + ["light"] * 4))
-    fake = SimpleNamespace(qos=SimpleNamespace(_delivered=held_msgs, _dirty=set()), priority_steps=list(range(10)),
-                           active_queues=channel.active_queues, _q_for_pri=channel._q_for_pri,
-                           conn_or_acquire=channel.conn_or_acquire)
-    seen: list[tuple[list[int], float | None]] = []
-    start = kombu_gate._gated(lambda self, timeout=None: seen.append((list(self.priority_steps), timeout)))
+    fake, seen, start = heavy_9_light_4(channel, priority=5)
     lst = keys.queue_lists("m")[5]
     light, heavy = message("light", 5)[1], message("heavy", 5)[1]
     await r.rpush(lst, light, heavy)
