@@ -10,7 +10,8 @@ with fresh prompts (a new seed); a case may first stop workers down to its ``wor
 
 - ``prefix_repetition``: ``num_prefixes`` shared prefixes, each repeated, shuffled (the workload's
   ideal hit rate is prefix / (prefix + suffix) of the prompt tokens, less the first of each prefix);
-- ``random``: prompts that share nothing (placement can only cost);
+- ``random``: prompts that share nothing (placement can only cost); with ``request_rate``, sent at
+  that rate (Poisson arrivals, ``--request-rate``) instead of a closed loop of ``concurrency``;
 - either with LoRA adapters: ``adapters`` of them, one per request, drawn uniformly
   (``--lora-modules``, as users run it) or Zipf-like (``zipf``: each name repeated in proportion to
   1/rank, the same flag);
@@ -65,6 +66,7 @@ class Case:
     num_prefixes: int = 16
     num_prompts: int = 256
     concurrency: int = 32
+    request_rate: float | None = None  # requests/s, Poisson arrivals (None: a closed loop of ``concurrency``)
     adapters: int = 0  # n > 0: each request on one of the first n adapters
     zipf: bool = False
     warmup: int = 0  # prompts run once before the repeats, not measured (kernels compiled, adapters loaded)
@@ -134,7 +136,8 @@ def client_args(case: Case, base: str, model: str, tokenizer: str, loras: list[s
                 out: Path, name: str) -> list[str]:
     args = ["--backend", "openai", "--endpoint", "/v1/completions", "--base-url", base, "--model", model,
             "--tokenizer", tokenizer, "--num-prompts", str(case.num_prompts), "--max-concurrency",
-            str(case.concurrency), "--request-rate", "inf", "--ignore-eos", "--seed", str(seed),
+            str(case.concurrency), "--request-rate", str(case.request_rate or "inf"), "--ignore-eos",
+            "--seed", str(seed),
             "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
             "--save-result", "--result-dir", str(out), "--result-filename", name, "--disable-tqdm",
             "--temperature", "0"]

@@ -166,7 +166,8 @@ CASE_NAMES = {"lora-1": "1 LoRA adapter", "lora-16-uniform": "16 adapters, unifo
               "lora-16-zipf": "16 adapters, Zipf", "lora-32-uniform": "32 adapters, uniform, 8 slots",
               "lora-1-8slots": "1 LoRA adapter, 8 slots",
               "lora-16-uniform-2w": "16 adapters, uniform, 2 workers",
-              "random": "nothing shared", "prefix": "shared prefixes", "hot-prefix": "one hot prefix"}
+              "random": "nothing shared", "random-rate": "nothing shared, fixed rate", "prefix": "shared prefixes",
+              "hot-prefix": "one hot prefix"}
 
 
 def _fleet_cells(s: dict[str, Any], plain: dict[str, float] | None) -> str:

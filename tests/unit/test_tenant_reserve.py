@@ -45,8 +45,12 @@ def gate(slots: int = 8, reserve: int = 6, on: bool = True) -> ServiceClasses:
     ({"heavy": 8, "light": 4}, Tenant("heavy"), {}, True),  # 2 free
     ({"heavy": 9, "light": 4}, Tenant("heavy"), {}, False),  # 1 free: kept
     # ... and when its jobs wait in the queue behind this one, its next one is taken instead
-    ({"heavy": 9, "light": 4}, Tenant("heavy"), {"light": 2}, Promote("light", True)),
-    ({"heavy": 10, "light": 3}, Tenant("heavy"), {"light": 1, "heavy": 5}, Promote("light", True)),
+    ({"heavy": 9, "light": 4}, Tenant("heavy"), {"light": 2}, Promote("light", False)),
+    ({"heavy": 10, "light": 2}, Tenant("heavy"), {"light": 1, "heavy": 5}, Promote("light", True)),
+    # (should none of light's jobs be found, the head is taken only if light's sequences stay kept:
+    # its queued count falls at the claim, so its job just popped, held here, still counts as queued)
+    ({"heavy": 9, "light": 3}, Tenant("heavy"), {"light": 1}, Promote("light", True)),  # 2 free, 1 kept
+    ({"heavy": 9, "light": 4}, Tenant("heavy"), {"light": 1}, Promote("light", False)),  # 1 free, 1 kept
     ({"heavy": 9, "light": 4}, Tenant("heavy"), {"heavy": 5}, False),
     # a tenant at its share with jobs queued is not taken ahead of the head
     ({"heavy": 6, "light": 7}, Tenant("heavy"), {"light": 3}, True),
@@ -55,7 +59,8 @@ def gate(slots: int = 8, reserve: int = 6, on: bool = True) -> ServiceClasses:
     ({"heavy": 7, "light": 6}, Tenant("light"), {}, True),
     # two tenants below their share (14 / 3 each) keep a sequence each
     ({"a": 6, "b": 3, "c": 3}, Tenant("a"), {}, False),  # 2 free, 2 kept
-    ({"a": 6, "b": 3, "c": 2}, Tenant("a"), {"b": 1, "c": 1}, Promote("c", True)),  # the one furthest below first
+    ({"a": 7, "b": 3, "c": 2}, Tenant("a"), {"b": 1, "c": 1}, Promote("c", False)),  # the one furthest below first
+    ({"a": 6, "b": 3, "c": 2}, Tenant("a"), {"b": 1, "c": 1}, Promote("c", True)),  # 3 free, 2 kept
     ({"a": 7, "b": 3, "c": 3}, Tenant("a"), {"b": 1}, Promote("b", False)),  # 1 free, kept for c: b's job takes it
     ({"a": 5, "b": 3, "c": 3}, Tenant("a"), {}, True),  # 3 free
     # weights: 2 to 1 gives the heavier tenant 2/3 of 14 (9.3)

@@ -202,7 +202,10 @@ class ServiceClasses:
         tenant's share of ``slots + reserve`` (by weight, among the tenants it holds and this one).
         Past it, the job of another tenant below its share that waits in the queue is taken instead
         (:class:`Promote`: fair share's order may put it behind the head, since that order counts
-        tokens served, not sequences held); with none waiting, the head is taken if the sequences
+        tokens served, not sequences held; should none of its jobs be found there, the head is taken
+        only if that tenant's sequences stay kept as well: a tenant's queued count falls at the
+        claim, a moment after the pop, so its job just taken, by this worker or another, still
+        counts as waiting until then); with none waiting, the head is taken if the sequences
         left free would still keep one (see ``keep_s``) for each other tenant here that runs below its
         share with nothing queued (its next job, which nothing else would wait for).
         ``peek``: the message a ``BRPOP`` would return now. With ``keep_s``, a tenant held here
@@ -220,15 +223,13 @@ class ServiceClasses:
         share = {t: (self.slots + self.reserve) * w / whole for t, w in weight.items()}
         if present.count[me] + 1 <= share[me] + 1e-9:
             return True
-        kept = sum(max(0, min(max(present.count[t] + 1, present.peak.get(t, 0)), math.floor(share[t] + 1e-9))
-                           - present.count[t])
-                   for t in present.weight if t != me and head.queued.get(t, 0) <= 0)
-        taken = self.slots + self.reserve - held > kept
-        waiting = [t for t in present.weight if t != me and head.queued.get(t, 0) > 0
-                   and present.count[t] + 1 <= share[t] + 1e-9]
-        if waiting:  # the one furthest below its share first
-            return Promote(min(waiting, key=lambda t: (present.count[t] / weight[t], t)), taken)
-        return taken
+        free = self.slots + self.reserve - held
+        kept = {t: max(0, min(max(present.count[t] + 1, present.peak.get(t, 0)), math.floor(share[t] + 1e-9))
+                       - present.count[t]) for t in present.weight if t != me}
+        waiting = [t for t in kept if head.queued.get(t, 0) > 0 and present.count[t] + 1 <= share[t] + 1e-9]
+        if waiting:  # the one furthest below its share first; its sequences kept should none of its jobs be found
+            return Promote(min(waiting, key=lambda t: (present.count[t] / weight[t], t)), free > sum(kept.values()))
+        return free > sum(n for t, n in kept.items() if head.queued.get(t, 0) <= 0)
 
     def _present(self, tenants: Tenants) -> Tenants:
         """``tenants``, those held here within the last ``keep_s`` (with no job), and the most jobs
