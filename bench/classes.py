@@ -16,18 +16,20 @@ of the capacity interactive work left idle that batch used (against the capacity
 its end and is audited: every line answered once, with all its tokens.
 
 **Tenants.** Two keys of equal weight run closed loops (``vllm bench serve``); ``heavy`` asks
-``heavy_factor`` times the output tokens per request. Fleets: ``fair`` (the defaults) and
-``tenants-fifo`` (fair share and running-slot fair share off), ``tenants-queue`` (fair share in the
-queue only, running-slot fair share off: as before), ``tenants-prompt-full`` (the same with prompt
+``heavy_factor`` times the output tokens per request. Fleets: ``fair`` (running-slot fair share on),
+``tenants-fifo`` (fair share off), ``tenants-queue`` (the defaults: fair share in the queue, the
+tenant reserve, rooms for a tenant that runs nothing), ``tenants-prompt-full`` (the same with prompt
 tokens charged in full, ``INFERQ_FAIR_PROMPT_WEIGHT=1``) and ``tenants-no-reserve`` (the same with
 the interactive reserve open to any tenant's job, ``INFERQ_TENANT_RESERVE=false``) and ``tenants-no-keep``
-(a tenant's sequence kept only while it holds a job, ``INFERQ_TENANT_RESERVE_KEEP_S=0``). Per repeat: both backlogged
+(a tenant's sequence kept only while it holds a job, ``INFERQ_TENANT_RESERVE_KEEP_S=0``) and ``tenants-no-room``
+(no room made for a tenant that runs nothing, ``INFERQ_TENANT_ROOM_FOR_NEW=false``). Per repeat: both backlogged
 (``tenant_concurrency`` clients each): each tenant's output tokens in every ``window_s`` window
 (sliding by ``step_s``) while both run, the largest weighted service ratio of any window (of output
 tokens, and counted as fair share charges: prompt tokens at INFERQ_FAIR_PROMPT_WEIGHT too), the total
 output tokens/s; then the heavy one backlogged beside the light one with ``light_concurrency``
-clients (fewer than its share of the slots): the light one's TTFT p90 over the requests it sent
-while the heavy one ran, against its run alone (on ``fair``, ``tenants-queue`` and ``tenants-no-keep``).
+clients (fewer than its share of the slots): the light one's TTFT p90 (and p99) over the requests
+it sent while the heavy one ran, against its run alone (on ``fair``, ``tenants-queue``,
+``tenants-no-keep`` and ``tenants-no-room``).
 
 Results: ``OUT/classes.json`` (every run, each invocation adding its stacks: a GPU run may be split
 across calls with ``--only``) and ``OUT/summary.json`` (medians of the repeats with min and max).
@@ -62,9 +64,10 @@ STACKS = {  # name -> environment over the config's (every worker and the gatewa
     "tenants-prompt-full": {"INFERQ_FAIR_PROMPT_WEIGHT": "1"},  # the same, prompt tokens charged in full
     "tenants-no-reserve": {"INFERQ_TENANT_RESERVE": "false"},  # the same, any tenant's job takes the reserve
     "tenants-no-keep": {"INFERQ_TENANT_RESERVE_KEEP_S": "0"},  # the reserve only for tenants holding a job
+    "tenants-no-room": {"INFERQ_TENANT_ROOM_FOR_NEW": "false"},  # a newcomer waits for a backlog job to end
 }
 TENANT_STACKS = ("fair", "tenants-fifo", "tenants-queue", "tenants-prompt-full", "tenants-no-reserve",
-                 "tenants-no-keep")
+                 "tenants-no-keep", "tenants-no-room")
 TENANT_KEYS = {"heavy": "bench-key-heavy", "light": "bench-key-light"}
 
 
@@ -167,24 +170,26 @@ def tenants_run(cfg: ClassesConfig, stack: str, ctx: dict[str, Any], repeat: int
     charged = service_windows(reqs, cfg.window_s, cfg.step_s, prompt_weight=prompt_weight(cfg, stack))
     got["service"]["charged_ratio_max"] = charged["ratio_max"]
     beside = together("beside", {"heavy": heavy, "light": few})
-    got["light_beside_p90_ttft_ms"] = ttft_p90_while(beside["light"].pop("requests"), beside["heavy"].pop("requests"))
+    light_req, heavy_req = beside["light"].pop("requests"), beside["heavy"].pop("requests")
+    got["light_beside_p90_ttft_ms"] = ttft_p90_while(light_req, heavy_req)
+    got["light_beside_p99_ttft_ms"] = ttft_p90_while(light_req, heavy_req, 0.99)
     got["beside"] = beside
-    if stack in ("fair", "tenants-queue", "tenants-no-keep"):
+    if stack in ("fair", "tenants-queue", "tenants-no-keep", "tenants-no-room"):
         solo = run_client(few, *args, seed + 7, out, f"{stack}-{repeat}-solo", TENANT_KEYS["light"])
         got["light_solo_p90_ttft_ms"] = ttft_p90_while(solo.pop("requests"), None)
         got["light_solo"] = solo
     return got
 
 
-def ttft_p90_while(req: dict[str, Any], other: dict[str, Any] | None) -> float | None:
-    """The TTFT p90 (ms) of the requests that started while ``other``'s ran (all without ``other``)."""
+def ttft_p90_while(req: dict[str, Any], other: dict[str, Any] | None, q: float = 0.9) -> float | None:
+    """The TTFT p90 (``q``; ms) of the requests that started while ``other``'s ran (all without ``other``)."""
     starts, ttfts = req.get("start_times") or [], req.get("ttfts") or []
     if other is not None and other.get("start_times"):
         lo = min(other["start_times"])
         hi = max(s + (lat or 0.0) for s, lat in zip(other["start_times"], other.get("latencies") or [], strict=False))
         ttfts = [t for s, t in zip(starts, ttfts, strict=False) if lo <= s <= hi]
     ttfts = sorted(t for t in ttfts if t)
-    return 1000 * ttfts[min(len(ttfts) - 1, int(0.9 * len(ttfts)))] if ttfts else None
+    return 1000 * ttfts[min(len(ttfts) - 1, int(q * len(ttfts)))] if ttfts else None
 
 
 def _keep(out: Path, stack: str, runs: list[dict[str, Any]], ctx: dict[str, Any] | None = None) -> None:
@@ -277,8 +282,8 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
                     "charged_ratio_max": [r["service"]["charged_ratio_max"] for r in runs
                                           if r["service"].get("charged_ratio_max")],
                     "total_tok_s": [r["service"]["total_tok_s"] for r in runs],
-                    "light_beside_p90_ttft_ms": [r["light_beside_p90_ttft_ms"] for r in runs
-                                                 if r["light_beside_p90_ttft_ms"] is not None]}
+                    **{k: [r[k] for r in runs if r.get(k) is not None]
+                       for k in ("light_beside_p90_ttft_ms", "light_beside_p99_ttft_ms")}}
             if "light_solo" in runs[0]:
                 pick["light_solo_p90_ttft_ms"] = [r["light_solo_p90_ttft_ms"] for r in runs
                                                   if r["light_solo_p90_ttft_ms"] is not None]
@@ -315,13 +320,15 @@ def table(summary: dict[str, Any]) -> str:
                      f"{_fmt(s['mixed_median_itl_ms'], 1)} / {_fmt(s['mixed_p99_itl_ms'], 1)} | {vs} | "
                      f"{_fmt(s['batch_tok_s'])} | {idle} |")
     lines += ["", "| fleet | service ratio, worst window (both backlogged): output tokens / as charged | total out "
-              "tok/s | light TTFT p90 beside the heavy backlog / alone ms |", "| --- | --- | --- | --- |"]
+              "tok/s | light TTFT p90 beside the heavy backlog / alone ms | light TTFT p99 beside it ms |",
+              "| --- | --- | --- | --- | --- |"]
     for name in TENANT_STACKS:
         s = st.get(name)
         if s:
             solo = f" / {_fmt(s['light_solo_p90_ttft_ms'])}" if s.get("light_solo_p90_ttft_ms") else ""
             lines.append(f"| {name} | {_fmt(s['ratio_max'], 2)} / {_fmt(s.get('charged_ratio_max'), 2)} | "
-                         f"{_fmt(s['total_tok_s'])} | {_fmt(s['light_beside_p90_ttft_ms'])}{solo} |")
+                         f"{_fmt(s['total_tok_s'])} | {_fmt(s['light_beside_p90_ttft_ms'])}{solo} | "
+                         f"{_fmt(s.get('light_beside_p99_ttft_ms'))} |")
     return "\n".join(lines) + "\n"
 
 

@@ -251,6 +251,12 @@ class Settings(BaseSettings):
         "it keeps a tenant below its share as many free sequences as the tenant held at once within that time "
         "(up to its share), and one for a tenant it held within it that holds none now (a client whose next "
         "requests come as its last ones end); 0: one sequence, only while the tenant holds a job there.")
+    tenant_room_for_new: bool = Field(
+        default=True, description="With service classes, a worker whose every sequence is held hands back the "
+        "youngest job of the tenant most above its share (paused where it can be, to go on from its tokens so "
+        "far) for each job queued of a tenant it runs nothing of, up to that tenant's share: a tenant's first "
+        "requests beside another's backlog start at once instead of waiting for a backlog job to end. "
+        "INFERQ_RUNNING_FAIR_SHARE does this for every tenant below its share.")
     running_fair_share: bool = Field(
         default=False, description="With service classes, a worker whose every slot is held hands its youngest "
         "batch job back (reason 'preempted', not counted against its attempts; paused where it can be, to go "

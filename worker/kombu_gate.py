@@ -24,12 +24,14 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections import Counter
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from kombu.transport import redis as kombu_redis
 
 from inferq.shared import keys
+from inferq.shared.fairshare import ANONYMOUS
 from inferq.shared.lua import source
 from inferq.worker.jobs.classes import Head, Promote, Tenant, Tenants
 
@@ -74,6 +76,14 @@ def delivered() -> int:
     a job taken counts from its delivery, before its thread has started it."""
     qos = _qos
     return 0 if qos is None else max(0, len(qos._delivered) - len(qos._dirty))
+
+
+def delivered_tenants() -> Counter[str]:
+    """Interactive messages this process's consumer holds now (delivered, not acked), by tenant."""
+    qos, gate = _qos, _gate
+    if qos is None or gate is None:
+        return Counter()
+    return Counter({name or ANONYMOUS: n for name, n in held(qos, gate.lane)[2].count.items()})
 
 
 def priority_of(message: Any) -> int:

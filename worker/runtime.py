@@ -149,7 +149,8 @@ class WorkerRuntime:
             loop.create_task(self.host.adapters.keep_synced())]
         if self.classes is not None:  # full: hand back batch (or, by tenant share, interactive) for work waiting
             self.room = Room(self.redis, s.model_name, self.classes, self.runner.attempts.attempts,
-                             self.handback.preempt, s.heartbeat_s, tenants=s.running_fair_share)
+                             self.handback.preempt, s.heartbeat_s, tenants=s.running_fair_share,
+                             newcomers=s.tenant_room_for_new)
             self._listeners.append(loop.create_task(self.room.run()))
         if (files := tokenizer_files.files_of(self.host.tokenizer)) is not None:
             try:

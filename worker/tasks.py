@@ -52,6 +52,7 @@ def _start_engine(**_: Any) -> None:
         kombu_gate.use(_runtime.classes)  # before Celery consumes: batch work only where it fits
         if _runtime.classes is not None:
             _runtime.classes.delivered = kombu_gate.delivered
+            _runtime.classes.delivered_tenants = kombu_gate.delivered_tenants
     except BaseException:
         log.critical("the engine could not start; exiting", exc_info=True)
         kill_children()  # an engine core left behind would keep holding the GPU's memory

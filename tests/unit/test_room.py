@@ -5,6 +5,7 @@ work waits below its tenant's share, and a preempted job is queued again whateve
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 
 import redis.asyncio
 
@@ -21,13 +22,13 @@ class Worker:
     """A worker's holdings (slots + reserve = 4) and what it hands back."""
 
     def __init__(self, r: redis.asyncio.Redis, model: str, slots: int = 3, reserve: int = 1,
-                 tenants: bool = True) -> None:
+                 tenants: bool = True, newcomers: bool = False) -> None:
         self.classes = ServiceClasses(slots, reserve, LANE, BatchLimit(slots))
         self.given: list[str] = []
         self._holding: list[object] = []
         self._attempts: dict[str, int] = {}
         self.room = Room(r, model, self.classes, lambda: dict(self._attempts), self._give_back, period_s=1.0,
-                         tenants=tenants)
+                         tenants=tenants, newcomers=newcomers)
 
     def hold(self, tenant: str, service_class: str = "interactive", n: int = 1) -> list[str]:
         ids = []
@@ -109,6 +110,36 @@ async def test_without_running_slot_fair_share_only_batch_makes_room(r: redis.as
     other.hold("heavy", n=3)
     young = other.hold("heavy", "batch")
     assert await other.room.check() == 1 and other.given == young, "batch still gives way to interactive"
+
+
+async def test_a_tenant_that_runs_nothing_here_gets_room_from_the_one_past_its_share(r: redis.asyncio.Redis) -> None:
+    """Running-slot fair share off, rooms for newcomers on (the defaults): the heavy tenant holds all
+    4 sequences, the light one's first 2 jobs wait; each takes the room of one of heavy's youngest
+    jobs (light's share is 2); once light runs a job here, it gets no more rooms."""
+    m = model()
+    w = Worker(r, m, tenants=False, newcomers=True)
+    w.hold("heavy", n=2)
+    young = w.hold("heavy", n=2)
+    await waiting(r, m, "light", n=3)
+    assert await w.room.check() == 2 and sorted(w.given) == sorted(young), "up to light's share (2 of 4)"
+    held = Worker(r, m, tenants=False, newcomers=True)
+    held.hold("heavy", n=3)
+    held.hold("light")
+    await waiting(r, m, "light", n=5)
+    assert await held.room.check() == 0 and held.given == [], "light runs a job here: the tenant reserve's turn"
+
+
+async def test_a_newcomers_job_popped_and_not_yet_started_counts_as_running(r: redis.asyncio.Redis) -> None:
+    """Fair share's queued count falls at the claim: a job delivered to the worker, its thread not yet
+    started, still counts as queued; the worker must not hand back a job for it."""
+    m = model()
+    w = Worker(r, m, tenants=False, newcomers=True)
+    w.hold("heavy", n=4)
+    await waiting(r, m, "light", n=1)
+    w.classes.delivered_tenants = lambda: Counter({"heavy": 4, "light": 1})
+    assert await w.room.check() == 0 and w.given == []
+    w.classes.delivered_tenants = lambda: Counter({"heavy": 4})
+    assert await w.room.check() == 1
 
 
 async def test_a_claim_uses_up_a_room_made_for_its_tenant(r: redis.asyncio.Redis) -> None:

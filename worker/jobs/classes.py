@@ -190,6 +190,7 @@ class ServiceClasses:
         #: messages the consumer holds, counted from their delivery (worker/kombu_gate.py: set by the
         #: entry); a job's thread counts it in :meth:`holding` a moment later
         self.delivered: Callable[[], int] = lambda: 0
+        self.delivered_tenants: Callable[[], Counter[str]] = Counter  # the interactive ones, by tenant
         self._lock = threading.Lock()
 
     def lane_open(self, held: int, lane_held: int) -> bool:

@@ -11,7 +11,11 @@ or running here), the worker hands back one job for it: its youngest batch job, 
 job of the tenant most above its share (by a whole job). The job goes back to the queue (reason
 ``preempted``, not counted against its attempts: job_requeue.lua) paused where it can be, to go on
 from its tokens so far (worker/jobs/resume.py), else with a ``restart`` event, to run again from its
-start; the freed slot takes the queue's next job, the waiting tenant's.
+start; the freed slot takes the queue's next job, the waiting tenant's. Without running-slot fair share
+(the default), ``newcomers`` (``INFERQ_TENANT_ROOM_FOR_NEW``, on) does the same for a tenant that
+runs no job here at all: a tenant's first requests beside another's backlog that holds every
+sequence start at once instead of waiting for a backlog job to end, and the tenant reserve
+(worker/jobs/classes.py) keeps its sequences from then on.
 
 It checks when an interactive job of a tenant with few jobs queued (8 or fewer, one that may run
 below its share) is queued (the submit script announces it on ``keys.waiting``) and every
@@ -72,8 +76,9 @@ def needy(waiting: dict[str, int], counts: Counter[str], share: dict[str, float]
 
 class Room:
     def __init__(self, redis: Redis, model: str, classes: ServiceClasses, attempts: Callable[[], dict[str, int]],
-                 give_back: GiveBack, period_s: float, tenants: bool = True) -> None:
-        self.redis, self.model, self.classes, self.tenants = redis, model, classes, tenants
+                 give_back: GiveBack, period_s: float, tenants: bool = True, newcomers: bool = False) -> None:
+        self.redis, self.model, self.classes = redis, model, classes
+        self.tenants, self.newcomers = tenants, newcomers
         self.attempts, self.give_back, self.period_s = attempts, give_back, period_s
         self.handed_back = 0  # jobs this worker gave back to make room, since it started
         self._lists = [name for p, name in enumerate(keys.queue_lists(model)) if p != classes.lane]
@@ -111,11 +116,14 @@ class Room:
             return 0
         counts = Counter(h.tenant for h in held if h.service_class == "interactive")
         active = set(waiting) | set(counts)
-        # without running-slot fair share every tenant's interactive work may take any batch slot
-        share = (shares(active, await self._weights(active), total) if self.tenants
-                 else dict.fromkeys(active, float(total)))
-        handed = 0
-        for tenant in needy(waiting, counts, share):
+        # without running-slot fair share every tenant's interactive work may take any batch slot, and
+        # (``newcomers``) a tenant that runs nothing here the jobs of a tenant past its share
+        everyone = dict.fromkeys(active, float(total))
+        fair = shares(active, await self._weights(active), total) if self.tenants or self.newcomers else everyone
+        arrived = self.classes.delivered_tenants()  # (a job popped counts before its thread holds it, and
+        handed = 0  # stays counted as queued until its claim)
+        for tenant in needy(waiting, counts, fair if self.tenants else everyone):
+            share = fair if self.tenants or counts[tenant] + arrived[tenant] == 0 else everyone
             for _ in range(waiting[tenant]):  # a room for each of its jobs queued, up to its share
                 job = victim(held, self.attempts(), counts, share)
                 if counts[tenant] + 1 > share[tenant] + 1e-9 or job is None \
