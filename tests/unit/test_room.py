@@ -12,7 +12,7 @@ import redis.asyncio
 from inferq.shared import keys
 from inferq.shared.schemas import JobMessage, JobRecord, JobRequest, JobStatus
 from inferq.shared.store import JobStore
-from inferq.worker.jobs.classes import BatchLimit, ServiceClasses
+from inferq.worker.jobs.classes import BatchLimit, Head, Promote, ServiceClasses, Tenant, Tenants
 from inferq.worker.jobs.room import Room
 
 LANE = 9
@@ -23,7 +23,7 @@ class Worker:
 
     def __init__(self, r: redis.asyncio.Redis, model: str, slots: int = 3, reserve: int = 1,
                  tenants: bool = True, newcomers: bool = False) -> None:
-        self.classes = ServiceClasses(slots, reserve, LANE, BatchLimit(slots))
+        self.classes = ServiceClasses(slots, reserve, LANE, BatchLimit(slots), keep_s=2.0)
         self.given: list[str] = []
         self._holding: list[object] = []
         self._attempts: dict[str, int] = {}
@@ -117,11 +117,14 @@ async def test_a_tenant_that_runs_nothing_here_gets_room_from_the_one_past_its_s
     4 sequences, the light one's first 2 jobs wait; each takes the room of one of heavy's youngest
     jobs (light's share is 2); once light runs a job here, it gets no more rooms."""
     m = model()
-    w = Worker(r, m, tenants=False, newcomers=True)
+    w = Worker(r, m, slots=2, reserve=2, tenants=False, newcomers=True)
     w.hold("heavy", n=2)
     young = w.hold("heavy", n=2)
     await waiting(r, m, "light", n=3)
     assert await w.room.check() == 2 and sorted(w.given) == sorted(young), "up to light's share (2 of 4)"
+    heavy = Head(Tenant("heavy"), {"light": 3})  # a paused job of heavy's back at the queue's head
+    reserve = w.classes.reserve_open(2, Tenants(Counter(heavy=2), {"heavy": 1.0}), lambda: heavy)
+    assert reserve == Promote("light", False), "the freed sequences are kept for light, the head not taken"
     held = Worker(r, m, tenants=False, newcomers=True)
     held.hold("heavy", n=3)
     held.hold("light")

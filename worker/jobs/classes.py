@@ -232,11 +232,23 @@ class ServiceClasses:
             return Promote(min(waiting, key=lambda t: (present.count[t] / weight[t], t)), free > sum(kept.values()))
         return free > sum(n for t, n in kept.items() if head.queued.get(t, 0) <= 0)
 
+    def expect(self, tenant: str, weight: float, n: int) -> None:
+        """``n`` jobs of ``tenant`` are on their way here (the room made for a newcomer: worker/jobs/room.py):
+        the reserve keeps their sequences for ``keep_s``, as for a tenant that held ``n`` jobs just now."""
+        if self.keep_s:
+            now = self.clock()
+            with self._lock:
+                self._seen[tenant] = Seen(now, weight, n, now)
+
     def _present(self, tenants: Tenants) -> Tenants:
-        """``tenants``, those held here within the last ``keep_s`` (with no job), and the most jobs
-        each held at once within it (remembered here, on the consumer's thread)."""
+        """``tenants``, those held here (or expected: :meth:`expect`) within the last ``keep_s`` (with no
+        job), and the most jobs each held at once within it (remembered here, on the consumer's thread)."""
         if not self.keep_s:
             return tenants
+        with self._lock:
+            return self._remember(tenants)
+
+    def _remember(self, tenants: Tenants) -> Tenants:
         now = self.clock()
         for t, w in tenants.weight.items():
             n, seen = tenants.count[t], self._seen.get(t)

@@ -119,7 +119,8 @@ class Room:
         # without running-slot fair share every tenant's interactive work may take any batch slot, and
         # (``newcomers``) a tenant that runs nothing here the jobs of a tenant past its share
         everyone = dict.fromkeys(active, float(total))
-        fair = shares(active, await self._weights(active), total) if self.tenants or self.newcomers else everyone
+        weights = await self._weights(active) if self.tenants or self.newcomers else {}
+        fair = shares(active, weights, total) if self.tenants or self.newcomers else everyone
         arrived = self.classes.delivered_tenants()  # (a job popped counts before its thread holds it, and
         handed = 0  # stays counted as queued until its claim)
         for tenant in needy(waiting, counts, fair if self.tenants else everyone):
@@ -129,6 +130,8 @@ class Room:
                 if counts[tenant] + 1 > share[tenant] + 1e-9 or job is None \
                         or not await self._room_for(tenant):
                     break
+                # the gate keeps the sequence for the tenant's job, not for the queue's head (a paused job)
+                self.classes.expect(tenant, weights.get(tenant, 1.0), counts[tenant] + 1)
                 await self._give(job, tenant, total)
                 held = [h for h in held if h.job_id != job.job_id]
                 if job.service_class == "interactive":
