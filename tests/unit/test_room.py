@@ -12,7 +12,8 @@ import redis.asyncio
 from inferq.shared import keys
 from inferq.shared.schemas import JobMessage, JobRecord, JobRequest, JobStatus
 from inferq.shared.store import JobStore
-from inferq.worker.jobs.classes import BatchLimit, Head, Promote, ServiceClasses, Tenant, Tenants
+from inferq.worker.jobs.classes import Head, Promote, ServiceClasses, Tenant, Tenants
+from inferq.worker.jobs.latency import BatchLimit
 from inferq.worker.jobs.room import Room
 
 LANE = 9

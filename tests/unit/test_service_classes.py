@@ -13,7 +13,8 @@ import pytest
 from inferq.shared.schemas import JobMessage, JobRequest
 from inferq.shared.settings import Settings
 from inferq.worker import kombu_gate
-from inferq.worker.jobs.classes import BatchLimit, ServiceClasses, Watch, p99
+from inferq.worker.jobs.classes import ServiceClasses
+from inferq.worker.jobs.latency import BatchLimit, Watch, p99
 
 LANE = 9
 

@@ -19,7 +19,8 @@ from inferq.shared.celery_app import job_message, make_celery
 from inferq.shared.schemas import JobMessage, JobRequest
 from inferq.shared.settings import Settings
 from inferq.worker import kombu_gate
-from inferq.worker.jobs.classes import BatchLimit, Head, Promote, ServiceClasses, Tenant, Tenants
+from inferq.worker.jobs.classes import Head, Promote, ServiceClasses, Tenant, Tenants
+from inferq.worker.jobs.latency import BatchLimit
 
 LANE = 9
 

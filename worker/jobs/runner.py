@@ -33,8 +33,8 @@ from inferq.shared.schemas import ErrorInfo, JobMessage, JobStatus
 from inferq.shared.store import JobStore
 from inferq.worker.engine.host import EngineHost
 from inferq.worker.jobs.attempts import Attempt, AttemptTable
-from inferq.worker.jobs.classes import BatchLimit, Watch
 from inferq.worker.jobs.ending import Ending, HandBack, Outcome, outcome_of, persist
+from inferq.worker.jobs.latency import BatchLimit, Watch
 from inferq.worker.jobs.outputs import OutputEvents, Progress
 from inferq.worker.jobs.pooling import embed, fitted
 from inferq.worker.jobs.prepare import Prepared, Preparer
