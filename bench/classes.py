@@ -171,18 +171,18 @@ def tenants_run(cfg: ClassesConfig, stack: str, ctx: dict[str, Any], repeat: int
     got["service"]["charged_ratio_max"] = charged["ratio_max"]
     beside = together("beside", {"heavy": heavy, "light": few})
     light_req, heavy_req = beside["light"].pop("requests"), beside["heavy"].pop("requests")
-    got["light_beside_p90_ttft_ms"] = ttft_p90_while(light_req, heavy_req)
-    got["light_beside_p99_ttft_ms"] = ttft_p90_while(light_req, heavy_req, 0.99)
+    got["light_beside_p90_ttft_ms"] = ttft_while(light_req, heavy_req)
+    got["light_beside_p99_ttft_ms"] = ttft_while(light_req, heavy_req, 0.99)
     got["beside"] = beside
     if stack in ("fair", "tenants-queue", "tenants-no-keep", "tenants-no-room"):
         solo = run_client(few, *args, seed + 7, out, f"{stack}-{repeat}-solo", TENANT_KEYS["light"])
-        got["light_solo_p90_ttft_ms"] = ttft_p90_while(solo.pop("requests"), None)
+        got["light_solo_p90_ttft_ms"] = ttft_while(solo.pop("requests"), None)
         got["light_solo"] = solo
     return got
 
 
-def ttft_p90_while(req: dict[str, Any], other: dict[str, Any] | None, q: float = 0.9) -> float | None:
-    """The TTFT p90 (``q``; ms) of the requests that started while ``other``'s ran (all without ``other``)."""
+def ttft_while(req: dict[str, Any], other: dict[str, Any] | None, q: float = 0.9) -> float | None:
+    """The TTFT quantile ``q`` (ms) of the requests that started while ``other``'s ran (all without ``other``)."""
     starts, ttfts = req.get("start_times") or [], req.get("ttfts") or []
     if other is not None and other.get("start_times"):
         lo = min(other["start_times"])

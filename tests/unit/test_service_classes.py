@@ -4,7 +4,7 @@ gate is given the messages a kombu channel holds, as kombu keeps them."""
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from types import SimpleNamespace
 from typing import Any
 
@@ -143,3 +143,19 @@ def test_the_gate_counts_what_the_consumer_holds_from_its_delivery() -> None:
     finally:
         kombu_gate._qos = None
     assert kombu_gate.delivered() == 0
+
+
+def test_the_gate_counts_the_interactive_messages_held_by_tenant() -> None:
+    """A newcomer's job popped, its thread not started yet, is seen as its tenant's (worker/jobs/room.py)."""
+    ch = channel(5, 5, 5, LANE, acked=1)
+    heads = [{"tenant": "light"}, {"tenant": "light"}, None, {"tenant": "light"}]
+    for m, h in zip(ch.qos._delivered.values(), heads, strict=True):
+        m.headers = h
+    kombu_gate.use(classes())
+    kombu_gate._qos = ch.qos
+    try:
+        assert kombu_gate.delivered_tenants() == Counter({"light": 1, "anonymous": 1})  # (acked, lane: not)
+    finally:
+        kombu_gate._qos = None
+        kombu_gate.use(None)
+    assert kombu_gate.delivered_tenants() == Counter()

@@ -118,13 +118,15 @@ class Room:
         active = set(waiting) | set(counts)
         # without running-slot fair share every tenant's interactive work may take any batch slot, and
         # (``newcomers``) a tenant that runs nothing here the jobs of a tenant past its share
+        # (a job popped counts before its thread holds it, and stays counted as queued until its claim)
+        arrived = self.classes.delivered_tenants() if self.newcomers else Counter()
+        new = {t for t in waiting if self.newcomers and counts[t] + arrived[t] == 0}
         everyone = dict.fromkeys(active, float(total))
-        weights = await self._weights(active) if self.tenants or self.newcomers else {}
-        fair = shares(active, weights, total) if self.tenants or self.newcomers else everyone
-        arrived = self.classes.delivered_tenants()  # (a job popped counts before its thread holds it, and
-        handed = 0  # stays counted as queued until its claim)
+        weights = await self._weights(active) if self.tenants or new else {}  # (read only where shares count)
+        fair = shares(active, weights, total) if self.tenants or new else everyone
+        handed = 0
         for tenant in needy(waiting, counts, fair if self.tenants else everyone):
-            share = fair if self.tenants or counts[tenant] + arrived[tenant] == 0 else everyone
+            share = fair if self.tenants or tenant in new else everyone
             for _ in range(waiting[tenant]):  # a room for each of its jobs queued, up to its share
                 job = victim(held, self.attempts(), counts, share)
                 if counts[tenant] + 1 > share[tenant] + 1e-9 or job is None \
