@@ -25,6 +25,7 @@ from typing import Any
 
 from inferq.api.admission import Admission
 from inferq.api.auth import Principal
+from inferq.api.metrics import EMBED_SHARED
 from inferq.api.openai.embeddings import Vectors
 from inferq.shared.pooling import EmbedInputs
 from inferq.shared.schemas import JobRecord, JobRequest
@@ -129,6 +130,8 @@ class EmbedCoalescer:
         self._running[group.key] = self._running.get(group.key, 0) + 1
         self.jobs += 1
         self.requests += len(group.members)
+        EMBED_SHARED.labels("jobs").inc()
+        EMBED_SHARED.labels("requests").inc(len(group.members))
         task = asyncio.get_running_loop().create_task(self._run(group), name="embed-group")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

@@ -63,6 +63,9 @@ CATCHUPS = Counter("inferq_stream_catchups_total", "Times a stream read missed e
 REJECTED = Counter("inferq_rejected_total", "Requests refused with 429, by reason (the error code).", ["reason"])
 PROMPTS = Counter("inferq_prompts_total", "Jobs queued, by where their prompt is tokenized: gateway (the ids go "
                   "with the job), worker, or client (token ids given).", ["model", "tokenized_by"])
+EMBED_SHARED = Counter("inferq_embed_shared_total", "/v1/embeddings requests that joined a shared job "
+                       "(api/embed_coalesce.py), and the jobs they went as: requests over jobs is how many "
+                       "requests a job carried.", ["kind"])
 TTFT = Histogram("inferq_time_to_first_token_seconds", "From a job's submission to its first token reaching "
                  "a streaming client of this gateway (live streams only, not replays).", ["model"],
                  buckets=(.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300))

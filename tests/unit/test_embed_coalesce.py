@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from prometheus_client import REGISTRY
 
 from inferq.api.auth import Principal
 from inferq.api.embed_coalesce import EmbedCoalescer
@@ -69,6 +70,10 @@ def coalescer(stand: StandIn, inflight: int = 1, max_inputs: int = 64) -> EmbedC
     return EmbedCoalescer(stand, stand.collect, inflight, max_inputs)  # type: ignore[arg-type]
 
 
+def shared(kind: str) -> float:
+    return REGISTRY.get_sample_value("inferq_embed_shared_total", {"kind": kind}) or 0.0
+
+
 async def settle() -> None:
     for _ in range(5):
         await asyncio.sleep(0)
@@ -77,6 +82,7 @@ async def settle() -> None:
 async def test_an_idle_key_sends_at_once_and_requests_behind_a_busy_one_share_the_next_job() -> None:
     s = StandIn()
     c = coalescer(s, inflight=1)
+    before = {k: shared(k) for k in ("jobs", "requests")}
     first = asyncio.create_task(c.embed(ALICE, job("a")))
     await settle()
     assert s.jobs == {"job-0": ["a"]}  # nothing in flight: no wait
@@ -96,6 +102,7 @@ async def test_an_idle_key_sends_at_once_and_requests_behind_a_busy_one_share_th
     assert {a.record.id for a in answers} == {"job-1"}
     assert s.rated == [False, False]  # counted per request by the route, not per job
     assert (c.jobs, c.requests) == (2, 4)
+    assert {k: shared(k) - before[k] for k in before} == {"jobs": 2, "requests": 4}  # what /metrics says
 
 
 async def test_keys_and_options_do_not_share_a_job() -> None:
