@@ -31,7 +31,6 @@ from typing import Any, Protocol
 from kombu.transport import redis as kombu_redis
 
 from inferq.shared import keys
-from inferq.shared.fairshare import ANONYMOUS
 from inferq.shared.lua import source
 from inferq.worker.jobs.classes import Head, Promote, Tenant, Tenants
 
@@ -83,7 +82,7 @@ def delivered_tenants() -> Counter[str]:
     qos, gate = _qos, _gate
     if qos is None or gate is None:
         return Counter()
-    return Counter({name or ANONYMOUS: n for name, n in held(qos, gate.lane)[2].count.items()})
+    return Counter(held(qos, gate.lane)[2].count)
 
 
 def priority_of(message: Any) -> int:

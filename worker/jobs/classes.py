@@ -52,7 +52,9 @@ class Tenants:
     peak: dict[str, int] = field(default_factory=dict)  # the most each held at once lately (the gate's memory)
 
     def add(self, tenant: Tenant | None) -> None:
-        name = tenant.name if tenant is not None else ""
+        """Count one message of ``tenant`` (None: a message that names none, counted as the anonymous
+        tenant, as the worker counts its job once it holds it)."""
+        name = tenant.name if tenant is not None else ANONYMOUS
         self.count[name] += 1
         self.weight[name] = tenant.weight if tenant is not None else 1.0
 
