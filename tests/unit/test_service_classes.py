@@ -13,7 +13,7 @@ import pytest
 from inferq.shared.schemas import JobMessage, JobRequest
 from inferq.shared.settings import Settings
 from inferq.worker import kombu_gate
-from inferq.worker.jobs.classes import ServiceClasses
+from inferq.worker.jobs.classes import ServiceClasses, Tenant, Tenants
 from inferq.worker.jobs.latency import BatchLimit, Watch, p99
 
 LANE = 9
@@ -159,3 +159,13 @@ def test_the_gate_counts_the_interactive_messages_held_by_tenant() -> None:
         kombu_gate._qos = None
         kombu_gate.use(None)
     assert kombu_gate.delivered_tenants() == Counter()
+
+
+def test_a_message_that_names_no_tenant_is_the_anonymous_tenants_as_its_held_job_is() -> None:
+    """The gate's count and the worker's count of held jobs (Held.tenant) name the same tenant."""
+    t = Tenants()
+    t.add(None)
+    t.add(Tenant("anonymous", 1.0))
+    t.add(Tenant("light", 2.0))
+    assert t.count == Counter({"anonymous": 2, "light": 1})
+    assert t.weight == {"anonymous": 1.0, "light": 2.0}
