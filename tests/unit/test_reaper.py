@@ -3,6 +3,7 @@ only the jobs it hands back, and keeps to its time budget."""
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 
@@ -157,3 +158,23 @@ async def test_a_worker_that_beats_before_the_hand_back_keeps_its_jobs(r, own_re
     assert not sent and [(await store.get(j)).status for j in jobs] == [JobStatus.running] * 3
     assert await r.smembers(keys.worker_jobs("late")) == set(jobs)
     assert await r.zscore(keys.workers(model), "late") is not None
+
+
+async def test_a_reaper_that_stops_trusting_its_own_beats_says_so_once(r, own_redis, caplog) -> None:
+    """A worker frozen meanwhile is not taken back: the log says why, once a spell (not at start-up)."""
+    reaper = make_reaper(own_redis, f"m-{uuid.uuid4().hex[:6]}", [])
+    reaper.bind(r)
+    said = lambda: sum("not judging other workers" in m for m in caplog.messages)  # noqa: E731
+    with caplog.at_level(logging.INFO, logger="inferq.worker.liveness.reaper"):
+        reaper.trusted = lambda: False
+        assert await reaper.run_once() is None and said() == 0  # start-up: no TTL of beats yet
+        reaper.trusted = lambda: True
+        assert await reaper.run_once() == 0
+        reaper.trusted = lambda: False
+        assert await reaper.run_once() is None and await reaper.run_once() is None
+        assert said() == 1
+        reaper.trusted = lambda: True
+        await reaper.run_once()
+        reaper.trusted = lambda: False
+        await reaper.run_once()
+        assert said() == 2

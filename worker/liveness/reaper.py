@@ -81,6 +81,7 @@ class Reaper:
         self.redis: Redis | None = None
         self.store: JobStore | None = None
         self._thread: LoopThread | None = None
+        self._was_trusted = False  # the last pass trusted this worker's beats (a line when that ends)
 
     def bind(self, redis: Redis) -> None:
         self.redis, self.store = redis, JobStore(redis, self.settings.job_ttl_s)
@@ -91,7 +92,12 @@ class Reaper:
         not the reaper this time (not trusted yet, or another worker holds the lock)."""
         assert self.redis is not None, "bind() a Redis client first"
         if not self.trusted():
+            if self._was_trusted:  # once per spell: a frozen or dead worker is not taken back meanwhile
+                log.info("not judging other workers' heartbeats until this worker's own beats are timely "
+                         "again for a TTL (it was stalled, or Redis was away)")
+            self._was_trusted = False
             return None
+        self._was_trusted = True
         token = f"{self.worker_id}:{uuid.uuid4().hex[:8]}"
         if not await self.redis.set(keys.REAPER_LOCK, token, nx=True, px=int(self.lock_ttl_s * 1000)):
             return None
