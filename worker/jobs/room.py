@@ -120,7 +120,7 @@ class Room:
         # (``newcomers``) a tenant that runs nothing here the jobs of a tenant past its share
         # (a job popped counts before its thread holds it, and stays counted as queued until its claim)
         arrived = self.classes.delivered_tenants() if self.newcomers else Counter()
-        new = {t for t in waiting if self.newcomers and counts[t] + arrived[t] == 0}
+        new = {t for t in waiting if counts[t] + arrived[t] == 0} if self.newcomers else set()
         everyone = dict.fromkeys(active, float(total))
         weights = await self._weights(active) if self.tenants or new else {}  # (read only where shares count)
         fair = shares(active, weights, total) if self.tenants or new else everyone
