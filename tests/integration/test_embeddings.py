@@ -270,7 +270,7 @@ def test_pooling_score_and_rerank_are_vllm_serves(embed_fleet: str, vllm_embed: 
 
 def test_matryoshka_sizes_and_normalization(embed_fleet: str) -> None:
     """Vectors are unit length (the pooler normalizes), at the model's size or the size asked for,
-    and a cut vector is the full one's head, normalized again."""
+    and a cut vector is the full one's head, normalized again (within float32 noise, as ``close``)."""
     with httpx.Client(base_url=embed_fleet, timeout=120) as c:
         full = vectors(c.post("/v1/embeddings", json={"model": EMBED, "input": TEXTS}).json())
         cut = vectors(c.post("/v1/embeddings", json={"model": EMBED, "input": TEXTS, "dimensions": 32}).json())
@@ -278,7 +278,8 @@ def test_matryoshka_sizes_and_normalization(embed_fleet: str) -> None:
     for f, k in zip(full, cut, strict=True):
         assert abs(math.fsum(x * x for x in f) - 1) < 1e-4 and abs(math.fsum(x * x for x in k) - 1) < 1e-4
         norm = math.sqrt(math.fsum(x * x for x in f[:32]))
-        assert all(abs(x / norm - y) < 1e-4 for x, y in zip(f[:32], k, strict=True))
+        # the two requests may be computed in other pieces (prefix cache, batch): float32 noise
+        assert close([[x / norm for x in f[:32]]], [k])
     assert full[0] != full[1]  # different texts, different vectors
 
 
