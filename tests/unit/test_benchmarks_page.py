@@ -33,3 +33,17 @@ def test_every_summary_the_tables_name_is_in_the_tree() -> None:
             files += t["file"] if isinstance(t["file"], list) else [t["file"]]
     missing = [f for f in files if not (ROOT / "docs" / "results" / f).is_file()]
     assert files and not missing, missing
+
+
+def test_a_fleet_table_that_names_its_cases_shows_those_only() -> None:
+    """A run some of whose cases a later run replaced keeps only the cases it still stands for."""
+    tables = _tables()
+    spec = next(t for t in json.loads((ROOT / "docs" / "results" / "current.json").read_text())["tables"]
+                if t.get("kind") == "fleet" and "cases" not in t)
+    doc = json.loads((ROOT / "docs" / "results" / spec["file"]).read_text())
+    names = list(doc["cases"] if "cases" in doc else doc["fleet"]["cases"])
+    assert len(names) >= 2
+    whole, cut = tables.fleet_table(spec), tables.fleet_table({**spec, "cases": names[-1:]})
+    label = tables.CASE_NAMES.get(names[0], names[0])
+    assert f"| {label} |" in whole and f"| {label} |" not in cut
+    assert f"| {tables.CASE_NAMES.get(names[-1], names[-1])} |" in cut
