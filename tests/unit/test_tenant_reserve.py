@@ -237,3 +237,19 @@ async def test_the_gate_pops_the_promoted_message_on_its_own_step(channel: Any, 
     finally:
         kombu_gate.use(None)
     assert seen == [([5], kombu_gate.GATED_TIMEOUT_S), ([kombu_gate.IDLE_STEP], kombu_gate.GATED_TIMEOUT_S)]
+
+
+def test_room_expected_for_a_tenant_keeps_its_recent_higher_peak() -> None:
+    """Jobs expected for a tenant (the room made for a newcomer) count as its peak, but do not lower
+    a higher peak it held within ``keep_s``."""
+    now = [100.0]
+    g = ServiceClasses(8, 6, LANE, BatchLimit(8), tenant_reserve=True, keep_s=2.0, clock=lambda: now[0])
+    heavy = Head(Tenant("heavy"), {})
+    assert not g.reserve_open(13, tenants(heavy=9, light=4), lambda: heavy)  # light's peak: 4
+    now[0] += 0.5
+    g.expect("light", 1.0, 1)
+    assert not g.reserve_open(10, tenants(heavy=10), lambda: heavy), "4 free, still 4 kept for light"
+    now[0] += 2.0  # the peak of 4 is 2.5 s old: forgotten, the 2 expected now count
+    g.expect("light", 1.0, 2)
+    assert not g.reserve_open(12, tenants(heavy=12), lambda: heavy), "2 free, 2 kept (2 expected)"
+    assert g.reserve_open(11, tenants(heavy=11), lambda: heavy), "3 free: one more is taken"

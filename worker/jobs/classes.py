@@ -158,9 +158,8 @@ class ServiceClasses:
         """``n`` jobs of ``tenant`` are on their way here (the room made for a newcomer: worker/jobs/room.py):
         the reserve keeps their sequences for ``keep_s``, as for a tenant that held ``n`` jobs just now."""
         if self.keep_s:
-            now = self.clock()
             with self._lock:
-                self._seen[tenant] = Seen(now, weight, n, now)
+                self._note(tenant, weight, n, self.clock())
 
     def _present(self, tenants: Tenants) -> Tenants:
         """``tenants``, those held here (or expected: :meth:`expect`) within the last ``keep_s`` (with no
@@ -170,14 +169,18 @@ class ServiceClasses:
         with self._lock:
             return self._remember(tenants)
 
+    def _note(self, tenant: str, weight: float, n: int, now: float) -> None:
+        """``tenant`` holds (or is about to hold) ``n`` jobs now; a higher peak of the last ``keep_s`` stays."""
+        seen = self._seen.get(tenant)
+        if seen is not None and now - seen.peak_at <= self.keep_s and seen.peak > n:  # a recent, higher peak
+            self._seen[tenant] = Seen(now, weight, seen.peak, seen.peak_at)
+        else:
+            self._seen[tenant] = Seen(now, weight, n, now)
+
     def _remember(self, tenants: Tenants) -> Tenants:
         now = self.clock()
         for t, w in tenants.weight.items():
-            n, seen = tenants.count[t], self._seen.get(t)
-            if seen is not None and now - seen.peak_at <= self.keep_s and seen.peak > n:  # a recent, higher peak
-                self._seen[t] = Seen(now, w, seen.peak, seen.peak_at)
-            else:
-                self._seen[t] = Seen(now, w, n, now)
+            self._note(t, w, tenants.count[t], now)
         for t in [t for t, seen in self._seen.items() if now - seen.at > self.keep_s]:
             del self._seen[t]
         return Tenants(Counter(tenants.count), {**{t: s.weight for t, s in self._seen.items()}, **tenants.weight},
