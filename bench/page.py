@@ -178,13 +178,18 @@ def _fleet_cells(s: dict[str, Any], plain: dict[str, float] | None) -> str:
     return f"{_range(s['output_throughput'], ',.0f')} | {vs} | {ttft} | {hit}"
 
 
+def fleet_cases(doc: dict[str, Any]) -> dict[str, Any]:
+    """The cases of a ``python -m bench.fleet`` result, or of its summary in docs/results."""
+    return doc["cases"] if "cases" in doc else doc["fleet"]["cases"]
+
+
 def fleet_table(spec: dict[str, Any]) -> str:
     """A ``python -m bench.fleet`` result (or its summary in docs/results): per case and pull, the
     medians (range) of vLLM's client's figures over the repeats; then ``vllm serve``'s, where run.
     ``cases``, where the spec names them, keeps those only (a run whose other cases a later one replaced)."""
     doc = json.loads((HERE / spec["file"]).read_text())
-    cases = doc["cases"] if "cases" in doc else doc["fleet"]["cases"]
-    cases = {k: v for k, v in cases.items() if k in spec.get("cases", cases)}
+    keep = spec.get("cases")
+    cases = {k: v for k, v in fleet_cases(doc).items() if keep is None or k in keep}
     refs = (doc.get("vllm_serve") or {}).get("cases", {})
     lines = [spec["line"], "", FLEET_HEADER]
     for name, case in cases.items():
